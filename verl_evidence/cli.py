@@ -1,0 +1,57 @@
+"""The ``verl-evidence`` command line.
+
+Each area owns its commands in its own module and adds them here through a
+``register(app)`` function, so this file stays a table of contents:
+
+    serve / index ...   retrieval_server.cli
+    data ...            verl_evidence.dataprep.cli
+    eval                verl_evidence.eval.cli
+    demo                verl_evidence.demo
+    evipath ...         verl_evidence.evipath.cli
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(
+    name="verl-evidence",
+    help="Evidence-aware RL for retrieval-augmented agents on verl.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
+
+_COMMAND_MODULES = (
+    "retrieval_server.cli",
+    "verl_evidence.dataprep.cli",
+    "verl_evidence.eval.cli",
+    "verl_evidence.demo",
+    "verl_evidence.evipath.cli",
+)
+
+
+@app.command()
+def version() -> None:
+    """Print the installed versions of verl-evidence and verl."""
+    from importlib.metadata import version as dist_version
+
+    typer.echo(f"verl-evidence {dist_version('verl-evidence')} (verl {dist_version('verl')})")
+
+
+def _register_commands() -> None:
+    for name in _COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            if err.name != name:  # a real missing dependency inside the module: say so
+                raise
+            continue
+        module.register(app)
+
+
+_register_commands()
+
+if __name__ == "__main__":
+    app()
