@@ -1,0 +1,1 @@
+"""Evaluation harness: metrics, runner, results cache and report (``verl-evidence eval``)."""
