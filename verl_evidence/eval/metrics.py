@@ -151,7 +151,7 @@ def grace_metrics(records: Sequence[EvalRecord]) -> dict[str, float | None]:
 def summarize(records: Sequence[EvalRecord]) -> dict[str, float | None]:
     """Every metric of :data:`METRIC_NAMES` (plus answerable accuracy) over ``records``."""
     out: dict[str, float | None] = {
-        "n": float(len(records)),
+        "n": len(records),
         "em": exact_match_rate(records),
         "f1": f1_mean(records),
         "answer_recall": answer_recall_rate(records),
