@@ -1,0 +1,404 @@
+"""NLI judge for EviNote's Evidence Quality Reward (EQR).
+
+Three layers, each usable alone:
+
+- :class:`NLIJudge` wraps any Hugging Face sequence-classification NLI model and
+  returns the probability of its entailment class for (premise, hypothesis)
+  pairs, in batches, truncating only the premise by tokens.
+- :class:`BatchingJudge` collects requests that arrive concurrently (from many
+  ``run_single`` coroutines) for a few milliseconds, or until a batch is full,
+  and answers them with one forward pass.
+- :class:`NLIJudgeActor` is that batching judge inside an async Ray actor, so one
+  model instance (on its own GPU or on CPU) serves every reward worker of a job.
+
+:func:`connect_judge` turns a :class:`JudgeConfig` (read from
+``reward.reward_kwargs.nli_*``) into a client with one async method,
+``entailment_probs``, backed by either the shared actor or an in-process judge.
+A model that cannot be loaded raises :class:`NLIJudgeLoadError` naming the model,
+at construction time, so a misconfigured job stops at start-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hashlib
+import logging
+import threading
+from dataclasses import dataclass, fields
+from typing import Any, Mapping, Protocol, Sequence
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_LENGTH = 512
+
+
+class NLIJudgeLoadError(RuntimeError):
+    """The NLI model could not be loaded or is not an NLI classifier."""
+
+
+def find_entailment_index(id2label: Mapping[Any, str], model_name: str) -> int:
+    """Index of the class whose label contains "entail" (case-insensitive).
+
+    Never a hard-coded position: MNLI checkpoints disagree on the label order.
+    """
+    entail_labels = {int(index): str(label).lower() for index, label in id2label.items() if "entail" in str(label).lower()}
+    # "not_entailment" (binary RTE/QNLI heads) also contains "entail": only the positive class counts.
+    matches = [index for index, label in entail_labels.items() if not label.startswith("not")]
+    if len(matches) != 1:
+        raise NLIJudgeLoadError(
+            f"NLI model {model_name!r} has no unique entailment class in config.id2label={dict(id2label)}; "
+            "expected exactly one label containing 'entail'"
+        )
+    return matches[0]
+
+
+def _resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+class NLIJudge:
+    """Entailment probabilities from an HF ``AutoModelForSequenceClassification``.
+
+    Args:
+        model_name_or_path: hub name or local directory of an NLI classifier.
+        device: ``"auto"`` (GPU if present), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
+        batch_size: pairs per forward pass.
+        max_length: token limit of a (premise, hypothesis) pair; default is the
+            tokenizer's ``model_max_length`` capped by the model's position limit.
+        fp16_on_gpu: run the model in float16 when on a GPU.
+    """
+
+    def __init__(
+        self,
+        model_name_or_path: str,
+        device: str = "auto",
+        batch_size: int = 32,
+        max_length: int | None = None,
+        fp16_on_gpu: bool = True,
+    ) -> None:
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        if batch_size < 1:
+            raise ValueError(f"NLI judge batch_size must be >= 1, got {batch_size}")
+        self.model_name = str(model_name_or_path)
+        self.batch_size = int(batch_size)
+        self.device = _resolve_device(device)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_name)
+            dtype = torch.float16 if (fp16_on_gpu and self.device.startswith("cuda")) else torch.float32
+            self.model = AutoModelForSequenceClassification.from_pretrained(self.model_name, dtype=dtype)
+            self.model.to(self.device).eval()
+        except Exception as error:  # any loading failure must name the model
+            raise NLIJudgeLoadError(f"NLI judge could not load model {self.model_name!r}: {error}") from error
+        self.entailment_index = find_entailment_index(self.model.config.id2label, self.model_name)
+        self.entailment_label = self.model.config.id2label[self.entailment_index]
+        self.max_length = int(max_length) if max_length else self._default_max_length()
+        # The model is not safe to call from several threads at once.
+        self._lock = threading.Lock()
+
+    def _default_max_length(self) -> int:
+        limits = [DEFAULT_MAX_LENGTH]
+        tokenizer_limit = getattr(self.tokenizer, "model_max_length", None)
+        if isinstance(tokenizer_limit, int) and 0 < tokenizer_limit < 1_000_000:
+            limits = [tokenizer_limit]
+        position_limit = getattr(self.model.config, "max_position_embeddings", None)
+        if isinstance(position_limit, int) and position_limit > 0:
+            limits.append(position_limit)
+        return min(limits)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "model": self.model_name,
+            "device": self.device,
+            "entailment_index": self.entailment_index,
+            "entailment_label": self.entailment_label,
+            "max_length": self.max_length,
+            "batch_size": self.batch_size,
+        }
+
+    def _encode(self, premises: list[str], hypotheses: list[str]) -> dict[str, Any]:
+        """Tokenize pairs, cutting tokens from the premise only.
+
+        A hypothesis too long to fit even with an empty premise cannot use
+        ``only_first``; such pairs alone fall back to ``longest_first``.
+        """
+        try:
+            features = self.tokenizer(premises, hypotheses, truncation="only_first", max_length=self.max_length)
+        except Exception:
+            rows = []
+            for premise, hypothesis in zip(premises, hypotheses):
+                try:
+                    row = self.tokenizer(premise, hypothesis, truncation="only_first", max_length=self.max_length)
+                except Exception:
+                    logger.warning(
+                        "NLI hypothesis longer than max_length=%d; truncating both sides", self.max_length
+                    )
+                    row = self.tokenizer(premise, hypothesis, truncation="longest_first", max_length=self.max_length)
+                rows.append(dict(row))
+            features = {key: [row[key] for row in rows] for key in rows[0]}
+        as_rows = [{key: features[key][i] for key in features} for i in range(len(premises))]
+        return self.tokenizer.pad(as_rows, padding=True, return_tensors="pt")
+
+    def entailment_probs(self, premises: Sequence[str], hypotheses: Sequence[str]) -> list[float]:
+        """P(entailment | premise, hypothesis) for each pair, in input order."""
+        import torch
+
+        premises, hypotheses = [str(p) for p in premises], [str(h) for h in hypotheses]
+        if len(premises) != len(hypotheses):
+            raise ValueError(f"got {len(premises)} premises but {len(hypotheses)} hypotheses")
+        probabilities: list[float] = []
+        with self._lock, torch.inference_mode():
+            for start in range(0, len(premises), self.batch_size):
+                encoded = self._encode(
+                    premises[start : start + self.batch_size], hypotheses[start : start + self.batch_size]
+                )
+                encoded = {key: value.to(self.device) for key, value in encoded.items()}
+                logits = self.model(**encoded).logits.float()
+                probabilities.extend(torch.softmax(logits, dim=-1)[:, self.entailment_index].tolist())
+        return probabilities
+
+
+@dataclass
+class _Request:
+    premises: list[str]
+    hypotheses: list[str]
+    future: asyncio.Future
+
+
+class BatchingJudge:
+    """Micro-batches concurrent ``entailment_probs`` calls into forward passes.
+
+    The first waiting request opens a batch; requests arriving within
+    ``max_wait_ms`` join it until ``max_batch_size`` pairs are collected. The
+    forward pass runs in a dedicated thread so the event loop keeps accepting
+    requests meanwhile.
+    """
+
+    def __init__(self, judge: NLIJudge, max_batch_size: int | None = None, max_wait_ms: float = 5.0) -> None:
+        self.judge = judge
+        self.max_batch_size = int(max_batch_size or judge.batch_size)
+        self.max_wait_s = max(0.0, float(max_wait_ms)) / 1000.0
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="nli-judge")
+        self._queue: asyncio.Queue[_Request] | None = None
+        self._worker: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.forward_batches = 0  # number of batched model calls, for tests and logs
+
+    def _ensure_worker(self) -> asyncio.Queue:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop or self._worker is None or self._worker.done():
+            # A new event loop (tests, restarted workers) needs its own queue and worker task.
+            self._loop = loop
+            self._queue = asyncio.Queue()
+            self._worker = loop.create_task(self._serve())
+        return self._queue
+
+    async def entailment_probs(self, premises: Sequence[str], hypotheses: Sequence[str]) -> list[float]:
+        premises, hypotheses = list(premises), list(hypotheses)
+        if len(premises) != len(hypotheses):
+            raise ValueError(f"got {len(premises)} premises but {len(hypotheses)} hypotheses")
+        if not premises:
+            return []
+        queue = self._ensure_worker()
+        future = asyncio.get_running_loop().create_future()
+        queue.put_nowait(_Request(premises, hypotheses, future))
+        return await future
+
+    async def _collect(self, queue: asyncio.Queue) -> list[_Request]:
+        loop = asyncio.get_running_loop()
+        batch = [await queue.get()]
+        size = len(batch[0].premises)
+        deadline = loop.time() + self.max_wait_s
+        while size < self.max_batch_size:
+            if not queue.empty():
+                request = queue.get_nowait()
+            else:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                try:
+                    request = await asyncio.wait_for(queue.get(), remaining)
+                except asyncio.TimeoutError:
+                    break
+            batch.append(request)
+            size += len(request.premises)
+        return batch
+
+    async def _serve(self) -> None:
+        queue = self._queue
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._collect(queue)
+            premises = [p for request in batch for p in request.premises]
+            hypotheses = [h for request in batch for h in request.hypotheses]
+            try:
+                probabilities = await loop.run_in_executor(
+                    self._executor, self.judge.entailment_probs, premises, hypotheses
+                )
+                self.forward_batches += 1
+            except Exception as error:  # hand the failure to every waiting caller
+                for request in batch:
+                    if not request.future.done():
+                        request.future.set_exception(error)
+                continue
+            offset = 0
+            for request in batch:
+                count = len(request.premises)
+                if not request.future.done():
+                    request.future.set_result(probabilities[offset : offset + count])
+                offset += count
+
+
+class NLIJudgeActor:
+    """Ray actor body: one :class:`BatchingJudge` shared by all reward workers."""
+
+    def __init__(
+        self,
+        model_name_or_path: str,
+        device: str = "auto",
+        batch_size: int = 32,
+        max_length: int | None = None,
+        fp16_on_gpu: bool = True,
+        max_wait_ms: float = 5.0,
+    ) -> None:
+        self._judge = NLIJudge(model_name_or_path, device, batch_size, max_length, fp16_on_gpu)
+        self._batcher = BatchingJudge(self._judge, batch_size, max_wait_ms)
+
+    async def entailment_probs(self, premises: list[str], hypotheses: list[str]) -> list[float]:
+        return await self._batcher.entailment_probs(premises, hypotheses)
+
+    async def describe(self) -> dict[str, Any]:
+        return {**self._judge.describe(), "forward_batches": self._batcher.forward_batches}
+
+
+@dataclass(frozen=True)
+class JudgeConfig:
+    """Judge settings, read from ``reward.reward_kwargs`` keys prefixed ``nli_``."""
+
+    model: str
+    device: str = "auto"
+    batch_size: int = 32
+    max_length: int | None = None
+    fp16_on_gpu: bool = True
+    in_process: bool = False
+    num_gpus: float = 0.0
+    num_cpus: float = 1.0
+    max_wait_ms: float = 5.0
+    actor_name: str | None = None
+    detached: bool = False
+
+    PREFIX = "nli_"
+
+    @classmethod
+    def from_reward_kwargs(cls, reward_kwargs: Mapping[str, Any]) -> "JudgeConfig":
+        known = {f.name for f in fields(cls)}
+        values = {
+            key[len(cls.PREFIX) :]: value
+            for key, value in reward_kwargs.items()
+            if key.startswith(cls.PREFIX) and key[len(cls.PREFIX) :] in known
+        }
+        unknown = sorted(k for k in reward_kwargs if k.startswith(cls.PREFIX) and k[len(cls.PREFIX) :] not in known)
+        if unknown:
+            raise ValueError(f"unknown NLI judge options {unknown}; known: {sorted('nli_' + k for k in known)}")
+        if not values.get("model"):
+            raise ValueError(
+                "the evinote reward needs an NLI model: set +reward.reward_kwargs.nli_model=<hub name or local path>"
+            )
+        return cls(**values)
+
+    @property
+    def resolved_actor_name(self) -> str:
+        if self.actor_name:
+            return self.actor_name
+        digest = hashlib.sha1(f"{self.model}|{self.device}|{self.max_length}".encode()).hexdigest()[:10]
+        return f"verl_evidence_nli_judge_{digest}"
+
+
+class JudgeClient(Protocol):
+    async def entailment_probs(self, premises: Sequence[str], hypotheses: Sequence[str]) -> list[float]: ...
+
+
+class InProcessJudgeClient:
+    """Judge in the calling process (tests, demo, single-process runs)."""
+
+    def __init__(self, config: JudgeConfig) -> None:
+        self.config = config
+        judge = NLIJudge(config.model, config.device, config.batch_size, config.max_length, config.fp16_on_gpu)
+        self.batcher = BatchingJudge(judge, config.batch_size, config.max_wait_ms)
+
+    async def entailment_probs(self, premises: Sequence[str], hypotheses: Sequence[str]) -> list[float]:
+        return await self.batcher.entailment_probs(premises, hypotheses)
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.batcher.judge.describe(), "forward_batches": self.batcher.forward_batches}
+
+
+class RayJudgeClient:
+    """Handle on the job's shared :class:`NLIJudgeActor` (created by the first caller)."""
+
+    def __init__(self, config: JudgeConfig, startup_timeout_s: float = 600.0) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            raise RuntimeError(
+                "the shared NLI judge is a Ray actor but Ray is not initialised in this process; "
+                "call ray.init() first or set +reward.reward_kwargs.nli_in_process=true"
+            )
+        self.config = config
+        options: dict[str, Any] = {
+            "name": config.resolved_actor_name,
+            "get_if_exists": True,
+            "num_gpus": config.num_gpus,
+            "num_cpus": config.num_cpus,
+            "max_concurrency": 1000,
+        }
+        if config.detached:
+            options["lifetime"] = "detached"
+        self.handle = (
+            ray.remote(NLIJudgeActor)
+            .options(**options)
+            .remote(
+                config.model,
+                config.device,
+                config.batch_size,
+                config.max_length,
+                config.fp16_on_gpu,
+                config.max_wait_ms,
+            )
+        )
+        try:
+            self.info = ray.get(self.handle.describe.remote(), timeout=startup_timeout_s)
+        except Exception as error:
+            raise NLIJudgeLoadError(
+                f"NLI judge actor {config.resolved_actor_name!r} for model {config.model!r} failed to start: {error}"
+            ) from error
+        logger.info("NLI judge actor ready: %s", self.info)
+
+    async def entailment_probs(self, premises: Sequence[str], hypotheses: Sequence[str]) -> list[float]:
+        return await self.handle.entailment_probs.remote(list(premises), list(hypotheses))
+
+    def describe(self) -> dict[str, Any]:
+        import ray
+
+        return ray.get(self.handle.describe.remote())
+
+
+_IN_PROCESS_CLIENTS: dict[JudgeConfig, InProcessJudgeClient] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def connect_judge(config: JudgeConfig) -> JudgeClient:
+    """The judge for ``config``: one per process in-process, one per Ray job otherwise."""
+    if config.in_process:
+        with _CLIENTS_LOCK:
+            client = _IN_PROCESS_CLIENTS.get(config)
+            if client is None:
+                client = _IN_PROCESS_CLIENTS[config] = InProcessJudgeClient(config)
+            return client
+    return RayJudgeClient(config)

@@ -1,0 +1,121 @@
+"""verl 0.9 reward-loop managers: ``eviomni``, ``evinote``, ``grace``, ``composite``.
+
+Selected with ``reward.reward_manager.name=<name>`` (source ``register``);
+options come from ``reward.reward_kwargs`` (``+reward.reward_kwargs.key=value``
+on the command line). See docs/reward-managers.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, ClassVar
+
+from omegaconf import DictConfig, OmegaConf
+from verl import DataProto
+from verl.experimental.reward_loop.reward_manager import register
+from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
+
+from verl_evidence.reward_managers.sample import decode_sample
+from verl_evidence.reward_managers.scorers import Scorer, build_composite, build_scorer
+
+logger = logging.getLogger(__name__)
+
+
+def reward_kwargs_from(config: Any) -> dict[str, Any]:
+    """``config.reward.reward_kwargs`` as a plain dict ({} when absent)."""
+    reward_config = config.get("reward") if hasattr(config, "get") else None
+    kwargs = reward_config.get("reward_kwargs") if reward_config is not None else None
+    if kwargs is None:
+        return {}
+    if isinstance(kwargs, DictConfig):
+        return OmegaConf.to_container(kwargs, resolve=True)
+    return dict(kwargs)
+
+
+def custom_function_configured(config: Any) -> bool:
+    try:
+        return bool(config.reward.custom_reward_function.path)
+    except Exception:
+        return False
+
+
+class EvidenceRewardManager(RewardManagerBase):
+    """Decode one trajectory, score it with :attr:`scorer`, return verl's result dict.
+
+    ``reward_extra_info`` always carries the scorer's fixed keys (``score``, the
+    method's components, ``reward_error``), so verl can stack them across samples.
+    """
+
+    reward_name: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        config: DictConfig,
+        tokenizer: Any,
+        compute_score: Any = None,
+        reward_router_address: str | None = None,
+        reward_model_tokenizer: Any = None,
+        **_: Any,
+    ) -> None:
+        super().__init__(config, tokenizer, compute_score)
+        self.reward_kwargs = reward_kwargs_from(config)
+        if custom_function_configured(config) and self.reward_name != "composite":
+            logger.warning(
+                "reward.custom_reward_function is set but the %s manager scores with its own reward; "
+                "use the composite manager with a component {reward: custom} to include it",
+                self.reward_name,
+            )
+        self.scorer: Scorer = self.build_scorer()
+        logger.info("%s reward manager ready, logged keys: %s", self.reward_name, list(self.scorer.keys))
+
+    def build_scorer(self) -> Scorer:
+        return build_scorer(self.reward_name, self.reward_kwargs, judge_kwargs=self.reward_kwargs)
+
+    async def run_single(self, data: DataProto) -> dict:
+        try:
+            sample = await decode_sample(data, self.tokenizer)
+        except Exception as error:
+            logger.warning("%s reward: could not read the trajectory (%s: %s); scoring 0",
+                           self.reward_name, type(error).__name__, error)
+            result = self.scorer.failure()
+        else:
+            result = await self.scorer.score(sample)
+        return {"reward_score": result["score"], "reward_extra_info": result}
+
+
+@register("eviomni")
+class EviOmniRewardManager(EvidenceRewardManager):
+    """EviOmni/LEAR reward (``variant``, ``l1``..``l3``, ``tau``, ``gamma``, ``omega`` in reward_kwargs)."""
+
+    reward_name = "eviomni"
+
+
+@register("evinote")
+class EviNoteRewardManager(EvidenceRewardManager):
+    """EviNote reward with EQR from the shared NLI judge (``nli_model`` is required)."""
+
+    reward_name = "evinote"
+
+
+@register("grace")
+class GraceRewardManager(EvidenceRewardManager):
+    """GRACE gated reward (``mode``, ``alpha``, ``beta``, ``format_reward``, ``path_reward``, ``validation_splits``)."""
+
+    reward_name = "grace"
+
+
+@register("composite")
+class CompositeRewardManager(EvidenceRewardManager):
+    """Weighted sum of rewards listed in ``reward_kwargs.components``."""
+
+    reward_name = "composite"
+
+    def build_scorer(self) -> Scorer:
+        if "components" not in self.reward_kwargs:
+            raise ValueError(
+                "the composite reward manager needs +reward.reward_kwargs.components="
+                "[{reward: eviomni, weight: 0.5}, {reward: grace, weight: 0.5}]"
+            )
+        custom = self.compute_score if custom_function_configured(self.config) else None
+        return build_composite(self.reward_kwargs["components"], judge_kwargs=self.reward_kwargs,
+                               custom_function=custom)
