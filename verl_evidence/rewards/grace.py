@@ -12,7 +12,7 @@ the first failure:
                                                  + alpha * ROUGE-L(evidence, gold evidence)
                                                  + beta  * ROUGE-L(answer, gold answers)
 
-so the score is in [0, format_reward + path_reward + alpha + beta] (7.5 for
+so the score is in [0, format_reward + path_reward + alpha + beta] (6.5 for
 training defaults, 3.5 for validation). ROUGE-L is F1 with Porter stemming,
 max over references, identical to rouge-score (``text.rouge_l``).
 

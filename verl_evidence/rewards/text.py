@@ -280,14 +280,17 @@ def extract_last(text: str, tag: str) -> str | None:
     """Stripped content of the LAST complete ``<tag>...</tag>`` block; None if there is none."""
     if not isinstance(text, str):
         return None
-    close = text.rfind(f"</{tag}>")
-    if close < 0:
-        return None
-    opening = f"<{tag}>"
-    start = text.rfind(opening, 0, close)
-    if start < 0:
-        return None
-    return text[start + len(opening) : close].strip()
+    opening, closing = f"<{tag}>", f"</{tag}>"
+    close = text.rfind(closing)
+    # Same pairing as find_blocks: a block is a close whose nearest preceding tag is an open;
+    # walk back over stray closes ("<a>x</a></a>" -> "x").
+    while close >= 0:
+        start = text.rfind(opening, 0, close)
+        previous_close = text.rfind(closing, 0, close)
+        if start > previous_close:
+            return text[start + len(opening) : close].strip()
+        close = previous_close
+    return None
 
 
 def strip_thinking(text: str) -> str:
