@@ -1,0 +1,48 @@
+"""This project's agent loops, registered in verl's agent-loop registry.
+
+=================== ============================================== =====================================
+name                class                                          protocol
+=================== ============================================== =====================================
+``evidence_search`` :class:`.search_loop.EvidenceSearchAgentLoop`  Search-R1 / EviNote text tags
+``eviomni``         :class:`.eviomni_loop.EviOmniAgentLoop`        EviOmni reason/extract + masked answers
+=================== ============================================== =====================================
+
+GRACE uses verl's own ``single_turn_agent``. Select a loop per dataset row with
+the ``agent_name`` column or for all rows with
+``actor_rollout_ref.rollout.agent.default_agent_loop``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+LOOPS = {
+    "evidence_search": "verl_evidence.agent_loops.search_loop.EvidenceSearchAgentLoop",
+    "eviomni": "verl_evidence.agent_loops.eviomni_loop.EviOmniAgentLoop",
+}
+
+
+def register_all() -> None:
+    """Register every loop of :data:`LOOPS` with verl's ``register(name)``.
+
+    Idempotent: registering sets a dict entry, so calling this again (each
+    ``import verl`` in each Ray worker runs the plugin) changes nothing. An entry
+    a user already put under the same name (through
+    ``rollout.agent.agent_loop_config_path``, with its own kwargs) is kept.
+    """
+    import importlib
+
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry, register
+
+    for name, target in LOOPS.items():
+        existing = _agent_loop_registry.get(name)
+        if existing is not None and existing.get("_target_") != target:
+            logger.info("agent loop %r already registered as %s; leaving it", name, existing.get("_target_"))
+            continue
+        module_name, class_name = target.rsplit(".", 1)
+        cls = getattr(importlib.import_module(module_name), class_name)
+        if existing is not None and len(existing) > 1:
+            continue  # same class with user kwargs: keep them
+        register(name)(cls)

@@ -1,0 +1,116 @@
+"""Pieces shared by the search and EviOmni agent loops: settings, questions, generation calls."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+logger = logging.getLogger(__name__)
+
+CUSTOM_SECTION = "custom"  # actor_rollout_ref.rollout.custom.<loop name>.<key>
+
+
+def resolve_settings(settings_cls: type, rollout_config: Any, loop_name: str, overrides: dict[str, Any]):
+    """Build a loop's settings dataclass: defaults < ``rollout.custom.<loop_name>`` < loop kwargs.
+
+    The loop kwargs are the extra keys of the loop's entry in
+    ``rollout.agent.agent_loop_config_path`` (hydra passes them to the
+    constructor). Unknown keys fail here, at the first rollout, naming the key.
+    """
+    merged: dict[str, Any] = {}
+    custom = rollout_config.get(CUSTOM_SECTION) if rollout_config is not None else None
+    if custom:
+        section = custom.get(loop_name) if hasattr(custom, "get") else None
+        if section:
+            merged.update(OmegaConf.to_container(section, resolve=True) if isinstance(section, DictConfig) else section)
+    for key, value in overrides.items():
+        merged[key] = OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value
+    known = {f.name for f in dataclasses.fields(settings_cls)}
+    unknown = sorted(set(merged) - known)
+    if unknown:
+        raise TypeError(f"unknown setting(s) {unknown} for agent loop {loop_name!r}; known: {sorted(known)}")
+    return settings_cls(**merged)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, DictConfig):
+        return OmegaConf.to_container(value, resolve=True)
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        return value.tolist()
+    return value
+
+
+def message_text(content: Any) -> str:
+    """Text of a chat message's content (a string, or a list of typed parts)."""
+    content = _plain(content)
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return "" if content is None else str(content)
+
+
+def question_of(kwargs: dict[str, Any]) -> str:
+    """The question of a dataset row: ``extra_info.question`` if present, else the last user message."""
+    extra_info = _plain(kwargs.get("extra_info")) or {}
+    if isinstance(extra_info, dict) and isinstance(extra_info.get("question"), str) and extra_info["question"]:
+        return extra_info["question"]
+    messages = [_plain(m) for m in _plain(kwargs.get("raw_prompt")) or []]
+    for message in reversed(messages):
+        if isinstance(message, dict) and message.get("role") == "user":
+            return message_text(message.get("content")).strip()
+    return ""
+
+
+def row_passages(kwargs: dict[str, Any]) -> list[dict] | None:
+    """Passages given with the row (``extra_info.passages``: strings or ``{"id","contents"}`` dicts)."""
+    extra_info = _plain(kwargs.get("extra_info")) or {}
+    passages = _plain(extra_info.get("passages")) if isinstance(extra_info, dict) else None
+    if not passages:
+        return None
+    out = []
+    for index, passage in enumerate(passages):
+        if isinstance(passage, str):
+            out.append({"document": {"id": f"row-{index}", "contents": passage}})
+        elif isinstance(passage, dict):
+            document = passage.get("document", passage)
+            out.append({"document": {"id": str(document.get("id", f"row-{index}")), "contents": document["contents"]}})
+    return out
+
+
+@functools.lru_cache(maxsize=32)
+def _encoder(tokenizer_id: int, tokenizer):  # tokenizer is hashable by identity
+    return functools.lru_cache(maxsize=256)(lambda text: tuple(tokenizer.encode(text, add_special_tokens=False)))
+
+
+def encode_cached(tokenizer, text: str) -> list[int]:
+    """Token ids of a fixed piece of text (tags, feedback messages) — cached, they repeat every turn."""
+    return list(_encoder(id(tokenizer), tokenizer)(text))
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def stop_sampling_params(
+    sampling_params: dict[str, Any], rollout_name: str | None, stops: list[str], max_tokens: int
+) -> dict[str, Any]:
+    """Copy of ``sampling_params`` that stops after any of ``stops`` and keeps the stop text.
+
+    vLLM drops the stop string from its text unless ``include_stop_str_in_output``;
+    SGLang trims it unless ``no_stop_trim``. Either engine rejects the other's
+    flag, so only the one for the configured engine is set.
+    """
+    params = dict(sampling_params)
+    params["stop"] = list(stops)
+    params["max_tokens"] = int(max_tokens)
+    params.pop("max_new_tokens", None)
+    if rollout_name == "sglang":
+        params["no_stop_trim"] = True
+    else:
+        params["include_stop_str_in_output"] = True
+    return params

@@ -1,0 +1,219 @@
+"""``eviomni``: rational evidence extraction with knowledge-token masking (EviOmni / LEAR).
+
+One trajectory:
+
+1. The prompt holds the question and its passages P (``extra_info.passages`` of
+   the row, or top-k from the retrieval server for the question).
+2. The policy writes ``<reason>r</reason><extract>e</extract>`` (generation
+   stops at ``</extract>``), then continues with the answer o_f. Both parts are
+   the trained response (mask 1).
+3. From freshly built prompts the same policy answers twice more:
+   o_r from (question, P, r) with e replaced by a placeholder, and
+   o_e from (question, e) with P and r replaced by the placeholder. This is
+   hard masking on the input: the masked text is never rendered into those
+   prompts. o_r and o_e are scored but not part of ``response_ids``.
+
+``extra_fields``: ``eviomni_answer_r``, ``eviomni_answer_e`` (generated texts),
+``eviomni_len_r``, ``eviomni_len_e``, ``eviomni_len_p`` (policy-tokenizer token
+counts of r, e and the passages block), plus ``question`` and ``retrieved_ids``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+from uuid import uuid4
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput
+from verl.utils.profiler import simple_timer
+from verl.utils.rollout_trace import rollout_trace_op
+
+from retrieval_server.client import RetrievalError
+from verl_evidence.agent_loops.common import encode, question_of, resolve_settings, row_passages, stop_sampling_params
+from verl_evidence.backends import cut_at_stop
+from verl_evidence.prompts import check_placeholders, load_prompt, render_prompt
+from verl_evidence.rewards.text import extract_last, strip_thinking
+from verl_evidence.tools.search_tool import SearchService, document_ids, format_documents
+
+logger = logging.getLogger(__name__)
+
+LOOP_NAME = "eviomni"
+
+
+@dataclass
+class EviOmniLoopSettings:
+    prompt: str = "eviomni_reason_extract"
+    answer_prompt: str = "eviomni_answer"
+    placeholder: str = "[hidden]"
+    # passages: from extra_info.passages when the row has them, else from the retrieval server
+    retrieval_url: str | None = None
+    topk: int = 5
+    search_timeout: float = 30.0
+    search_max_retries: int = 3
+    masked_answer_max_tokens: int = 64
+    # None: o_r / o_e use the rollout's sampling params; a number overrides the temperature
+    masked_answer_temperature: float | None = None
+
+
+class EviOmniAgentLoop(AgentLoopBase):
+    """EviOmni policy rollout with the two masked-input answers; registered as ``eviomni``."""
+
+    loop_name = LOOP_NAME
+
+    def __init__(
+        self,
+        trainer_config,
+        server_manager,
+        tokenizer,
+        processor,
+        dataset_cls,
+        data_config,
+        tools=None,
+        hf_model_type: str | None = None,
+        retriever=None,
+        **settings: Any,
+    ):
+        super().__init__(
+            trainer_config, server_manager, tokenizer, processor, dataset_cls, data_config, hf_model_type=hf_model_type
+        )
+        self.settings: EviOmniLoopSettings = resolve_settings(
+            EviOmniLoopSettings, self.rollout_config, self.loop_name, settings
+        )
+        s = self.settings
+        self.response_length = int(self.rollout_config.response_length)
+        self.rollout_name = self.rollout_config.get("name")
+        self.prompt_template = load_prompt(s.prompt)
+        check_placeholders(self.prompt_template, ["question", "passages"], name=f"eviomni prompt {s.prompt!r}")
+        self.answer_template = load_prompt(s.answer_prompt)
+        check_placeholders(
+            self.answer_template,
+            ["question", "passages", "rationale", "evidence"],
+            name=f"eviomni answer prompt {s.answer_prompt!r}",
+        )
+        self._retriever = retriever
+        self._search: SearchService | None = None
+
+    def _search_service(self) -> SearchService:
+        if self._search is None:
+            s = self.settings
+            self._search = SearchService(
+                retrieval_url=s.retrieval_url,
+                topk=s.topk,
+                timeout=s.search_timeout,
+                max_retries=s.search_max_retries,
+                retriever=self._retriever,
+            )
+        return self._search
+
+    async def _passages(self, kwargs: dict[str, Any], question: str) -> tuple[list[dict], str]:
+        passages = row_passages(kwargs)
+        if passages is not None:
+            return passages, ""
+        try:
+            return (await self._search_service().search([question]))[0], ""
+        except (RetrievalError, ValueError) as err:
+            logger.warning("eviomni: could not fetch passages for %r: %s", question, err)
+            return [], f"{type(err).__name__}: {err}"
+
+    def _system_messages(self, kwargs: dict[str, Any]) -> list[dict]:
+        return [dict(m) for m in kwargs.get("raw_prompt", []) if dict(m).get("role") == "system"]
+
+    async def _generate(
+        self, prompt_ids: list[int], params: dict[str, Any], stop: str, priority: int
+    ) -> tuple[list[int], list[float] | None]:
+        output = await self.server_manager.generate(
+            request_id=uuid4().hex, prompt_ids=prompt_ids, sampling_params=params, priority=priority
+        )
+        token_ids = list(output.token_ids)[: params["max_tokens"]]
+        kept, _ = cut_at_stop(token_ids, self.tokenizer, [stop], set())
+        return kept, (output.log_probs[: len(kept)] if output.log_probs else None)
+
+    async def _masked_answer(
+        self, system: list[dict], sampling_params: dict[str, Any], priority: int, **fields: str
+    ) -> str:
+        prompt_ids = await self.ct_build_initial_tokens(
+            system + [{"role": "user", "content": render_prompt(self.answer_template, **fields)}]
+        )
+        params = stop_sampling_params(
+            sampling_params, self.rollout_name, ["</answer>"], self.settings.masked_answer_max_tokens
+        )
+        if self.settings.masked_answer_temperature is not None:
+            params["temperature"] = float(self.settings.masked_answer_temperature)
+        token_ids, _ = await self._generate(prompt_ids, params, "</answer>", priority)
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    @rollout_trace_op
+    async def run(self, sampling_params: dict[str, Any], priority: int = 0, **kwargs) -> AgentLoopOutput:
+        s = self.settings
+        priority = int(priority)
+        timing: dict[str, float] = {}
+        question = question_of(kwargs)
+        with simple_timer("tool_calls", timing):
+            passages, retrieval_error = await self._passages(kwargs, question)
+        passages_text = format_documents(passages)
+        system = self._system_messages(kwargs)
+        prompt_ids = await self.ct_build_initial_tokens(
+            system
+            + [{"role": "user", "content": render_prompt(self.prompt_template, question=question, passages=passages_text)}]
+        )
+
+        # 1. <reason> r </reason> <extract> e </extract>
+        params = stop_sampling_params(sampling_params, self.rollout_name, ["</extract>"], self.response_length)
+        with simple_timer("generate_sequences", timing):
+            first_ids, first_logprobs = await self._generate(prompt_ids, params, "</extract>", priority)
+        first_text = self.tokenizer.decode(first_ids, skip_special_tokens=True)
+        body = strip_thinking(first_text)
+        rationale = extract_last(body, "reason") or ""
+        evidence = extract_last(body, "extract") or ""
+        response_ids, logprobs = list(first_ids), first_logprobs
+
+        # 2. o_f (trained continuation) and o_r / o_e (masked inputs) run concurrently
+        remaining = self.response_length - len(response_ids)
+        continue_answer = first_text.rstrip().endswith("</extract>") and remaining > 0
+        hidden = s.placeholder
+        jobs = [
+            self._masked_answer(
+                system, sampling_params, priority, question=question, passages=passages_text,
+                rationale=rationale, evidence=hidden,
+            ),
+            self._masked_answer(
+                system, sampling_params, priority, question=question, passages=hidden,
+                rationale=hidden, evidence=evidence,
+            ),
+        ]
+        if continue_answer:
+            answer_params = stop_sampling_params(sampling_params, self.rollout_name, ["</answer>"], remaining)
+            jobs.append(self._generate(prompt_ids + response_ids, answer_params, "</answer>", priority))
+        with simple_timer("generate_sequences", timing):
+            results = await asyncio.gather(*jobs)
+        answer_r, answer_e = results[0], results[1]
+        if continue_answer:
+            answer_ids, answer_logprobs = results[2]
+            if logprobs is not None or answer_logprobs is not None:
+                logprobs = (logprobs or [0.0] * len(response_ids)) + (answer_logprobs or [0.0] * len(answer_ids))
+            response_ids += answer_ids
+
+        response_ids = response_ids[: self.response_length]
+        extra_fields = {
+            "question": question,
+            "retrieved_ids": document_ids(passages),
+            "eviomni_answer_r": answer_r,
+            "eviomni_answer_e": answer_e,
+            "eviomni_len_r": len(encode(self.tokenizer, rationale)) if rationale else 0,
+            "eviomni_len_e": len(encode(self.tokenizer, evidence)) if evidence else 0,
+            "eviomni_len_p": len(encode(self.tokenizer, passages_text)) if passages_text else 0,
+            "retrieval_error": retrieval_error,
+            "turn_scores": [],
+            "tool_rewards": [],
+        }
+        return AgentLoopOutput(
+            prompt_ids=prompt_ids,
+            response_ids=response_ids,
+            response_mask=[1] * len(response_ids),
+            response_logprobs=logprobs[: len(response_ids)] if logprobs is not None else None,
+            num_turns=2,
+            metrics={"generate_sequences": timing.get("generate_sequences", 0.0), "tool_calls": timing.get("tool_calls", 0.0)},
+            extra_fields=extra_fields,
+        )

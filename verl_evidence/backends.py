@@ -1,0 +1,344 @@
+"""Generation backends behind verl's server-manager interface.
+
+verl's agent loops talk to the inference engine only through
+``server_manager.generate(request_id, *, prompt_ids, sampling_params, ...) -> TokenOutput``
+(:class:`verl.workers.rollout.llm_server.LLMServerClient`). The classes here
+subclass that client and override ``generate`` (verl's docstring allows
+subclasses that route requests themselves to pass no load balancer), so an
+agent loop cannot tell whether it runs against vLLM in a trainer, a local HF
+model, a script, or a remote OpenAI-compatible server:
+
+- :class:`HFGenerationBackend` runs a Hugging Face causal LM in-process (CPU or GPU);
+- :class:`ScriptedBackend` emits given texts, for exact protocol tests and replays;
+- :class:`OpenAIBackend` calls an OpenAI-compatible ``/v1/completions`` endpoint
+  (e.g. ``vllm serve``), and offers a text-level ``chat`` for external models
+  such as the evidence extractor.
+
+Sampling parameters follow vLLM's names, which is what verl's agent loops send:
+``temperature`` (0 = greedy), ``top_p``, ``top_k`` (-1 = off), ``max_tokens``
+(or SGLang's ``max_new_tokens``), ``stop`` (strings), ``stop_token_ids``,
+``logprobs``. As in vLLM, ``token_ids`` always include the tokens that complete
+a stop string, and the EOS token when generation ended on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from verl.workers.rollout.llm_server import LLMServerClient
+from verl.workers.rollout.replica import TokenOutput
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_TOKENS = 512
+
+
+def _max_tokens(sampling_params: dict[str, Any], default: int) -> int:
+    value = sampling_params.get("max_tokens", sampling_params.get("max_new_tokens"))
+    return max(1, int(value)) if value is not None else default
+
+
+def _stop_strings(sampling_params: dict[str, Any]) -> list[str]:
+    stop = sampling_params.get("stop") or []
+    return [stop] if isinstance(stop, str) else [s for s in stop if s]
+
+
+def _stop_token_ids(sampling_params: dict[str, Any], eos_token_id: int | None) -> set[int]:
+    ids = set(int(t) for t in (sampling_params.get("stop_token_ids") or []))
+    if eos_token_id is not None and not sampling_params.get("ignore_eos", False):
+        ids.add(int(eos_token_id))
+    return ids
+
+
+def cut_at_stop(token_ids: list[int], tokenizer, stops: Sequence[str], stop_ids: set[int]) -> tuple[list[int], str]:
+    """Cut ``token_ids`` after the first token that ends a stop string or is a stop token.
+
+    Returns the kept ids and why generation ended: ``"stop"`` (stop string or
+    stop token) or ``"length"`` (no stop seen).
+    """
+    # Every token decodes to at least one character, so a stop string that the
+    # current token completes lies within the last len(stop) tokens: decoding
+    # that window keeps the scan linear.
+    window = max((len(s) for s in stops), default=0) + 1
+    for index, token_id in enumerate(token_ids):
+        if token_id in stop_ids:
+            return token_ids[: index + 1], "stop"
+        if stops:
+            tail = tokenizer.decode(token_ids[max(0, index + 1 - window) : index + 1], skip_special_tokens=False)
+            if any(s in tail for s in stops):
+                return token_ids[: index + 1], "stop"
+    return list(token_ids), "length"
+
+
+class _OwnRoutingClient(LLMServerClient):
+    """An ``LLMServerClient`` that generates itself instead of through verl's load balancer."""
+
+    def __init__(self, config: Any = None) -> None:
+        super().__init__(config=config, load_balancer_handle=None)
+        self.calls: list[dict[str, Any]] = []
+        self.record_calls = False
+
+    def _record(self, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any]) -> None:
+        if self.record_calls:
+            self.calls.append(
+                {"request_id": request_id, "prompt_ids": list(prompt_ids), "sampling_params": dict(sampling_params)}
+            )
+
+
+class ScriptedBackend(_OwnRoutingClient):
+    """Emits scripted texts as if a model had generated them.
+
+    Either ``turns`` (consumed one per ``generate`` call, in call order) or
+    ``responder`` (called with the decoded prompt, returns the text; use it
+    when calls run concurrently) supplies the text. Stop strings, stop tokens
+    and ``max_tokens`` are honoured exactly like a real engine would: the text
+    is cut after the token that completes the first stop string. A text that
+    runs to its end without a stop gets the EOS token appended (``append_eos``),
+    as a model ends its turn.
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        turns: Sequence[str] | None = None,
+        responder: Callable[[str], str] | None = None,
+        append_eos: bool = True,
+        record_calls: bool = True,
+    ) -> None:
+        if (turns is None) == (responder is None):
+            raise ValueError("ScriptedBackend needs exactly one of `turns` or `responder`")
+        super().__init__()
+        self.tokenizer = tokenizer
+        self._turns = list(turns) if turns is not None else None
+        self._responder = responder
+        self.append_eos = append_eos
+        self.record_calls = record_calls
+
+    @property
+    def remaining_turns(self) -> int:
+        return len(self._turns) if self._turns is not None else 0
+
+    async def generate(
+        self,
+        request_id,
+        *,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        image_data: list[Any] | None = None,
+        video_data: list[Any] | None = None,
+        audio_data: list[Any] | None = None,
+        mm_processor_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> TokenOutput:
+        self._record(request_id, prompt_ids, sampling_params)
+        if self._turns is not None:
+            if not self._turns:
+                raise RuntimeError("ScriptedBackend ran out of scripted turns")
+            text = self._turns.pop(0)
+        else:
+            text = self._responder(self.tokenizer.decode(prompt_ids, skip_special_tokens=False))
+        token_ids = self.tokenizer.encode(text, add_special_tokens=False)
+        eos = self.tokenizer.eos_token_id
+        if self.append_eos and eos is not None:
+            token_ids = token_ids + [eos]
+        token_ids, _ = cut_at_stop(
+            token_ids, self.tokenizer, _stop_strings(sampling_params), _stop_token_ids(sampling_params, eos)
+        )
+        token_ids = token_ids[: _max_tokens(sampling_params, DEFAULT_MAX_TOKENS)]
+        log_probs = [0.0] * len(token_ids) if sampling_params.get("logprobs") else None
+        return TokenOutput(token_ids=token_ids, log_probs=log_probs, stop_reason="completed")
+
+
+class HFGenerationBackend(_OwnRoutingClient):
+    """A local Hugging Face causal LM behind verl's server-manager interface.
+
+    Generation runs in a worker thread (one at a time per model: HF models are
+    not re-entrant) so the event loop keeps serving other trajectories.
+    """
+
+    def __init__(self, model, tokenizer, default_max_tokens: int = DEFAULT_MAX_TOKENS, seed: int | None = 0) -> None:
+        super().__init__()
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.default_max_tokens = default_max_tokens
+        self.seed = seed
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path, device: str | None = None, dtype: str = "auto", **kwargs):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
+        return cls(model, tokenizer, **kwargs)
+
+    def _generate_sync(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> TokenOutput:
+        import torch
+
+        eos = self.tokenizer.eos_token_id
+        stop_ids = _stop_token_ids(sampling_params, eos)
+        stops = _stop_strings(sampling_params)
+        temperature = float(sampling_params.get("temperature", 1.0) or 0.0)
+        top_k = sampling_params.get("top_k", -1)
+        top_p = float(sampling_params.get("top_p", 1.0) or 1.0)
+        generate_kwargs: dict[str, Any] = {
+            "max_new_tokens": _max_tokens(sampling_params, self.default_max_tokens),
+            "do_sample": temperature > 0,
+            "eos_token_id": sorted(stop_ids) if stop_ids else None,
+            "pad_token_id": self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos,
+            "return_dict_in_generate": True,
+            "output_scores": bool(sampling_params.get("logprobs")),
+        }
+        if temperature > 0:
+            generate_kwargs.update(temperature=temperature, top_p=top_p, top_k=int(top_k) if top_k and top_k > 0 else 0)
+        if stops:
+            generate_kwargs.update(stop_strings=stops, tokenizer=self.tokenizer)
+        device = next(self.model.parameters()).device
+        input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
+        with self._lock, torch.no_grad():
+            if self.seed is not None:
+                torch.manual_seed(self.seed + len(prompt_ids))
+            out = self.model.generate(
+                input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **generate_kwargs
+            )
+        new_ids = out.sequences[0, input_ids.shape[1] :].tolist()
+        # HF pads finished sequences only in batches; cut at our own stop rule to be exact.
+        kept, _ = cut_at_stop(new_ids, self.tokenizer, stops, stop_ids)
+        log_probs = None
+        if sampling_params.get("logprobs") and out.scores:
+            log_probs = [
+                float(torch.log_softmax(score[0].float(), dim=-1)[token_id])
+                for score, token_id in zip(out.scores, kept, strict=False)
+            ]
+        return TokenOutput(token_ids=kept, log_probs=log_probs, stop_reason="completed")
+
+    async def generate(
+        self,
+        request_id,
+        *,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        image_data: list[Any] | None = None,
+        video_data: list[Any] | None = None,
+        audio_data: list[Any] | None = None,
+        mm_processor_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> TokenOutput:
+        self._record(request_id, prompt_ids, sampling_params)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, self._generate_sync, list(prompt_ids), dict(sampling_params))
+
+
+class OpenAIBackend(_OwnRoutingClient):
+    """An OpenAI-compatible completions endpoint (vLLM, SGLang, TGI ...) behind verl's interface.
+
+    ``generate`` sends the prompt as token ids to ``/v1/completions`` and asks
+    for the sampled token ids (vLLM's ``return_token_ids``); servers that do
+    not return them get the text re-encoded with ``tokenizer``. ``chat`` is a
+    text-level call for models whose tokenizer differs from the policy's (the
+    external evidence extractor).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        tokenizer=None,
+        api_key: str = "EMPTY",
+        timeout: float = 120.0,
+        max_retries: int = 2,
+        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    ) -> None:
+        super().__init__()
+        self.base_url = base_url.rstrip("/")
+        if not self.base_url.endswith("/v1"):
+            self.base_url += "/v1"
+        self.model = model
+        self.tokenizer = tokenizer
+        self.api_key = api_key
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.default_max_tokens = default_max_tokens
+        self._clients: dict[int, Any] = {}
+
+    def _client(self):
+        from openai import AsyncOpenAI
+
+        # httpx connection pools belong to one event loop.
+        key = id(asyncio.get_running_loop())
+        if key not in self._clients:
+            self._clients[key] = AsyncOpenAI(
+                base_url=self.base_url, api_key=self.api_key, timeout=self.timeout, max_retries=self.max_retries
+            )
+        return self._clients[key]
+
+    @staticmethod
+    def _sampling_body(sampling_params: dict[str, Any], default_max_tokens: int) -> tuple[dict, dict]:
+        args: dict[str, Any] = {"max_tokens": _max_tokens(sampling_params, default_max_tokens)}
+        if "temperature" in sampling_params:
+            args["temperature"] = float(sampling_params["temperature"])
+        if "top_p" in sampling_params:
+            args["top_p"] = float(sampling_params["top_p"])
+        stops = _stop_strings(sampling_params)
+        if stops:
+            args["stop"] = stops
+        extra: dict[str, Any] = {"include_stop_str_in_output": True}
+        if sampling_params.get("top_k") not in (None, -1):
+            extra["top_k"] = int(sampling_params["top_k"])
+        if sampling_params.get("stop_token_ids"):
+            extra["stop_token_ids"] = list(sampling_params["stop_token_ids"])
+        return args, extra
+
+    async def generate(
+        self,
+        request_id,
+        *,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        image_data: list[Any] | None = None,
+        video_data: list[Any] | None = None,
+        audio_data: list[Any] | None = None,
+        mm_processor_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> TokenOutput:
+        self._record(request_id, prompt_ids, sampling_params)
+        args, extra = self._sampling_body(sampling_params, self.default_max_tokens)
+        extra["return_token_ids"] = True
+        want_logprobs = bool(sampling_params.get("logprobs"))
+        if want_logprobs:
+            args["logprobs"] = 0
+        response = await self._client().completions.create(
+            model=self.model, prompt=list(prompt_ids), extra_body=extra, **args
+        )
+        choice = response.choices[0]
+        fields = choice.model_extra or {}
+        token_ids = fields.get("token_ids")
+        if token_ids is None:
+            if self.tokenizer is None:
+                raise ValueError(
+                    f"{self.base_url} did not return token ids; give OpenAIBackend the policy tokenizer to re-encode"
+                )
+            token_ids = self.tokenizer.encode(choice.text, add_special_tokens=False)
+            ended_on_eos = choice.finish_reason == "stop" and fields.get("stop_reason") is None
+            if ended_on_eos and self.tokenizer.eos_token_id is not None:
+                token_ids.append(self.tokenizer.eos_token_id)
+        log_probs = None
+        if want_logprobs and choice.logprobs is not None and choice.logprobs.token_logprobs:
+            log_probs = [float(x or 0.0) for x in choice.logprobs.token_logprobs][: len(token_ids)]
+            log_probs += [0.0] * (len(token_ids) - len(log_probs))
+        return TokenOutput(token_ids=list(token_ids), log_probs=log_probs, stop_reason="completed")
+
+    async def chat(self, messages: list[dict[str, str]], sampling_params: dict[str, Any] | None = None) -> str:
+        """One chat completion, text in and text out (the server applies its own template)."""
+        args, extra = self._sampling_body(sampling_params or {}, self.default_max_tokens)
+        response = await self._client().chat.completions.create(
+            model=self.model, messages=messages, extra_body=extra, **args
+        )
+        return response.choices[0].message.content or ""
