@@ -1,0 +1,282 @@
+"""``verl-evidence data ...``: write verl parquet files for each method.
+
+    verl-evidence data qa       FlashRAG JSONL / Search-R1 parquet -> Search-R1 or EviNote rows
+    verl-evidence data eviomni  + top-k passages (retrieval server, file or in-process retriever) and L_P
+    verl-evidence data grace    sufficient / insufficient contexts from several retrievers
+
+``INPUT`` may be the word ``bundled`` for the packaged QA set and corpus.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Callable, Sequence
+from enum import Enum
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from verl_evidence.dataprep import grace as grace_mod
+from verl_evidence.dataprep import rows as rows_mod
+from verl_evidence.dataprep.records import (
+    DataPrepError,
+    QARecord,
+    bundled_paths,
+    check_references,
+    read_corpus,
+    read_flashrag_jsonl,
+    read_jsonl,
+    read_search_r1_parquet,
+)
+from verl_evidence.dataprep.retrievers import BUILTIN_RETRIEVERS, Query, ServerRetriever, build_retriever
+from verl_evidence.dataprep.templates import load_template
+
+logger = logging.getLogger(__name__)
+console = Console(stderr=True)
+data_app = typer.Typer(help="Prepare verl parquet data for each method.", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(data_app, name="data")
+
+
+class SearchMethod(str, Enum):
+    search_r1 = "search_r1"
+    evinote = "evinote"
+
+
+class ExtractMethod(str, Enum):
+    eviomni = "eviomni"
+    lear = "lear"
+
+
+class GraceStyle(str, Enum):
+    bundled = "bundled"
+    hotpotqa = "hotpotqa"
+    qasper = "qasper"
+
+
+def _fail_clearly(command: Callable) -> Callable:
+    """Bad input ends the command with its message and exit code 2, not a traceback."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except DataPrepError as err:
+            console.print(f"[red]error:[/red] {err}")
+            raise typer.Exit(2) from err
+
+    return wrapper
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+    )
+
+
+def load_records(source: str, data_source: str | None, allow_new_source: bool) -> list[QARecord]:
+    """``bundled``, a FlashRAG ``.jsonl`` or a Search-R1 ``.parquet``."""
+    if source == "bundled":
+        qa_path, _ = bundled_paths()
+        return read_flashrag_jsonl(qa_path, data_source or "bundled", allow_new_source)
+    path = Path(source)
+    if path.suffix == ".parquet":
+        return read_search_r1_parquet(path, data_source, allow_new_source)
+    if path.suffix == ".jsonl":
+        if data_source is None:
+            raise DataPrepError(f"{path}: FlashRAG files carry no data source; pass --data-source NAME")
+        return read_flashrag_jsonl(path, data_source, allow_new_source)
+    raise DataPrepError(f"{path}: expected 'bundled', a .jsonl (FlashRAG) or a .parquet (Search-R1) file")
+
+
+def _report(path: Path, rows: Sequence[dict]) -> None:
+    console.print(f"wrote {len(rows)} rows to {path}")
+
+
+@data_app.command("qa")
+@_fail_clearly
+def qa_command(
+    source: str = typer.Argument(..., help="'bundled', a FlashRAG .jsonl or a Search-R1 .parquet"),
+    output: Path = typer.Option(..., "--output", "-o", help="parquet file to write"),
+    method: SearchMethod = typer.Option(SearchMethod.search_r1, help="which searching method the rows are for"),
+    data_source: str | None = typer.Option(None, help="data source name (required for FlashRAG files)"),
+    split: str = typer.Option("train", help="recorded in extra_info.split"),
+    template: str | None = typer.Option(None, help="prompt template: file, packaged prompt name or default name"),
+    new_data_source: bool = typer.Option(False, "--new-data-source", help="accept a data source name not yet known"),
+) -> None:
+    """Rows for the multi-turn search methods (Search-R1 baseline, EviNote-RAG)."""
+    records = load_records(source, data_source, new_data_source)
+    rows = rows_mod.search_rows(records, method.value, load_template(template or method.value), split)
+    _report(rows_mod.write_parquet(rows, output), rows)
+
+
+def token_counter(tokenizer_path: str) -> Callable[[str], int]:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    except (OSError, ValueError) as err:
+        raise DataPrepError(f"cannot load tokenizer {tokenizer_path!r}: {err}") from err
+    return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def read_passages_file(path: Path, records: Sequence[QARecord], topk: int) -> list[list[dict]]:
+    """JSONL ``{"id": question id, "passages": [{"id", "contents"} | "Title\\ntext", ...]}``."""
+    by_id: dict[str, list[dict]] = {}
+    for number, row in enumerate(read_jsonl(path), start=1):
+        if "id" not in row or "passages" not in row:
+            raise DataPrepError(f"{path}:{number}: missing column id or passages")
+        docs = [
+            d if isinstance(d, dict) else {"id": f"{row['id']}-{n}", "contents": d} for n, d in enumerate(row["passages"])
+        ]
+        by_id[str(row["id"])] = docs[:topk]
+    missing = [r.id for r in records if r.id not in by_id]
+    if missing:
+        raise DataPrepError(f"{path}: no passages for question id(s) {missing[:5]}")
+    return [by_id[r.id] for r in records]
+
+
+@data_app.command("eviomni")
+@_fail_clearly
+def eviomni_command(
+    source: str = typer.Argument(..., help="'bundled', a FlashRAG .jsonl or a Search-R1 .parquet"),
+    output: Path = typer.Option(..., "--output", "-o"),
+    tokenizer: str = typer.Option(..., help="the policy's tokenizer (path or hub name): L_P is counted with it"),
+    method: ExtractMethod = typer.Option(ExtractMethod.eviomni),
+    retrieval_url: str | None = typer.Option(None, help="retrieval server, e.g. http://127.0.0.1:8000"),
+    passages_file: Path | None = typer.Option(None, help="JSONL of pre-retrieved passages per question id"),
+    retriever: str | None = typer.Option(None, help="in-process retriever over --corpus: bm25 or dense"),
+    corpus: str | None = typer.Option(None, help="FlashRAG corpus JSONL for --retriever ('bundled' works)"),
+    dense_model: str | None = typer.Option(None, help="sentence-transformers model for --retriever dense"),
+    topk: int = typer.Option(5, help="passages per question (paper: 5)"),
+    data_source: str | None = typer.Option(None),
+    split: str = typer.Option("train"),
+    template: str | None = typer.Option(None),
+    new_data_source: bool = typer.Option(False, "--new-data-source"),
+) -> None:
+    """Rows for EviOmni / LEAR: top-k passages per question in the prompt, L_P recorded."""
+    chosen = [x for x in (retrieval_url, passages_file, retriever) if x]
+    if len(chosen) != 1:
+        raise DataPrepError("give exactly one of --retrieval-url, --passages-file, --retriever")
+    records = load_records(source, data_source, new_data_source)
+    count_tokens = token_counter(tokenizer)
+    if passages_file:
+        passages = read_passages_file(passages_file, records, topk)
+    else:
+        passages = []
+        if retrieval_url:
+            server = ServerRetriever(retrieval_url)
+            fetch = lambda batch: server.passages([r.question for r in batch], topk)  # noqa: E731
+        else:
+            pool = _load_corpus(corpus or ("bundled" if source == "bundled" else None))
+            local = build_retriever(retriever, pool, dense_model=dense_model)
+            queries = lambda batch: [Query(r.id, r.question) for r in batch]  # noqa: E731
+            fetch = lambda batch: [  # noqa: E731
+                [{"id": i, "contents": pool[i]} for i in ids] for ids in local.retrieve(queries(batch), topk)
+            ]
+        with _progress() as progress:
+            task = progress.add_task("retrieving", total=len(records))
+            for start in range(0, len(records), 32):
+                batch = records[start : start + 32]
+                passages.extend(fetch(batch))
+                progress.advance(task, len(batch))
+    rows = rows_mod.eviomni_rows(records, passages, load_template(template or method.value), split, count_tokens, method.value)
+    _report(rows_mod.write_parquet(rows, output), rows)
+
+
+def _load_corpus(spec: str | None) -> dict[str, str]:
+    if spec is None:
+        raise DataPrepError("an in-process retriever needs --corpus (a FlashRAG corpus JSONL or 'bundled')")
+    return read_corpus(bundled_paths()[1] if spec == "bundled" else spec)
+
+
+def print_grace_stats(stats: grace_mod.GraceStats, retrievers: Sequence[str], skipped: int = 0) -> None:
+    table = Table(title=f"GRACE construction: {stats.samples} samples, {stats.total} examples kept")
+    for column in ("retriever", "answerable", "unanswerable", "duplicates dropped"):
+        table.add_column(column, justify="right" if column != "retriever" else "left")
+    for name in retrievers:
+        table.add_row(name, str(stats.answerable[name]), str(stats.unanswerable[name]), str(stats.duplicates[name]))
+    table.add_row(
+        "total",
+        str(sum(stats.answerable.values())),
+        str(sum(stats.unanswerable.values())),
+        str(sum(stats.duplicates.values())),
+    )
+    console.print(table)
+    if skipped:
+        console.print(f"skipped {skipped} unanswerable or evidence-less input questions")
+
+
+@data_app.command("grace")
+@_fail_clearly
+def grace_command(
+    source: str = typer.Argument(..., help="'bundled', a bundled-layout .jsonl, a HotpotQA or a QASPER .json/.jsonl"),
+    output: Path = typer.Option(..., "--output", "-o"),
+    style: GraceStyle = typer.Option(GraceStyle.bundled, help="input layout"),
+    retrievers: list[str] = typer.Option(
+        list(BUILTIN_RETRIEVERS), "--retriever", help="built-in name or NAME=URL (retrieval server); repeatable"
+    ),
+    k: int = typer.Option(5, "--k", help="passages per context"),
+    seed: int = typer.Option(0, help="seeds the per-retriever 50/50 split and the fillers"),
+    dense_model: str | None = typer.Option(None, help="sentence-transformers model for dense retrievers"),
+    cross_encoder: str | None = typer.Option(None, help="cross-encoder for dense+rerank"),
+    rerank_depth: int = typer.Option(20, help="dense shortlist length re-ordered by the cross-encoder"),
+    corpus: str | None = typer.Option(None, help="corpus JSONL for a QA file in the bundled layout"),
+    per_question_pool: bool = typer.Option(False, help="HotpotQA: retrieve only among the question's paragraphs"),
+    data_source: str | None = typer.Option(None),
+    split: str = typer.Option("train"),
+    template: str | None = typer.Option(None),
+    new_data_source: bool = typer.Option(False, "--new-data-source"),
+) -> None:
+    """GRACE rows: answerable and unanswerable contexts from several retrievers, merged and deduplicated."""
+    skipped = 0
+    if style is GraceStyle.bundled:
+        if source == "bundled":
+            qa_path, corpus_path = bundled_paths()
+        elif corpus is None:
+            raise DataPrepError("a QA file in the bundled layout needs its corpus: pass --corpus corpus.jsonl")
+        else:
+            qa_path, corpus_path = Path(source), Path(corpus)
+        records = read_flashrag_jsonl(qa_path, data_source or "bundled", new_data_source)
+        passages = read_corpus(corpus_path)
+        check_references(records, passages, str(qa_path))
+        items = [grace_mod.GraceInput(r) for r in records]
+    elif style is GraceStyle.hotpotqa:
+        items, passages = grace_mod.read_hotpotqa(source, data_source or "hotpotqa", new_data_source, per_question_pool)
+    else:
+        items, passages, skipped = grace_mod.read_qasper(source, data_source or "qasper", new_data_source)
+    if not items:
+        raise DataPrepError(f"{source}: no usable samples")
+    cache: dict = {}
+    built = [
+        build_retriever(
+            spec, passages, seed=seed, dense_model=dense_model, cross_encoder=cross_encoder,
+            rerank_depth=rerank_depth, cache=cache,
+        )
+        for spec in retrievers
+    ]
+    with _progress() as progress:
+        tasks = {r.name: progress.add_task(f"{r.name:>14}", total=len(items)) for r in built}
+        examples, stats = grace_mod.construct(
+            items, built, passages, k, seed, progress=lambda name, n: progress.advance(tasks[name], n)
+        )
+    print_grace_stats(stats, [r.name for r in built], skipped)
+    rows = rows_mod.grace_rows(examples, passages, load_template(template or "grace"), split)
+    _report(rows_mod.write_parquet(rows, output), rows)
+
+
+@data_app.command("inspect")
+@_fail_clearly
+def inspect_command(path: Path, limit: int = typer.Option(1, help="rows to print")) -> None:
+    """Print the first rows of a prepared parquet file as JSON."""
+    if not path.is_file():
+        raise DataPrepError(f"{path}: no such file")
+    for row in rows_mod.read_parquet(path)[:limit]:
+        typer.echo(json.dumps(row, indent=2, ensure_ascii=False, default=str))
