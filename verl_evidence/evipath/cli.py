@@ -1,0 +1,194 @@
+"""``verl-evidence evipath synthesize``: teacher-driven trajectory synthesis to SFT parquet."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from verl_evidence.evipath.evidence import DEFAULT_TAU, EvidenceSelector
+from verl_evidence.evipath.pipeline import Prompts, Statistics, SynthesisConfig, Synthesizer
+from verl_evidence.evipath.records import FORMATS, ReadReport, load_records
+from verl_evidence.evipath.teacher import ReplyCache, Teacher, TeacherConfig
+from verl_evidence.evipath.writer import PLANNER_FORMATS, write_outputs
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RunSummary:
+    stats: Statistics
+    outputs: dict[str, Path]
+    teacher: dict
+    read: ReadReport
+
+
+async def run_synthesis(
+    records,
+    teacher_config: TeacherConfig,
+    out_dir: str | Path,
+    cache_path: str | Path | None,
+    selector: EvidenceSelector,
+    config: SynthesisConfig | None = None,
+    planner_format: str = "paper",
+    console: Console | None = None,
+    read_report: ReadReport | None = None,
+) -> RunSummary:
+    """Synthesize, filter and write; the cache makes a re-run after an interruption cheap."""
+    config = config or SynthesisConfig()
+    cache = ReplyCache(cache_path)
+    teacher = Teacher(teacher_config, cache)
+    stats = Statistics()
+    console = console or Console(stderr=True)
+    try:
+        with Progress(
+            TextColumn("[bold]evipath"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        ) as progress:
+            task = progress.add_task("", total=len(records))
+
+            def on_result(result) -> None:
+                stats.add(result)
+                progress.update(
+                    task,
+                    advance=1,
+                    description=f"kept {stats.kept} rejected {stats.total - stats.kept} "
+                    f"requests {teacher.usage.requests} cached {teacher.usage.cache_hits}",
+                )
+
+            synthesizer = Synthesizer(teacher, selector, config)
+            results = await synthesizer.synthesize(
+                records, max_in_flight=max(1, teacher_config.concurrency * 2), on_result=on_result
+            )
+    finally:
+        await teacher.close()
+        cache.close()
+    outputs = write_outputs(results, out_dir, planner_format=planner_format, seed=config.seed)
+    usage = teacher.usage
+    teacher_summary = {
+        "model": teacher_config.model,
+        "requests": usage.requests,
+        "cache_hits": usage.cache_hits,
+        "failures": usage.failures,
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "cost": round(teacher.cost(), 6),
+    }
+    summary = {**stats.as_dict(), "teacher": teacher_summary}
+    (Path(out_dir) / "stats.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return RunSummary(stats, outputs, teacher_summary, read_report or ReadReport())
+
+
+def print_summary(summary: RunSummary, console: Console) -> None:
+    table = Table(title="EviPath synthesis")
+    table.add_column("outcome")
+    table.add_column("count", justify="right")
+    table.add_row("kept", str(summary.stats.kept))
+    for reason, count in summary.stats.rejected.most_common():
+        table.add_row(f"rejected: {reason}", str(count))
+    for reason, count in summary.read.skipped.most_common():
+        table.add_row(f"skipped input: {reason}", str(count))
+    table.add_row("sub-questions (kept)", str(summary.stats.subquestions))
+    table.add_row("selection fallbacks (best one < tau)", str(summary.stats.selection_fallbacks))
+    console.print(table)
+    t = summary.teacher
+    console.print(
+        f"teacher {t['model']}: {t['requests']} requests, {t['cache_hits']} cache hits, {t['failures']} failures, "
+        f"{t['prompt_tokens']} prompt + {t['completion_tokens']} completion tokens, cost {t['cost']:.4f}"
+    )
+    for name, path in summary.outputs.items():
+        console.print(f"{name}: {path}")
+
+
+def synthesize(
+    input_path: Optional[Path] = typer.Option(None, "--input", "-i", help="Dataset file (JSON array or JSONL); omit for the bundled set."),
+    fmt: str = typer.Option("bundled", "--format", "-f", help=f"Input layout: {', '.join(FORMATS)}."),
+    corpus: Optional[Path] = typer.Option(None, help="corpus.jsonl for --format bundled with --input (default: next to the input)."),
+    out: Path = typer.Option(Path("evipath_out"), "--out", "-o", help="Output directory."),
+    limit: Optional[int] = typer.Option(None, help="Use only the first N records."),
+    base_url: str = typer.Option("http://127.0.0.1:8000/v1", envvar="EVIPATH_BASE_URL", help="OpenAI-compatible endpoint."),
+    model: str = typer.Option(..., envvar="EVIPATH_MODEL", help="Teacher model name as the endpoint knows it."),
+    api_key: str = typer.Option("EMPTY", envvar="OPENAI_API_KEY", help="API key (vLLM accepts any)."),
+    concurrency: int = typer.Option(8, help="Maximum concurrent teacher requests."),
+    max_retries: int = typer.Option(4, help="Retries with exponential backoff per request."),
+    timeout: float = typer.Option(120.0, help="Seconds per request."),
+    temperature: float = typer.Option(0.0),
+    max_tokens: int = typer.Option(1024, help="Completion tokens per teacher reply."),
+    cache: Optional[Path] = typer.Option(None, help="Reply cache (SQLite); default OUT/teacher_cache.sqlite."),
+    encoder: Optional[str] = typer.Option(None, help="Sentence-transformer for evidence selection (default: packaged MiniLM)."),
+    encoder_device: str = typer.Option("cpu"),
+    tau: float = typer.Option(DEFAULT_TAU, help="Cosine threshold for golden evidence of a sub-question."),
+    min_f1: float = typer.Option(0.8, help="Keep a trajectory if EM = 1 or F1 >= this."),
+    max_steps: int = typer.Option(6, help="Planner turns per trajectory."),
+    max_searches: int = typer.Option(12, help="Sub-questions per trajectory."),
+    planner_format: str = typer.Option("paper", help=f"Planner dialogue layout: {', '.join(PLANNER_FORMATS)}."),
+    planner_synth_prompt: str = typer.Option("evipath_planner_synth", help="Prompt name or file."),
+    executor_answer_prompt: str = typer.Option("evipath_executor_answer", help="Prompt name or file."),
+    executor_synth_prompt: str = typer.Option("evipath_executor_synth", help="Prompt name or file."),
+    prompt_cost_per_1k: float = typer.Option(0.0, help="Cost per 1k prompt tokens (reporting only)."),
+    completion_cost_per_1k: float = typer.Option(0.0, help="Cost per 1k completion tokens (reporting only)."),
+    seed: int = typer.Option(0),
+) -> None:
+    """Synthesize planner/executor trajectories with a teacher and write SFT parquet."""
+    console = Console(stderr=True)
+    if fmt not in FORMATS:
+        raise typer.BadParameter(f"choose one of {', '.join(FORMATS)}", param_hint="--format")
+    if planner_format not in PLANNER_FORMATS:
+        raise typer.BadParameter(f"choose one of {', '.join(PLANNER_FORMATS)}", param_hint="--planner-format")
+    read_report = ReadReport()
+    try:
+        records = load_records(input_path, fmt, corpus_path=corpus, limit=limit, report=read_report)
+    except (FileNotFoundError, ValueError) as err:
+        console.print(f"[red]cannot read the input: {err}")
+        raise typer.Exit(2) from err
+    if not records:
+        console.print(f"[red]no usable records in {input_path or 'the bundled set'} (skipped: {dict(read_report.skipped)})")
+        raise typer.Exit(2)
+    prompts = Prompts(planner_synth_prompt, executor_answer_prompt, executor_synth_prompt)
+    config = SynthesisConfig(max_steps=max_steps, max_searches=max_searches, min_f1=min_f1, seed=seed, prompts=prompts)
+    teacher_config = TeacherConfig(
+        model=model,
+        base_url=base_url,
+        api_key=api_key,
+        temperature=temperature,
+        max_tokens=max_tokens,
+        concurrency=concurrency,
+        max_retries=max_retries,
+        timeout=timeout,
+        prompt_cost_per_1k=prompt_cost_per_1k,
+        completion_cost_per_1k=completion_cost_per_1k,
+    )
+    selector = EvidenceSelector(encoder, tau=tau, device=encoder_device)
+    summary = asyncio.run(
+        run_synthesis(
+            records,
+            teacher_config,
+            out,
+            cache or out / "teacher_cache.sqlite",
+            selector,
+            config,
+            planner_format=planner_format,
+            console=console,
+            read_report=read_report,
+        )
+    )
+    print_summary(summary, console)
+
+
+def register(app: typer.Typer) -> None:
+    evipath = typer.Typer(help="EviPath: abductive trajectory synthesis for SFT.", no_args_is_help=True)
+    evipath.command("synthesize")(synthesize)
+    app.add_typer(evipath, name="evipath")

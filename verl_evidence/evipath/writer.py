@@ -1,0 +1,180 @@
+"""Kept trajectories → chat-format parquet for verl's SFT trainer.
+
+verl 0.9's ``MultiTurnSFTDataset`` (``verl.trainer.sft_trainer``) reads the
+column named by ``data.messages_key`` (default ``messages``): a list of
+``{"role", "content"}`` dicts, trained on every assistant message. Two kinds of
+rows are written:
+
+- planner: multi-turn dialogue (question → think/action turns with observations
+  as user turns → final answer);
+- executor: single turn (sub-question + shuffled numbered pool → think/select/answer).
+
+Planner layouts:
+
+- ``paper``: system prompt ``evipath_planner``, actions as ``<action> Search("…") </action>``,
+  observations as ``Observation:`` user turns (the paper's agent).
+- ``search``: the ``evidence_search`` agent loop's protocol, so the fine-tuned planner
+  can be evaluated in that loop: the prompt ``evipath_planner_search`` as the user turn,
+  one ``<search> … </search>`` per assistant turn, observations as
+  ``<information> … </information>`` user turns.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from verl_evidence.evipath.parsing import render_executor_step
+from verl_evidence.evipath.pipeline import Rejection, Trajectory, executor_user, observation_text
+from verl_evidence.prompts import load_prompt, render_prompt
+
+logger = logging.getLogger(__name__)
+
+PLANNER_FORMATS = ("paper", "search")
+
+_MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
+SCHEMA = pa.schema(
+    [
+        ("messages", pa.list_(_MESSAGE)),
+        ("kind", pa.string()),
+        ("id", pa.string()),
+        ("data_source", pa.string()),
+        ("question", pa.string()),
+        ("answers", pa.list_(pa.string())),
+    ]
+)
+
+
+def planner_messages(
+    trajectory: Trajectory, fmt: str = "paper", prompt: str | None = None
+) -> list[dict[str, str]]:
+    record = trajectory.record
+    if fmt == "paper":
+        messages = [
+            {"role": "system", "content": load_prompt(prompt or "evipath_planner").strip()},
+            {"role": "user", "content": f"Question: {record.question}"},
+        ]
+        for i, turn in enumerate(trajectory.turns):
+            messages.append({"role": "assistant", "content": turn["text"]})
+            if i < len(trajectory.subquestions):
+                observations = [s.observation for s in trajectory.subquestions[i]]
+                messages.append({"role": "user", "content": observation_text(observations)})
+        return messages
+    if fmt == "search":
+        template = load_prompt(prompt or "evipath_planner_search").strip()
+        messages = [{"role": "user", "content": render_prompt(template, question=record.question)}]
+        for i, turn in enumerate(trajectory.turns):
+            thought = f"<think>\n{turn['think']}\n</think>\n"
+            if turn["answer"] is not None:
+                messages.append({"role": "assistant", "content": f"{thought}<answer> {turn['answer']} </answer>"})
+                continue
+            # The loop takes one search per generation: a multi-search step becomes consecutive turns.
+            for j, sub in enumerate(trajectory.subquestions[i]):
+                head = thought if j == 0 else ""
+                messages.append({"role": "assistant", "content": f"{head}<search> {sub.question} </search>"})
+                messages.append({"role": "user", "content": f"<information> {sub.observation} </information>"})
+        return messages
+    raise ValueError(f"unknown planner format {fmt!r}; choose one of {', '.join(PLANNER_FORMATS)}")
+
+
+def executor_examples(trajectory: Trajectory, prompt: str | None = None) -> list[list[dict[str, str]]]:
+    system = load_prompt(prompt or "evipath_executor").strip()
+    out = []
+    for step in trajectory.subquestions:
+        for sub in step:
+            out.append(
+                [
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": executor_user(sub.question, sub.pool)},
+                    {"role": "assistant", "content": render_executor_step(sub.step)},
+                ]
+            )
+    return out
+
+
+def _row(trajectory: Trajectory, kind: str, messages: list[dict[str, str]]) -> dict:
+    record = trajectory.record
+    return {
+        "messages": messages,
+        "kind": kind,
+        "id": record.id,
+        "data_source": f"evipath_{record.source}",
+        "question": record.question,
+        "answers": list(record.answers),
+    }
+
+
+def write_parquet(rows: Sequence[dict], path: Path) -> Path:
+    table = pa.Table.from_pylist(list(rows), schema=SCHEMA)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
+    return path
+
+
+def write_outputs(
+    results: Iterable[Trajectory | Rejection],
+    out_dir: str | Path,
+    planner_format: str = "paper",
+    planner_prompt: str | None = None,
+    executor_prompt: str | None = None,
+    seed: int = 0,
+) -> dict[str, Path]:
+    """planner.parquet, executor.parquet, train.parquet (both, shuffled), trajectories.jsonl, rejections.jsonl."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    planner_rows, executor_rows = [], []
+    with (out_dir / "trajectories.jsonl").open("w", encoding="utf-8") as kept, (
+        out_dir / "rejections.jsonl"
+    ).open("w", encoding="utf-8") as rejected:
+        for result in results:
+            if isinstance(result, Rejection):
+                rejected.write(
+                    json.dumps({"id": result.record.id, "reason": result.reason, "detail": result.detail}) + "\n"
+                )
+                continue
+            planner_rows.append(_row(result, "planner", planner_messages(result, planner_format, planner_prompt)))
+            executor_rows.extend(_row(result, "executor", m) for m in executor_examples(result, executor_prompt))
+            kept.write(json.dumps(_trajectory_json(result), ensure_ascii=False) + "\n")
+    train_rows = planner_rows + executor_rows
+    random.Random(seed).shuffle(train_rows)
+    return {
+        "planner": write_parquet(planner_rows, out_dir / "planner.parquet"),
+        "executor": write_parquet(executor_rows, out_dir / "executor.parquet"),
+        "train": write_parquet(train_rows, out_dir / "train.parquet"),
+        "trajectories": out_dir / "trajectories.jsonl",
+        "rejections": out_dir / "rejections.jsonl",
+    }
+
+
+def _trajectory_json(trajectory: Trajectory) -> dict:
+    return {
+        "id": trajectory.record.id,
+        "question": trajectory.record.question,
+        "answers": list(trajectory.record.answers),
+        "final_answer": trajectory.final_answer,
+        "em": trajectory.em,
+        "f1": trajectory.f1,
+        "turns": trajectory.turns,
+        "subquestions": [
+            [
+                {
+                    "question": s.question,
+                    "answer_sentence": s.answer_sentence,
+                    "golden": s.golden,
+                    "golden_scores": s.golden_scores,
+                    "fallback": s.fallback,
+                    "golden_positions": s.golden_positions,
+                    "step": asdict(s.step),
+                }
+                for s in step
+            ]
+            for step in trajectory.subquestions
+        ],
+    }
