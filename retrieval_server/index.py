@@ -167,12 +167,27 @@ def build_bm25(config: BuildConfig) -> None:
 
 
 def build_index(config: BuildConfig, encoder=None, show_progress: bool = True) -> dict:
-    """Build (or finish building) an index; returns the manifest. Idempotent when nothing changed."""
+    """Build (or finish building) an index; returns the manifest. Idempotent when nothing changed.
+
+    An exclusive lock on the directory makes concurrent builders (two test runs,
+    a demo and a server) wait for each other instead of interleaving files.
+    """
+    import fcntl
+
+    config.output_dir.mkdir(parents=True, exist_ok=True)
+    with open(config.output_dir / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return _build_index_locked(config, encoder, show_progress)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _build_index_locked(config: BuildConfig, encoder, show_progress: bool) -> dict:
     import faiss
 
     from retrieval_server.encoders import describe
 
-    config.output_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     corpus_sha256 = file_sha256(config.corpus)
     manifest_path = config.output_dir / MANIFEST

@@ -1,0 +1,40 @@
+"""Recall@k of gold passages for a QA set, computed in-process over a built index."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from retrieval_server.config import RetrievalMethod, ServerConfig
+
+
+def load_qa(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def recall_at_k(index_dir: Path, qa_path: Path, ks: list[int], method: RetrievalMethod = "dense") -> dict:
+    """``{"questions": n, "recall": {k: mean fraction of gold found}, "hit": {k: fraction with >= 1 gold found}}``."""
+    from retrieval_server.search import Retriever
+
+    questions = [q for q in load_qa(qa_path) if q.get("gold_passage_ids")]
+    if not questions:
+        raise ValueError(f"{qa_path}: no question has gold_passage_ids")
+    depth = max(ks)
+    retriever = Retriever(ServerConfig(index_dir=index_dir, method=method, max_topk=max(depth, 100), default_topk=1))
+    texts = [q["question"] for q in questions]
+    rows, _ = retriever.search(texts, retriever.encode(texts), depth)
+    documents = retriever.lookup(np.where(rows >= 0, rows, 0).reshape(-1))
+    recall = {k: 0.0 for k in ks}
+    hit = {k: 0.0 for k in ks}
+    for i, question in enumerate(questions):
+        gold = set(question["gold_passage_ids"])
+        ranked = [documents[i * depth + j]["id"] for j in range(depth) if rows[i, j] >= 0]
+        for k in ks:
+            found = gold & set(ranked[:k])
+            recall[k] += len(found) / len(gold)
+            hit[k] += 1.0 if found else 0.0
+    n = len(questions)
+    return {"questions": n, "recall": {k: v / n for k, v in recall.items()}, "hit": {k: v / n for k, v in hit.items()}}
