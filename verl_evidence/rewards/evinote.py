@@ -45,6 +45,7 @@ __all__ = [
     "RESULT_KEYS",
     "build_claim",
     "compute_score",
+    "config_from_kwargs",
     "format_ok",
     "last_summary",
     "notes_ok",

@@ -49,6 +49,7 @@ __all__ = [
     "EviOmniConfig",
     "RESULT_KEYS",
     "compute_score",
+    "config_from_kwargs",
     "evidence_length_reward",
     "format_reward",
     "rationale_length_reward",
@@ -270,7 +271,7 @@ def compute_score(
     ``kwargs``: ``variant`` (eviomni | lear) and any :class:`EviOmniConfig`
     field; other keyword arguments verl passes are ignored.
     """
-    config = _config_from_kwargs(kwargs)
+    config = config_from_kwargs(kwargs)
     extra = extra_info if isinstance(extra_info, dict) else {}
     if not isinstance(solution_str, str):
         solution_str = "" if solution_str is None else str(solution_str)
@@ -293,7 +294,8 @@ def compute_score(
 _CONFIG_FIELDS = {f.name for f in dataclasses.fields(EviOmniConfig)}
 
 
-def _config_from_kwargs(kwargs: dict[str, Any]) -> EviOmniConfig:
+def config_from_kwargs(kwargs: dict[str, Any]) -> EviOmniConfig:
+    """An :class:`EviOmniConfig` from ``variant`` plus field overrides; unrelated keys are ignored."""
     overrides = {k: v for k, v in kwargs.items() if k in _CONFIG_FIELDS and v is not None}
     overrides = {k: float(v) for k, v in overrides.items()}
     return EviOmniConfig.for_variant(kwargs.get("variant") or "eviomni", **overrides)

@@ -39,6 +39,7 @@ __all__ = [
     "GraceConfig",
     "RESULT_KEYS",
     "compute_score",
+    "config_from_kwargs",
     "score",
     "structure_ok",
 ]
