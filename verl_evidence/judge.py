@@ -42,7 +42,8 @@ def find_entailment_index(id2label: Mapping[Any, str], model_name: str) -> int:
 
     Never a hard-coded position: MNLI checkpoints disagree on the label order.
     """
-    entail_labels = {int(index): str(label).lower() for index, label in id2label.items() if "entail" in str(label).lower()}
+    lowered = {int(index): str(label).lower() for index, label in id2label.items()}
+    entail_labels = {index: label for index, label in lowered.items() if "entail" in label}
     # "not_entailment" (binary RTE/QNLI heads) also contains "entail": only the positive class counts.
     matches = [index for index, label in entail_labels.items() if not label.startswith("not")]
     if len(matches) != 1:

@@ -287,14 +287,20 @@ def build_composite(
     used: dict[str, int] = {}
     for position, component in enumerate(components):
         if not isinstance(component, Mapping) or "reward" not in component:
-            raise ValueError(f"composite component {position} must be a mapping with a 'reward' key, got {component!r}")
+            raise ValueError(
+                f"composite component {position} must be a mapping with a 'reward' key, got {component!r}"
+            )
         unknown = sorted(set(component) - _COMPONENT_FIELDS)
         if unknown:
-            raise ValueError(f"composite component {position} has unknown fields {unknown}; known {sorted(_COMPONENT_FIELDS)}")
+            raise ValueError(
+                f"composite component {position} has unknown fields {unknown}; known {sorted(_COMPONENT_FIELDS)}"
+            )
         reward = str(component["reward"])
         weight = component.get("weight", 1.0)
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
-            raise ValueError(f"composite component {position} ({reward}) weight must be a finite number, got {weight!r}")
+            raise ValueError(
+                f"composite component {position} ({reward}) weight must be a finite number, got {weight!r}"
+            )
         kwargs = dict(component.get("kwargs") or {})
         if reward == "custom":
             if custom_function is None:
