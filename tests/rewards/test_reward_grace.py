@@ -29,7 +29,9 @@ LLM_RESPONSE = "<think>Nothing relevant.</think><llm>I recall it is Paris.</llm>
     [
         ("<evidence>e</evidence><answer>a</answer>", True),
         ("<llm>k</llm><answer>a</answer>", True),
-        ("<answer>a</answer><evidence>e</evidence>", True),  # order is not part of the validity rule
+        ("<answer>a</answer><evidence>e</evidence>", False),  # the path block comes first
+        ("<answer>a</answer><llm>k</llm>", False),
+        ("Sure. <evidence>e</evidence>\nSo: <answer>a</answer> Done.", True),  # text outside blocks is free
         ("<think>x <answer>draft</answer></think><llm>k</llm><answer>a</answer>", True),  # only after </think>
         ("<evidence>e</evidence><llm>k</llm><answer>a</answer>", False),  # both paths
         ("<answer>a</answer>", False),  # no path

@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from verl_evidence.rewards.text import coerce_ground_truth, extract_last, rouge_l, strip_thinking, tag_events
+from verl_evidence.rewards.text import block_sequence, coerce_ground_truth, extract_last, rouge_l, strip_thinking
 
 logger = logging.getLogger(__name__)
 
@@ -79,30 +79,16 @@ MODES = {"train": GRACE_TRAIN, "training": GRACE_TRAIN, "validation": GRACE_VALI
 def structure_ok(text: str) -> bool:
     """Valid GRACE structure after the last ``</think>``.
 
-    Exactly one ``<answer>`` block and exactly one of ``<evidence>`` / ``<llm>``
-    (never both), each tag opened and closed exactly once, no block inside
-    another. The order of the two blocks is not judged (the spec's validity
-    rule does not require one).
+    Exactly one ``<evidence>`` or ``<llm>`` block (never both) followed by
+    exactly one ``<answer>`` block; each tag opened and closed exactly once,
+    no block inside another, no stray tag. The order (path, then answer) is the
+    paper's "followed by an independent <answer> block"; text outside the
+    blocks is not judged.
     """
-    events = tag_events(strip_thinking(text), GRACE_TAGS)
-    counts = {(tag, is_close): 0 for tag in GRACE_TAGS for is_close in (False, True)}
-    open_tag: str | None = None
-    for tag, is_close, _, _ in events:
-        counts[(tag, is_close)] += 1
-        if open_tag is None:
-            if is_close:
-                return False
-            open_tag = tag
-        elif is_close and tag == open_tag:
-            open_tag = None
-        else:
-            return False
-    if open_tag is not None:
-        return False
-    if counts[("answer", False)] != 1:
-        return False
-    paths = counts[("evidence", False)] + counts[("llm", False)]
-    return paths == 1
+    return block_sequence(strip_thinking(text), GRACE_TAGS) in _VALID_SEQUENCES
+
+
+_VALID_SEQUENCES = (["evidence", "answer"], ["llm", "answer"])
 
 
 def _zero(answerable: bool) -> dict[str, float]:
