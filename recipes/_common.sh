@@ -1,0 +1,143 @@
+# shellcheck shell=bash
+# Shared by the recipes: argument parsing, model presets, the retrieval server,
+# and printing/running the one trainer command. Source it; do not run it.
+#
+# Every recipe variable can be set from the environment (VAR=value bash recipe.sh);
+# arguments other than the flags below are passed to Hydra unchanged.
+
+VE_RECIPES="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck disable=SC2034  # used by the recipes that source this file
+VE_PRESETS="$VE_RECIPES/presets"
+VE_PYTHON="${PYTHON:-python}"
+DRY_RUN=0
+EXTRA_ARGS=()
+
+ve_usage() {
+  cat <<EOF
+usage: $(basename "$0") [--dry-run] [--no-server] [hydra.key=value ...]
+
+  --dry-run     print the retrieval-server and trainer commands, run nothing
+  --no-server   do not start a retrieval server (use RETRIEVAL_URL as is)
+  key=value     extra Hydra overrides, appended last (they win)
+
+Environment: MODEL (qwen2.5-1.5b|qwen2.5-3b|qwen2.5-7b|qwen3-4b|qwen3-8b|llama3.2-3b|llama3.1-8b),
+MODEL_PATH, NNODES, GPUS_PER_NODE, TP, TRAIN_FILES, VAL_FILES, RETRIEVAL_URL, START_SERVER
+and every hyperparameter named at the top of the recipe. See docs/recipes.md.
+EOF
+}
+
+ve_parse_args() {
+  START_SERVER="${START_SERVER:-auto}"
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --dry-run) DRY_RUN=1 ;;
+      --no-server) START_SERVER=0 ;;
+      -h|--help) ve_usage; exit 0 ;;
+      --*) echo "unknown flag $1 (Hydra overrides are key=value)" >&2; ve_usage >&2; exit 2 ;;
+      *) EXTRA_ARGS+=("$1") ;;
+    esac
+    shift
+  done
+}
+
+# MODEL picks a hub id and a rollout tensor-parallel size; MODEL_PATH and TP override them.
+ve_model_preset() {
+  local hub tp
+  case "${MODEL:?}" in
+    qwen2.5-1.5b) hub=Qwen/Qwen2.5-1.5B-Instruct; tp=1 ;;
+    qwen2.5-3b) hub=Qwen/Qwen2.5-3B-Instruct; tp=1 ;;
+    qwen2.5-7b) hub=Qwen/Qwen2.5-7B-Instruct; tp=2 ;;
+    qwen3-4b) hub=Qwen/Qwen3-4B; tp=1 ;;
+    qwen3-8b) hub=Qwen/Qwen3-8B; tp=2 ;;
+    llama3.2-3b) hub=meta-llama/Llama-3.2-3B-Instruct; tp=1 ;;
+    llama3.1-8b) hub=meta-llama/Llama-3.1-8B-Instruct; tp=2 ;;
+    *) echo "unknown MODEL=$MODEL; set MODEL_PATH to use any other checkpoint" >&2; exit 2 ;;
+  esac
+  MODEL_PATH="${MODEL_PATH:-$hub}"
+  TP="${TP:-$tp}"
+}
+
+# Print one command so it can be pasted back: quoted, one flag or Hydra override per line.
+ve_print() {
+  local line="" arg
+  for arg in "$@"; do
+    if [ -n "$line" ] && { [[ "$arg" == --* ]] || [[ "$arg" == *=* ]]; }; then
+      printf '%s \\\n' "$line"
+      line="   "
+    fi
+    if [ -z "$line" ]; then line="$(printf '%q' "$arg")"; else line="$line $(printf '%q' "$arg")"; fi
+  done
+  printf '%s\n' "$line"
+}
+
+ve_server_healthy() {
+  "$VE_PYTHON" - "$1" <<'EOF' >/dev/null 2>&1
+import sys, httpx
+sys.exit(0 if httpx.get(sys.argv[1].rstrip("/") + "/health", timeout=2.0).status_code == 200 else 1)
+EOF
+}
+
+# Searching methods: use RETRIEVAL_URL if a server answers there, else start one
+# (SERVER_ARGS are passed to `verl-evidence serve`) and stop it when the recipe exits.
+ve_retrieval_server() {
+  RETRIEVAL_URL="${RETRIEVAL_URL:-http://127.0.0.1:${RETRIEVAL_PORT:-8000}}"
+  export VERL_EVIDENCE_RETRIEVAL_URL="$RETRIEVAL_URL"  # read by the search tool in every Ray worker
+  local port="${RETRIEVAL_URL##*:}"
+  port="${port%%/*}"
+  # shellcheck disable=SC2206  # SERVER_ARGS is a list of flags by design
+  local serve=(verl-evidence serve --port "$port" ${SERVER_ARGS:-})
+  echo "# retrieval server: $RETRIEVAL_URL"
+  if [ "$START_SERVER" = 0 ]; then return 0; fi
+  if [ "$DRY_RUN" = 1 ]; then
+    echo "# started first unless a server already answers there:"
+    ve_print "${serve[@]}"
+    return 0
+  fi
+  if ve_server_healthy "$RETRIEVAL_URL"; then return 0; fi
+  "${serve[@]}" &
+  VE_SERVER_PID=$!
+  trap 'kill "$VE_SERVER_PID" 2>/dev/null || true' EXIT
+  local waited=0
+  until ve_server_healthy "$RETRIEVAL_URL"; do
+    if ! kill -0 "$VE_SERVER_PID" 2>/dev/null; then echo "the retrieval server exited" >&2; exit 1; fi
+    if [ "$waited" -ge "${SERVER_WAIT:-600}" ]; then echo "no retrieval server at $RETRIEVAL_URL after ${waited}s" >&2; exit 1; fi
+    sleep 5
+    waited=$((waited + 5))
+  done
+}
+
+# Overrides every recipe shares: model, data, cluster, rollout engine, logging.
+ve_common_overrides() {
+  # shellcheck disable=SC2034  # read by the recipe after this call
+  COMMON_ARGS=(
+    actor_rollout_ref.model.path="$MODEL_PATH"
+    data.train_files="$TRAIN_FILES"
+    data.val_files="$VAL_FILES"
+    data.filter_overlong_prompts=true
+    trainer.nnodes="${NNODES:-1}"
+    trainer.n_gpus_per_node="$GPUS_PER_NODE"
+    actor_rollout_ref.rollout.name="${ROLLOUT_ENGINE:-vllm}"
+    actor_rollout_ref.rollout.tensor_model_parallel_size="$TP"
+    actor_rollout_ref.rollout.gpu_memory_utilization="${GPU_MEM_UTIL:-0.6}"
+    actor_rollout_ref.actor.use_dynamic_bsz=true
+    actor_rollout_ref.actor.ppo_max_token_len_per_gpu="${MAX_TOKENS_PER_GPU:-16384}"
+    actor_rollout_ref.model.enable_gradient_checkpointing=true
+    actor_rollout_ref.actor.fsdp_config.param_offload="${PARAM_OFFLOAD:-false}"
+    actor_rollout_ref.actor.fsdp_config.optimizer_offload="${OPTIMIZER_OFFLOAD:-false}"
+    trainer.project_name="${PROJECT:-verl-evidence}"
+    trainer.experiment_name="$EXPERIMENT"
+    trainer.logger="${LOGGER:-[console]}"
+    trainer.save_freq="${SAVE_FREQ:-100}"
+    trainer.test_freq="${TEST_FREQ:-50}"
+    trainer.val_before_train="${VAL_BEFORE_TRAIN:-true}"
+  )
+}
+
+# Print the trainer command; run it unless --dry-run. Hydra overrides come last so they win.
+ve_run() {
+  local cmd=("$VE_PYTHON" -m verl.trainer.main_ppo "$@" "${EXTRA_ARGS[@]}")
+  echo "# trainer:"
+  ve_print "${cmd[@]}"
+  if [ "$DRY_RUN" = 1 ]; then return 0; fi
+  "${cmd[@]}"
+}

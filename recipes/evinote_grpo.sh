@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# EviNote-RAG (seed 002): multi-turn search with supportive-evidence notes; R = gate + EQR (NLI judge); GRPO.
+# Assumes 1 node x 8 GPUs of 80 GB for Qwen2.5-7B; the NLI judge runs on CPU unless NLI_NUM_GPUS > 0
+# (then leave it a GPU: e.g. a 2-node Slurm job). Starts the retrieval server first. See docs/recipes.md.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
+ve_parse_args "$@"
+
+MODEL="${MODEL:-qwen2.5-7b}"; ve_model_preset
+GPUS_PER_NODE="${GPUS_PER_NODE:-8}"
+TRAIN_FILES="${TRAIN_FILES:-data/evinote/train.parquet}"; VAL_FILES="${VAL_FILES:-data/evinote/test.parquet}"
+EXPERIMENT="${EXPERIMENT:-evinote-grpo-$MODEL}"
+LR="${LR:-1e-5}"; KL_COEF="${KL_COEF:-0.001}"; CLIP="${CLIP:-0.2}"; GROUP_SIZE="${GROUP_SIZE:-4}"
+BATCH="${BATCH:-600}"; MINI_BATCH="${MINI_BATCH:-300}"; EPOCHS="${EPOCHS:-1}"; TEMPERATURE="${TEMPERATURE:-1.0}"
+PROMPT_LEN="${PROMPT_LEN:-1024}"; RESPONSE_LEN="${RESPONSE_LEN:-4096}"; MAX_SEARCHES="${MAX_SEARCHES:-5}"; TOPK="${TOPK:-3}"
+NLI_MODEL="${NLI_MODEL:-typeform/distilbert-base-uncased-mnli}"; NLI_NUM_GPUS="${NLI_NUM_GPUS:-0}"
+
+ve_retrieval_server
+ve_common_overrides
+ve_run --config-path="$VE_PRESETS" --config-name="${PRESET:-evinote_grpo}" "${COMMON_ARGS[@]}" \
+  algorithm.adv_estimator=grpo algorithm.use_kl_in_reward=false \
+  data.train_batch_size="$BATCH" data.max_prompt_length="$PROMPT_LEN" data.max_response_length="$RESPONSE_LEN" \
+  actor_rollout_ref.actor.optim.lr="$LR" actor_rollout_ref.actor.ppo_mini_batch_size="$MINI_BATCH" \
+  actor_rollout_ref.actor.clip_ratio="$CLIP" actor_rollout_ref.actor.use_kl_loss=true \
+  actor_rollout_ref.actor.kl_loss_coef="$KL_COEF" actor_rollout_ref.actor.kl_loss_type=low_var_kl \
+  actor_rollout_ref.rollout.n="$GROUP_SIZE" actor_rollout_ref.rollout.temperature="$TEMPERATURE" \
+  ++actor_rollout_ref.rollout.custom.evidence_search.retrieval_url="$RETRIEVAL_URL" \
+  ++actor_rollout_ref.rollout.custom.evidence_search.topk="$TOPK" \
+  ++actor_rollout_ref.rollout.custom.evidence_search.max_turns="$((MAX_SEARCHES + 1))" \
+  ++reward.reward_kwargs.nli_model="$NLI_MODEL" ++reward.reward_kwargs.nli_num_gpus="$NLI_NUM_GPUS" \
+  trainer.total_epochs="$EPOCHS"

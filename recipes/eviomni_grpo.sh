@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# EviOmni (seed 000): rational evidence extraction with GRPO, std floored at EPS_STD.
+# Data: verl-evidence data eviomni ... (top-5 passages per question, L_P recorded).
+# Assumes 1 node x 8 GPUs of 80 GB for Qwen2.5-7B (a 1.5B model fits 4 x 40 GB). See docs/recipes.md.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
+ve_parse_args "$@"
+
+MODEL="${MODEL:-qwen2.5-7b}"; ve_model_preset
+GPUS_PER_NODE="${GPUS_PER_NODE:-8}"
+TRAIN_FILES="${TRAIN_FILES:-data/eviomni/train.parquet}"; VAL_FILES="${VAL_FILES:-data/eviomni/test.parquet}"
+EXPERIMENT="${EXPERIMENT:-eviomni-grpo-$MODEL}"
+LR="${LR:-1e-6}"; KL_COEF="${KL_COEF:-0.01}"; CLIP="${CLIP:-0.2}"; EPS_STD="${EPS_STD:-0.1}"
+GROUP_SIZE="${GROUP_SIZE:-8}"; BATCH="${BATCH:-128}"; MINI_BATCH="${MINI_BATCH:-64}"; EPOCHS="${EPOCHS:-1}"
+PROMPT_LEN="${PROMPT_LEN:-2048}"; RESPONSE_LEN="${RESPONSE_LEN:-768}"; TEMPERATURE="${TEMPERATURE:-1.0}"
+L1="${L1:-0.8}"; L2="${L2:-0.1}"; L3="${L3:-0.1}"; OMEGA="${OMEGA:-0.9}"; TAU="${TAU:-0.5}"; GAMMA="${GAMMA:-0.5}"
+VARIANT="${VARIANT:-eviomni}"; PRESET="${PRESET:-eviomni_grpo}"
+
+ve_common_overrides
+ve_run --config-path="$VE_PRESETS" --config-name="$PRESET" "${COMMON_ARGS[@]}" \
+  algorithm.adv_estimator=grpo_clipstd ++algorithm.eps_std="$EPS_STD" algorithm.use_kl_in_reward=false \
+  data.train_batch_size="$BATCH" data.max_prompt_length="$PROMPT_LEN" data.max_response_length="$RESPONSE_LEN" \
+  actor_rollout_ref.actor.optim.lr="$LR" actor_rollout_ref.actor.ppo_mini_batch_size="$MINI_BATCH" \
+  actor_rollout_ref.actor.clip_ratio="$CLIP" actor_rollout_ref.actor.use_kl_loss=true \
+  actor_rollout_ref.actor.kl_loss_coef="$KL_COEF" actor_rollout_ref.actor.kl_loss_type=low_var_kl \
+  actor_rollout_ref.rollout.n="$GROUP_SIZE" actor_rollout_ref.rollout.temperature="$TEMPERATURE" \
+  ++reward.reward_kwargs.variant="$VARIANT" ++reward.reward_kwargs.l1="$L1" ++reward.reward_kwargs.l2="$L2" \
+  ++reward.reward_kwargs.l3="$L3" ++reward.reward_kwargs.omega="$OMEGA" ++reward.reward_kwargs.tau="$TAU" \
+  ++reward.reward_kwargs.gamma="$GAMMA" trainer.total_epochs="$EPOCHS"

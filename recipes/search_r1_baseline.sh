@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Search-R1 baseline: multi-turn search, exact-match reward (recipes/search_r1_reward.py), GRPO.
+# Assumes 1 node x 8 GPUs of 80 GB for Qwen2.5-7B (MODEL=qwen2.5-3b: 8 x 40 GB). Starts the retrieval server first.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
+ve_parse_args "$@"
+
+MODEL="${MODEL:-qwen2.5-7b}"; ve_model_preset
+GPUS_PER_NODE="${GPUS_PER_NODE:-8}"
+TRAIN_FILES="${TRAIN_FILES:-data/search_r1/train.parquet}"; VAL_FILES="${VAL_FILES:-data/search_r1/test.parquet}"
+EXPERIMENT="${EXPERIMENT:-search-r1-grpo-$MODEL}"
+LR="${LR:-1e-6}"; KL_COEF="${KL_COEF:-0.001}"; CLIP="${CLIP:-0.2}"; GROUP_SIZE="${GROUP_SIZE:-5}"
+BATCH="${BATCH:-512}"; MINI_BATCH="${MINI_BATCH:-256}"; EPOCHS="${EPOCHS:-1}"; TEMPERATURE="${TEMPERATURE:-1.0}"
+PROMPT_LEN="${PROMPT_LEN:-1024}"; RESPONSE_LEN="${RESPONSE_LEN:-3072}"; MAX_SEARCHES="${MAX_SEARCHES:-4}"; TOPK="${TOPK:-3}"
+
+ve_retrieval_server
+ve_common_overrides
+ve_run --config-path="$VE_PRESETS" --config-name="${PRESET:-search_r1_baseline}" "${COMMON_ARGS[@]}" \
+  algorithm.adv_estimator=grpo algorithm.use_kl_in_reward=false \
+  reward.custom_reward_function.path="$VE_RECIPES/search_r1_reward.py" \
+  data.train_batch_size="$BATCH" data.max_prompt_length="$PROMPT_LEN" data.max_response_length="$RESPONSE_LEN" \
+  actor_rollout_ref.actor.optim.lr="$LR" actor_rollout_ref.actor.ppo_mini_batch_size="$MINI_BATCH" \
+  actor_rollout_ref.actor.clip_ratio="$CLIP" actor_rollout_ref.actor.use_kl_loss=true \
+  actor_rollout_ref.actor.kl_loss_coef="$KL_COEF" actor_rollout_ref.actor.kl_loss_type=low_var_kl \
+  actor_rollout_ref.rollout.n="$GROUP_SIZE" actor_rollout_ref.rollout.temperature="$TEMPERATURE" \
+  ++actor_rollout_ref.rollout.custom.evidence_search.retrieval_url="$RETRIEVAL_URL" \
+  ++actor_rollout_ref.rollout.custom.evidence_search.topk="$TOPK" \
+  ++actor_rollout_ref.rollout.custom.evidence_search.max_turns="$((MAX_SEARCHES + 1))" \
+  trainer.total_epochs="$EPOCHS"
