@@ -242,14 +242,14 @@ class ScriptedTeacher:
         raise AssertionError(f"unexpected system prompt: {system[:80]}")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def hotpot_records():
     from verl_evidence.evipath.records import iter_records
 
     return list(iter_records(HOTPOT_ROWS, "hotpotqa"))
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def scripted():
     """The ScriptedTeacher class (a fixture, so test modules need no package imports)."""
     return ScriptedTeacher

