@@ -1,0 +1,57 @@
+"""Shared fixtures: the bundled index and ONE real retrieval server (Ray Serve on 127.0.0.1) per test session.
+
+Use ``retrieval_server_url`` for a base URL that speaks the ``POST /retrieve``
+contract over the bundled corpus with the packaged MiniLM. The index is built
+once into ``$VERL_EVIDENCE_CACHE`` (default ``~/.cache/verl-evidence``) and
+reused by later sessions while the corpus is unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def bundled_index_dir() -> Path:
+    """Flat MiniLM index (+BM25) of ``verl_evidence/bundled/corpus.jsonl``, built on first use."""
+    from retrieval_server.launch import ensure_bundled_index
+
+    return ensure_bundled_index(show_progress=False)
+
+
+@pytest.fixture(scope="session")
+def retrieval_server(bundled_index_dir: Path) -> Iterator[object]:
+    """A running retrieval app (``retrieval_server.launch.ServerHandle``); torn down at session end."""
+    import ray
+    from ray import serve
+
+    from retrieval_server.config import ServerConfig
+    from retrieval_server.launch import start_server
+
+    config = ServerConfig(
+        index_dir=bundled_index_dir,
+        port=0,  # a free port
+        max_batch_size=32,
+        batch_wait_timeout_s=0.02,
+        app_name="retrieval",
+    )
+    # Logical CPUs: room for this replica plus the extra two-replica app of the replica-kill test.
+    handle = start_server(config, ray_num_cpus=6)
+    try:
+        yield handle
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def retrieval_server_url(retrieval_server) -> str:
+    """Base URL (``http://127.0.0.1:<port>``) of the session's retrieval server."""
+    return retrieval_server.url
