@@ -1,0 +1,77 @@
+"""Fixtures for the rollout tests: verl's real config, verl's AgentLoopWorker, the real retrieval server.
+
+Loops are driven the way the trainer drives them: ``AgentLoopWorker`` built
+from a Hydra-composed ``ppo_trainer.yaml`` (model path = a tiny saved model),
+``generate_sequences(DataProto)`` instantiating each loop from verl's registry
+by the row's ``agent_name``. Only the inference engine is replaced, by a
+backend behind verl's own ``LLMServerClient`` interface.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+RESPONSE_LENGTH = 8192
+PROMPT_LENGTH = 8192
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory) -> Path:
+    from verl_evidence.testing import tiny_causal_lm
+
+    directory = tmp_path_factory.mktemp("tiny_lm")
+    tiny_causal_lm(seed=0, directory=directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def base_config(model_dir):
+    """verl's ppo_trainer.yaml composed by Hydra, as the trainer would see it."""
+    import verl
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    import verl_evidence.agent_loops as loops
+
+    loops.register_all()  # what the verl plugin entry point does in every worker
+    config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return compose(
+            "ppo_trainer",
+            overrides=[
+                f"actor_rollout_ref.model.path={model_dir}",
+                "actor_rollout_ref.rollout.name=vllm",
+                f"data.max_prompt_length={PROMPT_LENGTH}",
+                f"data.max_response_length={RESPONSE_LENGTH}",
+            ],
+        )
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+@pytest.fixture(scope="session")
+def search_url(request) -> str:
+    """The session's real retrieval server (tests/conftest.py), or one started here over the bundled corpus."""
+    if os.environ.get("VERL_EVIDENCE_TEST_RETRIEVAL_URL"):  # a server the developer keeps running
+        return os.environ["VERL_EVIDENCE_TEST_RETRIEVAL_URL"]
+    try:
+        return request.getfixturevalue("retrieval_server_url")
+    except pytest.FixtureLookupError:
+        pass
+    from retrieval_server.launch import default_server_config, start_server
+
+    handle = start_server(default_server_config(port=0), ray_num_cpus=2)
+    request.addfinalizer(handle.shutdown)
+    return handle.url

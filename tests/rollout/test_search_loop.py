@@ -1,0 +1,245 @@
+"""``evidence_search`` driven by verl's AgentLoopWorker against the real retrieval server."""
+
+from __future__ import annotations
+
+import socket
+import socketserver
+import threading
+
+import pytest
+
+from retrieval_server.client import RetrievalClient
+from rollout_helpers import make_row, run_worker, unpad, with_settings
+from verl_evidence.backends import ScriptedBackend
+
+pytestmark = pytest.mark.slow
+
+QUESTION = "Which river is the longest in Africa?"
+SEARCH_TURN = "<think> I should look up the river. </think> <search> longest river in Africa </search>"
+ANSWER_TURN = "<summary> *The Nile is the longest river* -exact length uncertain- </summary> <answer> Nile </answer>"
+
+
+def search_config(base_config, url, **settings):
+    custom = {"retrieval_url": url, **settings}
+    return with_settings(base_config, {"actor_rollout_ref.rollout.custom": {"evidence_search": custom}})
+
+
+def segments(ids: list[int], mask: list[int]) -> list[tuple[int, list[int]]]:
+    """Runs of equal mask value: [(mask, ids), ...]."""
+    runs: list[tuple[int, list[int]]] = []
+    for token, m in zip(ids, mask, strict=True):
+        if runs and runs[-1][0] == m:
+            runs[-1][1].append(token)
+        else:
+            runs.append((m, [token]))
+    return runs
+
+
+def test_masks_token_by_token_notes_and_contract_fields(base_config, search_url, tokenizer):
+    backend = ScriptedBackend(tokenizer, turns=[SEARCH_TURN, ANSWER_TURN])
+    config = search_config(base_config, search_url, max_obs_tokens=100_000)
+    out = unpad(run_worker(config, backend, [make_row(QUESTION, "evidence_search")]))
+
+    search_ids = tokenizer.encode(SEARCH_TURN, add_special_tokens=False)
+    answer_ids = tokenizer.encode(ANSWER_TURN, add_special_tokens=False)  # stops at </answer>, before EOS
+    runs = segments(out["response_ids"], out["response_mask"])
+    assert [m for m, _ in runs] == [1, 0, 1]
+    # policy tokens, exactly as generated, all mask 1
+    assert runs[0][1] == search_ids
+    assert runs[2][1] == answer_ids
+    # every context token is mask 0 and is the <information> block, nothing else
+    info_text = tokenizer.decode(runs[1][1])
+    assert info_text.startswith("\n\n<information>") and info_text.endswith("</information>\n\n")
+    assert "(Title: Nile)" in info_text
+
+    # the second generation saw prompt + everything so far
+    assert backend.calls[1]["prompt_ids"] == out["prompt_ids"] + search_ids + runs[1][1]
+    assert backend.calls[0]["sampling_params"]["stop"] == ["</search>", "</answer>"]
+    assert backend.calls[0]["sampling_params"]["include_stop_str_in_output"] is True
+
+    extra = out["extra"]
+    direct = RetrievalClient(search_url).retrieve(["longest river in Africa"], topk=3)[0]
+    assert extra["retrieved_ids"] == [[d["document"]["id"] for d in direct]]
+    assert extra["question"] == QUESTION
+    assert extra["searches"] == ["longest river in Africa"]
+    assert extra["num_searches"] == 1
+    assert extra["summary_count"] == 1
+    assert extra["last_summary"] == "*The Nile is the longest river* -exact length uncertain-"
+    assert extra["context_tokens"] == len(runs[1][1]) - len(tokenizer.encode("\n\n<information>")) - len(
+        tokenizer.encode("</information>\n\n")
+    )
+    assert extra["raw_context_tokens"] == extra["context_tokens"]  # no extractor, no truncation
+    assert extra["termination"] == "answer"
+    assert out["num_turns"] == 4  # user, assistant, information, assistant
+
+
+def test_observation_truncated_to_token_budget(base_config, search_url, tokenizer):
+    backend = ScriptedBackend(tokenizer, turns=[SEARCH_TURN, "<answer> Nile </answer>"])
+    config = search_config(base_config, search_url, max_obs_tokens=12)
+    out = unpad(run_worker(config, backend, [make_row(QUESTION, "evidence_search")]))
+    runs = segments(out["response_ids"], out["response_mask"])
+    wrapper = len(tokenizer.encode("\n\n<information>")) + len(tokenizer.encode("</information>\n\n"))
+    assert len(runs[1][1]) == 12 + wrapper
+    assert out["extra"]["context_tokens"] == 12
+    assert out["extra"]["raw_context_tokens"] > 12
+
+
+def test_invalid_action_gets_masked_correction(base_config, search_url, tokenizer):
+    turns = ["I am not sure what to do.", SEARCH_TURN, "<answer> Nile </answer>"]
+    backend = ScriptedBackend(tokenizer, turns=turns)
+    out = unpad(run_worker(search_config(base_config, search_url), backend, [make_row(QUESTION, "evidence_search")]))
+    runs = segments(out["response_ids"], out["response_mask"])
+    assert [m for m, _ in runs] == [1, 0, 1, 0, 1]
+    assert runs[0][1] == tokenizer.encode(turns[0], add_special_tokens=False) + [tokenizer.eos_token_id]
+    assert "That was not a valid action" in tokenizer.decode(runs[1][1])
+    assert "<information>" in tokenizer.decode(runs[3][1])
+    assert out["extra"]["invalid_actions"] == 1
+    assert out["extra"]["termination"] == "answer"
+
+
+def test_max_turns_last_turn_only_answers(base_config, search_url, tokenizer):
+    turns = [SEARCH_TURN, "<search> Nile length </search>", "<search> Nile source </search>"]
+    backend = ScriptedBackend(tokenizer, turns=turns)
+    config = search_config(base_config, search_url, max_turns=3)
+    out = unpad(run_worker(config, backend, [make_row(QUESTION, "evidence_search")]))
+    assert backend.remaining_turns == 0 and len(backend.calls) == 3
+    assert out["extra"]["searches"] == ["longest river in Africa", "Nile length"]  # the last-turn search is not run
+    assert out["extra"]["termination"] == "max_turns"
+    runs = segments(out["response_ids"], out["response_mask"])
+    assert [m for m, _ in runs] == [1, 0, 1, 0, 1]
+    assert "No searches are left" not in tokenizer.decode(runs[1][1])
+    assert tokenizer.decode(runs[3][1]).endswith("No searches are left: give your final answer now inside <answer> and </answer>.\n")
+
+
+def test_response_length_caps_the_trajectory(base_config, search_url, tokenizer):
+    backend = ScriptedBackend(tokenizer, turns=[SEARCH_TURN, "<answer> Nile </answer>"])
+    config = search_config(base_config, search_url)
+    config = with_settings(config, {"actor_rollout_ref.rollout.response_length": 48})
+    out = unpad(run_worker(config, backend, [make_row(QUESTION, "evidence_search")]))
+    assert len(out["response_ids"]) == 48
+    assert out["extra"]["termination"] == "response_length"
+    assert len(backend.calls) == 1
+
+
+class _Proxy:
+    """A TCP forwarder in front of the real server that can be cut off (the server 'going down')."""
+
+    def __init__(self, upstream_url: str) -> None:
+        host_port = upstream_url.split("//", 1)[1].split("/", 1)[0]
+        host, port = host_port.rsplit(":", 1)
+        upstream = (host, int(port))
+        self.sockets: list[socket.socket] = []
+        proxy = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                remote = socket.create_connection(upstream)
+                proxy.sockets += [self.request, remote]
+
+                def pipe(src: socket.socket, dst: socket.socket) -> None:
+                    try:
+                        while data := src.recv(65536):
+                            dst.sendall(data)
+                    except OSError:
+                        pass
+                    finally:
+                        for s in (src, dst):
+                            try:
+                                s.shutdown(socket.SHUT_RDWR)
+                            except OSError:
+                                pass
+
+                t = threading.Thread(target=pipe, args=(remote, self.request), daemon=True)
+                t.start()
+                pipe(self.request, remote)
+                t.join()
+
+        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        for s in self.sockets:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+                s.close()
+            except OSError:
+                pass
+
+
+def test_server_going_down_mid_rollout_is_reported_not_raised(base_config, search_url, tokenizer):
+    proxy = _Proxy(search_url)
+    turns = iter([SEARCH_TURN, "<search> Nile length </search>", "<answer> Nile </answer>"])
+    calls = []
+
+    def responder(prompt: str) -> str:
+        calls.append(prompt)
+        if len(calls) == 2:
+            proxy.stop()  # after the first search succeeded, before the second
+        return next(turns)
+
+    backend = ScriptedBackend(tokenizer, responder=responder)
+    config = search_config(base_config, proxy.url, search_max_retries=1, search_backoff=0.01, search_timeout=5.0)
+    try:
+        out = unpad(run_worker(config, backend, [make_row(QUESTION, "evidence_search")]))
+    finally:
+        proxy.stop()
+    extra = out["extra"]
+    assert extra["num_searches"] == 2
+    assert extra["search_errors"] == 1
+    assert len(extra["retrieved_ids"][0]) == 3 and extra["retrieved_ids"][1] == []
+    assert extra["termination"] == "answer"
+    runs = segments(out["response_ids"], out["response_mask"])
+    assert [m for m, _ in runs] == [1, 0, 1, 0, 1]
+    assert "The search failed" in tokenizer.decode(runs[3][1])
+
+
+def test_policy_evidence_extractor_replaces_passages(base_config, search_url, tokenizer):
+    policy_turns = iter([SEARCH_TURN, "<answer> Nile </answer>"])
+    extractor_prompts = []
+
+    def responder(prompt: str) -> str:
+        if "You help a search agent" in prompt:
+            extractor_prompts.append(prompt)
+            return "<reason> the query asks for the longest river </reason><extract> The Nile is the longest river. </extract> trailing"
+        return next(policy_turns)
+
+    backend = ScriptedBackend(tokenizer, responder=responder)
+    config = search_config(base_config, search_url, extractor="policy")
+    out = unpad(run_worker(config, backend, [make_row(QUESTION, "evidence_search")]))
+    runs = segments(out["response_ids"], out["response_mask"])
+    info = tokenizer.decode(runs[1][1])
+    assert info == "\n\n<information><evidence>The Nile is the longest river.</evidence></information>\n\n"
+    assert len(extractor_prompts) == 1
+    prompt = extractor_prompts[0]
+    assert QUESTION in prompt and "Latest thought: I should look up the river." in prompt
+    assert "Query: longest river in Africa" in prompt and "(Title: Nile)" in prompt
+    extra = out["extra"]
+    assert extra["raw_context_tokens"] > extra["context_tokens"] > 0
+    assert extra["compression_ratio"] == pytest.approx(extra["raw_context_tokens"] / extra["context_tokens"])
+    assert extra["extractor_failures"] == 0
+
+
+def test_extractor_without_extract_block_keeps_raw_passages(base_config, search_url, tokenizer):
+    policy_turns = iter([SEARCH_TURN, "<answer> Nile </answer>"])
+
+    def responder(prompt: str) -> str:
+        return "I cannot help." if "You help a search agent" in prompt else next(policy_turns)
+
+    backend = ScriptedBackend(tokenizer, responder=responder)
+    config = search_config(base_config, search_url, extractor="policy")
+    out = unpad(run_worker(config, backend, [make_row(QUESTION, "evidence_search")]))
+    runs = segments(out["response_ids"], out["response_mask"])
+    assert "(Title: Nile)" in tokenizer.decode(runs[1][1])
+    assert out["extra"]["extractor_failures"] == 1
+
+
+def test_unknown_setting_fails_with_its_name(base_config, search_url, tokenizer):
+    backend = ScriptedBackend(tokenizer, turns=["<answer> x </answer>"])
+    config = search_config(base_config, search_url, max_turn=3)
+    # hydra wraps the loop's TypeError in an InstantiationException; the message names the key
+    with pytest.raises(Exception, match=r"unknown setting\(s\) \['max_turn'\]"):
+        run_worker(config, backend, [make_row(QUESTION, "evidence_search")])
