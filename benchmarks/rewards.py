@@ -21,26 +21,25 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rouge_score import rouge_scorer
 from rich.console import Console
 from rich.table import Table
+from rouge_score import rouge_scorer
 
-from verl_evidence.rewards import eviomni, evinote, grace, text
+from verl_evidence.rewards import evinote, eviomni, grace, text
 
 GROUP_SIZE = 8
 TARGET_RATIO = 5.0
 
-_STEMS = [
-    "capital", "govern", "popul", "river", "mountain", "elect", "presid", "nation", "histor", "scien",
-    "discover", "invent", "compos", "writ", "paint", "build", "found", "establish", "announc", "develop",
-    "region", "provinc", "territor", "contin", "ocean", "island", "languag", "religi", "cultur", "econom",
-    "industr", "agricult", "manufactur", "educ", "universit", "colleg", "hospit", "medic", "physic", "chemi",
-    "biolog", "astronom", "planet", "satellit", "launch", "mission", "station", "journal", "publish", "record",
-    "perform", "concert", "album", "singl", "champion", "tournament", "season", "leagu", "club", "stadium",
-]
+_STEMS = (
+    "capital govern popul river mountain elect presid nation histor scien discover invent compos writ "
+    "paint build found establish announc develop region provinc territor contin ocean island languag "
+    "religi cultur econom industr agricult manufactur educ universit colleg hospit medic physic chemi "
+    "biolog astronom planet satellit launch mission station journal publish record perform concert album "
+    "singl champion tournament season leagu club stadium"
+).split()
 _SUFFIXES = ["", "s", "ed", "ing", "ation", "ations", "al", "ally", "ity", "ist", "ists", "er", "ers", "ness"]
 _FUNCTION_WORDS = ["the", "of", "and", "in", "to", "a", "was", "is", "by", "for", "on", "with", "as", "at", "from"]
-_NAMES = ["Paris", "Lyon", "Amazon", "Everest", "Curie", "Einstein", "Apollo", "Tokyo", "Nile", "Mozart", "1969", "1889"]
+_NAMES = "Paris Lyon Amazon Everest Curie Einstein Apollo Tokyo Nile Mozart 1969 1889".split()
 
 
 def _sentence(rng: random.Random, n_words: int) -> str:
@@ -69,7 +68,11 @@ def make_samples(n: int, seed: int) -> list[dict[str, Any]]:
         gold_evidence = rng.sample(sentences, k=min(len(sentences), rng.randint(1, 3)))
         answer = rng.choice(_NAMES)
         answerable = rng.random() < 0.6
-        gt = {"target": [answer, answer.lower()], "evidence": gold_evidence if answerable else [], "answerable": answerable}
+        gt = {
+            "target": [answer, answer.lower()],
+            "evidence": gold_evidence if answerable else [],
+            "answerable": answerable,
+        }
         question = "What " + _sentence(rng, 10).rstrip(".,;").lower() + "?"
         for _ in range(GROUP_SIZE):
             quoted = " ".join(rng.sample(sentences, k=rng.randint(1, 4)))
@@ -82,7 +85,9 @@ def make_samples(n: int, seed: int) -> list[dict[str, Any]]:
                 grace_resp = f"<think>{reason}</think><llm>{_sentence(rng, 15)}</llm><answer>{given}</answer>"
             else:
                 grace_resp = f"<think>{reason}</think><evidence>{quoted}<answer>{given}</answer>"  # malformed
-            note = f"*{given}* {_sentence(rng, 12)} -{rng.choice(_STEMS)}-" if rng.random() < 0.7 else _sentence(rng, 12)
+            note = (
+                f"*{given}* {_sentence(rng, 12)} -{rng.choice(_STEMS)}-" if rng.random() < 0.7 else _sentence(rng, 12)
+            )
             evinote_resp = (
                 f"<think>{_sentence(rng, 12)}</think><search>{question}</search>"
                 f"<information>{passages[0]}</information><summary>{note}</summary>"

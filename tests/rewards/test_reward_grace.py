@@ -71,7 +71,8 @@ def test_gate_by_hand() -> None:
 
 
 def test_content_by_hand() -> None:
-    # evidence tokens [pari, is, the, capit, of, franc] vs gold [pari, is, the, capit, and, most, popul, citi, of, franc]
+    # evidence tokens [pari, is, the, capit, of, franc]
+    # vs gold [pari, is, the, capit, and, most, popul, citi, of, franc]
     # LCS = 6, P = 6/6, R = 6/10, F = 2*1*0.6/1.6 = 0.75
     # answer [pari, franc] vs [pari]: LCS 1, P = 1/2, R = 1, F = 2/3
     result = score(EVIDENCE_RESPONSE, ["Paris"], GOLD["evidence"], True, GRACE_TRAIN)

@@ -9,24 +9,28 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from verl_evidence.rewards import eviomni, evinote, grace
+from verl_evidence.rewards import evinote, eviomni, grace
 from verl_evidence.rewards.text import coerce_ground_truth, extract_last, find_blocks, rouge_l
 
 TAG_NAMES = ["reason", "extract", "answer", "think", "search", "information", "summary", "evidence", "llm"]
-FRAGMENTS = [f"<{t}>" for t in TAG_NAMES] + [f"</{t}>" for t in TAG_NAMES] + [
-    "Paris",
-    "the capital",
-    "*",
-    "-",
-    "**",
-    " ",
-    "\n",
-    "well-known",
-    "2-3",
-    "<",
-    ">",
-    "</",
-]
+FRAGMENTS = (
+    [f"<{t}>" for t in TAG_NAMES]
+    + [f"</{t}>" for t in TAG_NAMES]
+    + [
+        "Paris",
+        "the capital",
+        "*",
+        "-",
+        "**",
+        " ",
+        "\n",
+        "well-known",
+        "2-3",
+        "<",
+        ">",
+        "</",
+    ]
+)
 
 # Responses built from protocol tags and words hit the interesting branches; plain text adds noise.
 responses = st.one_of(
@@ -44,7 +48,9 @@ scalars = st.one_of(
 )
 values = st.recursive(
     scalars,
-    lambda children: st.one_of(st.lists(children, max_size=4), st.dictionaries(st.text(max_size=5), children, max_size=3)),
+    lambda children: st.one_of(
+        st.lists(children, max_size=4), st.dictionaries(st.text(max_size=5), children, max_size=3)
+    ),
     max_leaves=10,
 )
 ground_truths = st.one_of(
@@ -120,7 +126,9 @@ def test_grace_any_input(response, gt, extra) -> None:
 )
 def test_eviomni_bounds_with_any_config(response, tau, gamma, omega, l1, l2, l3) -> None:
     extra = {"eviomni_answer_r": response, "eviomni_answer_e": response}
-    result = eviomni.compute_score("ds", response, "Paris", extra, tau=tau, gamma=gamma, omega=omega, l1=l1, l2=l2, l3=l3)
+    result = eviomni.compute_score(
+        "ds", response, "Paris", extra, tau=tau, gamma=gamma, omega=omega, l1=l1, l2=l2, l3=l3
+    )
     check(result, eviomni.RESULT_KEYS, l1 + l2 + l3)
 
 

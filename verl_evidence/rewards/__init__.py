@@ -17,4 +17,4 @@ returning a dict with ``"score"`` and the same float component keys for every
 sample (``RESULT_KEYS`` of the module).
 """
 
-__all__ = ["eviomni", "evinote", "grace", "text"]
+__all__ = ["evinote", "eviomni", "grace", "text"]

@@ -41,8 +41,8 @@ from verl_evidence.rewards.text import block_sequence, coerce_ground_truth, exac
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "EviNoteConfig",
     "RESULT_KEYS",
+    "EviNoteConfig",
     "build_claim",
     "compute_score",
     "config_from_kwargs",
@@ -87,7 +87,8 @@ class EviNoteConfig:
             self.claim_template.format(answer="a", question="q")
         except (KeyError, IndexError, ValueError, AttributeError) as exc:
             raise ValueError(
-                f"EviNoteConfig.claim_template must use only {{answer}} and {{question}}: {self.claim_template!r} ({exc})"
+                "EviNoteConfig.claim_template must use only {answer} and {question}: "
+                f"{self.claim_template!r} ({exc})"
             ) from exc
 
     @property

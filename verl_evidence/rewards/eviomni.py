@@ -46,8 +46,8 @@ from verl_evidence.rewards.text import (
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "EviOmniConfig",
     "RESULT_KEYS",
+    "EviOmniConfig",
     "compute_score",
     "config_from_kwargs",
     "evidence_length_reward",

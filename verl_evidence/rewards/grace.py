@@ -36,8 +36,8 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "GRACE_TRAIN",
     "GRACE_VALIDATION",
-    "GraceConfig",
     "RESULT_KEYS",
+    "GraceConfig",
     "compute_score",
     "config_from_kwargs",
     "score",
@@ -121,7 +121,7 @@ def score(
 
     text = strip_thinking(response if isinstance(response, str) else "")
     if not structure_ok(text):
-        logger.debug("grace: invalid structure (needs one <answer> and one of <evidence>/<llm>, unnested); reward 0")
+        logger.debug("grace: invalid structure (needs one <evidence> or <llm> block, then one <answer>); reward 0")
         return _zero(answerable)
 
     evidence = extract_last(text, "evidence")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import string
 from collections import Counter
@@ -343,7 +344,7 @@ def _coerce_bool(value: Any) -> bool | None:
     if isinstance(value, int):
         return value != 0
     if isinstance(value, float):
-        return None if value != value else value != 0.0
+        return None if math.isnan(value) else value != 0.0
     if isinstance(value, str):
         low = value.strip().lower()
         if low in ("true", "yes", "1", "answerable"):
@@ -374,7 +375,7 @@ def coerce_ground_truth(gt: Any) -> dict:
             if isinstance(parsed, dict):
                 gt = parsed
         if hasattr(gt, "keys") and hasattr(gt, "get") and not isinstance(gt, dict):
-            gt = {k: gt.get(k) for k in gt.keys()}  # Mapping-like (e.g. an omegaconf DictConfig)
+            gt = {k: gt.get(k) for k in gt}  # Mapping-like (e.g. an omegaconf DictConfig)
         if isinstance(gt, dict):
             target: list[str] = []
             for key in _TARGET_KEYS:
@@ -388,6 +389,6 @@ def coerce_ground_truth(gt: Any) -> dict:
                     break
             return {"target": target, "evidence": evidence, "answerable": _coerce_bool(gt.get("answerable"))}
         return {"target": _flatten_strings(gt), "evidence": [], "answerable": None}
-    except Exception as exc:  # never let a strange ground truth reach the trainer as an exception
+    except Exception as exc:  # noqa: BLE001 -- never let a strange ground truth reach the trainer as an exception
         logger.info("could not read ground truth of type %s (%s); using empty golds", type(gt).__name__, exc)
         return {"target": [], "evidence": [], "answerable": None}
