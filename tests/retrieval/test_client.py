@@ -1,0 +1,144 @@
+"""Client retry/4xx behaviour against a real HTTP server (uvicorn on 127.0.0.1) that fails on command."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from retrieval_server.client import AsyncRetrievalClient, RetrievalClient, RetrievalRequestError, RetrievalUnavailableError
+from retrieval_server.launch import free_port
+
+HIT = {"document": {"id": "p1", "contents": "Title\ntext"}, "score": 0.5}
+
+
+class FlakyServer:
+    """Answers /retrieve with the next scripted status (then 200); counts every attempt."""
+
+    def __init__(self) -> None:
+        self.script: list[int] = []
+        self.attempts = 0
+        self.slow_seconds = 0.0
+        app = FastAPI()
+
+        @app.post("/retrieve")
+        async def retrieve(body: dict) -> JSONResponse:
+            self.attempts += 1
+            if self.slow_seconds:
+                await asyncio.sleep(self.slow_seconds)
+            status = self.script.pop(0) if self.script else 200
+            if status != 200:
+                return JSONResponse(status_code=status, content={"detail": f"scripted {status}"})
+            return JSONResponse({"result": [[HIT] for _ in body["queries"]]})
+
+        @app.get("/health")
+        async def health() -> dict:
+            return {"status": "ok"}
+
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def reset(self, script: list[int], slow_seconds: float = 0.0) -> None:
+        self.script, self.attempts, self.slow_seconds = list(script), 0, slow_seconds
+
+
+@pytest.fixture(scope="module")
+def flaky() -> Iterator[FlakyServer]:
+    server = FlakyServer()
+    server.thread.start()
+    while not server.server.started:
+        time.sleep(0.02)
+    yield server
+    server.server.should_exit = True
+    server.thread.join(timeout=10)
+
+
+def test_retries_5xx_then_succeeds(flaky):
+    flaky.reset([503, 500, 502])
+    with RetrievalClient(flaky.url, max_retries=3, backoff=0.01) as client:
+        result = client.retrieve(["q1", "q2"], topk=1)
+    assert result == [[HIT], [HIT]]
+    assert flaky.attempts == 4
+
+
+def test_exhausted_retries_raise_unavailable(flaky):
+    flaky.reset([503] * 10)
+    with RetrievalClient(flaky.url, max_retries=2, backoff=0.01) as client, pytest.raises(RetrievalUnavailableError, match="3 attempts.*scripted 503"):
+        client.retrieve(["q"])
+    assert flaky.attempts == 3
+
+
+@pytest.mark.parametrize("status", [400, 401, 404, 422])
+def test_4xx_raises_immediately_with_message(flaky, status):
+    flaky.reset([status])
+    with RetrievalClient(flaky.url, max_retries=3, backoff=0.01) as client, pytest.raises(RetrievalRequestError) as info:
+        client.retrieve(["q"])
+    assert info.value.status_code == status and info.value.message == f"scripted {status}"
+    assert flaky.attempts == 1
+
+
+def test_timeouts_are_retried(flaky):
+    flaky.reset([], slow_seconds=0.5)
+    with RetrievalClient(flaky.url, timeout=0.1, max_retries=1, backoff=0.01) as client, pytest.raises(RetrievalUnavailableError, match="Timeout"):
+        client.retrieve(["q"])
+    assert flaky.attempts == 2
+
+
+def test_connection_refused_is_retried_then_unavailable():
+    with RetrievalClient(f"http://127.0.0.1:{free_port()}", max_retries=2, backoff=0.01) as client:
+        with pytest.raises(RetrievalUnavailableError, match="3 attempts.*ConnectError"):
+            client.health()
+
+
+def test_bearer_token_is_sent():
+    received = {}
+    app = FastAPI()
+
+    @app.get("/health")
+    async def health(request: Request) -> dict:
+        received["auth"] = request.headers.get("authorization")
+        return {"status": "ok"}
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    try:
+        with RetrievalClient(f"http://127.0.0.1:{port}", token="s3cret") as client:
+            assert client.health() == {"status": "ok"}
+        assert received["auth"] == "Bearer s3cret"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_async_client_retries_and_4xx(flaky):
+    async def scenario() -> None:
+        async with AsyncRetrievalClient(flaky.url, max_retries=3, backoff=0.01) as client:
+            flaky.reset([503, 504])
+            assert await client.retrieve(["a"], topk=1, return_scores=False) == [[HIT]]
+            assert flaky.attempts == 3
+            flaky.reset([422])
+            with pytest.raises(RetrievalRequestError, match="scripted 422"):
+                await client.retrieve(["a"])
+            assert flaky.attempts == 1
+            flaky.reset([500] * 9)
+            with pytest.raises(RetrievalUnavailableError):
+                await client.retrieve(["a"])
+            assert flaky.attempts == 4
+            assert (await client.health())["status"] == "ok"
+
+    asyncio.run(scenario())
