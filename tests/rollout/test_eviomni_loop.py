@@ -1,0 +1,124 @@
+"""``eviomni`` driven by verl's AgentLoopWorker: trained response, masked-input answers, lengths."""
+
+from __future__ import annotations
+
+import pytest
+from rollout_helpers import make_row, run_worker, unpad, with_settings
+
+from retrieval_server.client import RetrievalClient
+from verl_evidence.backends import ScriptedBackend
+from verl_evidence.prompts import load_prompt, render_prompt
+from verl_evidence.tools.search_tool import format_documents
+
+pytestmark = pytest.mark.slow
+
+QUESTION = "Which river flows north into the Mediterranean?"
+PASSAGES = [
+    "Nile\nThe Nile flows north through eleven countries and ends in a delta on the Mediterranean coast.",
+    "Amazon\nThe Amazon carries more water than any other river and drains into the Atlantic Ocean.",
+]
+RATIONALE = "Only the first passage speaks of a river reaching the Mediterranean, so that passage holds the answer."
+EVIDENCE = "Nile ends in a delta on the Mediterranean coast"
+FIRST = f"<reason> {RATIONALE} </reason><extract> {EVIDENCE} </extract><answer> Nile </answer> extra"
+ANSWER_F = " <answer> Nile </answer>"
+
+
+def responder_for(script: dict):
+    def respond(prompt: str) -> str:
+        if "Some parts may be hidden" in prompt:
+            kind = "e" if "Reasoning: [hidden]" in prompt else "r"
+            script.setdefault("masked", {})[kind] = prompt
+            return "<answer> Nile </answer>" if kind == "r" else "<answer> the Nile river </answer>"
+        if prompt.endswith("</extract>"):
+            return ANSWER_F
+        return script.get("first", FIRST)
+
+    return respond
+
+
+def contains_run(haystack: list[int], needle: list[int]) -> bool:
+    n = len(needle)
+    return any(haystack[i : i + n] == needle for i in range(len(haystack) - n + 1))
+
+
+def expected_prompt(tokenizer, passages: str, rationale: str, evidence: str) -> list[int]:
+    text = render_prompt(
+        load_prompt("eviomni_answer"), question=QUESTION, passages=passages, rationale=rationale, evidence=evidence
+    )
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def test_trained_response_and_hard_masked_answer_prompts(base_config, tokenizer):
+    script: dict = {}
+    backend = ScriptedBackend(tokenizer, responder=responder_for(script))
+    out = unpad(run_worker(base_config, backend, [make_row(QUESTION, "eviomni", passages=PASSAGES)]))
+
+    first_ids = tokenizer.encode(FIRST.split("</extract>")[0] + "</extract>", add_special_tokens=False)
+    answer_ids = tokenizer.encode(ANSWER_F, add_special_tokens=False)
+    # y~ = (r, e, o_f): everything trained, nothing else in the response
+    assert out["response_ids"] == first_ids + answer_ids
+    assert out["response_mask"] == [1] * len(out["response_ids"])
+    assert len(backend.calls) == 4  # (r, e), o_f, o_r, o_e
+
+    extra = out["extra"]
+    assert extra["eviomni_answer_r"] == "<answer> Nile </answer>"
+    assert extra["eviomni_answer_e"] == "<answer> the Nile river </answer>"
+    assert extra["eviomni_len_r"] == len(tokenizer.encode(RATIONALE, add_special_tokens=False))
+    assert extra["eviomni_len_e"] == len(tokenizer.encode(EVIDENCE, add_special_tokens=False))
+    passages_block = format_documents([{"document": {"id": str(i), "contents": p}} for i, p in enumerate(PASSAGES)])
+    assert extra["eviomni_len_p"] == len(tokenizer.encode(passages_block, add_special_tokens=False))
+    assert extra["question"] == QUESTION
+
+    # hard masking on the input, checked on the token ids the model actually received
+    prompts = {}
+    for call in backend.calls:
+        text = tokenizer.decode(call["prompt_ids"])
+        if "Some parts may be hidden" in text:
+            prompts["e" if "Reasoning: [hidden]" in text else "r"] = call["prompt_ids"]
+    assert set(prompts) == {"r", "e"}
+    evidence_ids = tokenizer.encode(EVIDENCE, add_special_tokens=False)
+    rationale_ids = tokenizer.encode(RATIONALE, add_special_tokens=False)
+    passage_ids = tokenizer.encode(passages_block, add_special_tokens=False)
+
+    # o_r: question, passages and rationale present; the extract block is gone
+    o_r = prompts["r"]
+    assert contains_run(o_r, rationale_ids) and contains_run(o_r, passage_ids)
+    assert "Evidence: [hidden]" in tokenizer.decode(o_r)
+    assert EVIDENCE not in tokenizer.decode(o_r) and not contains_run(o_r, evidence_ids)
+    # both are exactly the answer template with the masked parts replaced by the placeholder
+    assert o_r == expected_prompt(tokenizer, passages_block, RATIONALE, "[hidden]")
+    o_e = prompts["e"]
+    assert o_e == expected_prompt(tokenizer, "[hidden]", "[hidden]", EVIDENCE)
+    # ... and no token run of the masked passages (outside the quoted evidence) or rationale is in it
+    masked_pieces = ["The Nile flows north through eleven countries", "The Amazon carries more water than any other river"]
+    for piece in masked_pieces + [RATIONALE]:
+        assert piece not in tokenizer.decode(o_e)
+        assert not contains_run(o_e, tokenizer.encode(" " + piece, add_special_tokens=False)[1:])
+        assert not contains_run(o_e, tokenizer.encode(piece, add_special_tokens=False))
+    assert contains_run(o_e, evidence_ids)
+    # neither masked-answer prompt is part of the trained trajectory
+    assert not contains_run(out["prompt_ids"] + out["response_ids"], tokenizer.encode("Some parts may be hidden"))
+
+
+def test_passages_fetched_from_the_server_when_the_row_has_none(base_config, search_url, tokenizer):
+    config = with_settings(
+        base_config, {"actor_rollout_ref.rollout.custom": {"eviomni": {"retrieval_url": search_url, "topk": 4}}}
+    )
+    backend = ScriptedBackend(tokenizer, responder=responder_for({}))
+    out = unpad(run_worker(config, backend, [make_row(QUESTION, "eviomni")]))
+    direct = RetrievalClient(search_url).retrieve([QUESTION], topk=4)[0]
+    assert out["extra"]["retrieved_ids"] == [d["document"]["id"] for d in direct]
+    block = format_documents(direct)
+    assert out["extra"]["eviomni_len_p"] == len(tokenizer.encode(block, add_special_tokens=False))
+    assert block in tokenizer.decode(backend.calls[0]["prompt_ids"])
+
+
+def test_no_extract_block_means_no_continuation_and_zero_lengths(base_config, tokenizer):
+    script = {"first": "I do not know the format."}
+    backend = ScriptedBackend(tokenizer, responder=responder_for(script))
+    out = unpad(run_worker(base_config, backend, [make_row(QUESTION, "eviomni", passages=PASSAGES)]))
+    assert out["response_ids"] == tokenizer.encode(script["first"], add_special_tokens=False) + [tokenizer.eos_token_id]
+    assert len(backend.calls) == 3  # first part, o_r, o_e: no o_f after EOS
+    assert out["extra"]["eviomni_len_r"] == 0 and out["extra"]["eviomni_len_e"] == 0
+    assert out["extra"]["eviomni_answer_r"] == "<answer> Nile </answer>"
