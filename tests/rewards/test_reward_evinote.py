@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from verl_evidence.rewards import evinote
 from verl_evidence.rewards.evinote import (
@@ -170,3 +172,15 @@ def test_compute_score() -> None:
         assert tuple(result) == evinote.RESULT_KEYS
         assert all(isinstance(v, float) and math.isfinite(v) for v in result.values())
         assert result["score"] == 0.0
+
+
+hyphenated_words = st.lists(
+    st.from_regex(r"[A-Za-z0-9]{1,6}(-[A-Za-z0-9]{1,6}){1,3}", fullmatch=True), min_size=1, max_size=5
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(hyphenated_words, st.sampled_from([GOOD_NOTE, "plain words only", "*unclosed key", "-maybe- *sure*"]))
+def test_hyphenated_words_never_change_the_note_check(words: list[str], note: str) -> None:
+    with_words = note + " " + " ".join(words) + " end"
+    assert notes_ok(with_words) is notes_ok(note + " end")

@@ -145,3 +145,12 @@ def test_rouge_l_known_values() -> None:
 @given(st.text(max_size=60), st.lists(st.text(max_size=60), min_size=1, max_size=3))
 def test_rouge_l_identical_property(prediction: str, references: list[str]) -> None:
     assert rouge_l(prediction, references) == pytest.approx(reference_rouge_l(prediction, references), abs=1e-9)
+
+
+def test_rouge_l_identical_on_long_texts() -> None:
+    # evidence blocks of hundreds of tokens: the bit vectors span many machine words
+    rng = random.Random(99)
+    for _ in range(40):
+        prediction = " ".join(rng.choice(SENTENCES) for _ in range(rng.randint(10, 40)))
+        references = [" ".join(rng.choice(SENTENCES) for _ in range(rng.randint(5, 30))) for _ in range(2)]
+        assert rouge_l(prediction, references) == pytest.approx(reference_rouge_l(prediction, references), abs=1e-9)
