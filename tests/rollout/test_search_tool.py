@@ -1,0 +1,162 @@
+"""The ``search`` tool against the real retrieval server, directly and through verl's ToolAgentLoop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+from rollout_helpers import make_row, run_worker, unpad, with_settings
+
+import verl_evidence
+from retrieval_server.client import RetrievalClient
+from retrieval_server.launch import free_port
+from verl_evidence.backends import ScriptedBackend
+from verl_evidence.tools.search_tool import RateLimiter, SearchTool, shared_rate_limiter
+
+pytestmark = pytest.mark.slow
+
+PACKAGED_YAML = Path(verl_evidence.__file__).parent / "configs" / "search_tool.yaml"
+
+
+def tool_from_packaged_yaml(url: str, **config) -> SearchTool:
+    """The tool exactly as verl builds it from our YAML (same loader, same schema)."""
+    from verl.tools.tool_registry import initialize_tools_from_config
+
+    spec = OmegaConf.load(PACKAGED_YAML)
+    spec.tools[0].config.retrieval_url = url
+    for key, value in config.items():
+        spec.tools[0].config[key] = value
+    path = Path(__import__("tempfile").mkdtemp()) / "search_tool.yaml"
+    OmegaConf.save(spec, path)
+    (tool,) = initialize_tools_from_config(str(path))
+    return tool
+
+
+def execute(tool: SearchTool, parameters) -> tuple[str, dict]:
+    async def go():
+        instance_id, _ = await tool.create()
+        response, reward, metrics = await tool.execute(instance_id, parameters)
+        await tool.release(instance_id)
+        assert reward == 0.0
+        return response.text, metrics
+
+    return asyncio.run(go())
+
+
+def test_formats_documents_of_the_real_server(search_url):
+    tool = tool_from_packaged_yaml(search_url)
+    assert tool.name == "search"
+    text, metrics = execute(tool, {"query_list": ["longest river in Africa"]})
+    direct = RetrievalClient(search_url).retrieve(["longest river in Africa"], topk=3)[0]
+    lines = text.split("\n")
+    assert len(lines) == 3
+    for index, (line, item) in enumerate(zip(lines, direct, strict=True), start=1):
+        title, body = item["document"]["contents"].split("\n", 1)
+        assert line == f"Doc {index} (Title: {title}) {body}"
+    assert metrics["retrieved_ids"] == [[d["document"]["id"] for d in direct]]
+
+
+def test_several_queries_get_one_block_each(search_url):
+    text, metrics = execute(tool_from_packaged_yaml(search_url), {"query_list": ["Nile", "Mount Everest"]})
+    assert text.startswith("Results for 'Nile':\nDoc 1 (Title: ")
+    assert "\n\nResults for 'Mount Everest':\nDoc 1 (Title: " in text
+    assert metrics["num_queries"] == 2 and len(metrics["retrieved_ids"]) == 2
+
+
+@pytest.mark.parametrize(
+    "parameters, message",
+    [
+        ({}, "`query_list` must be a non-empty list"),
+        ({"query_list": []}, "`query_list` must be a non-empty list"),
+        ({"query_list": [3]}, "every entry of `query_list` must be a non-empty string"),
+        ({"query_list": ["a", "b", "c", "d"]}, "at most 3 queries per call"),
+        ("not a dict", "arguments must be a JSON object"),
+    ],
+)
+def test_malformed_arguments_return_an_error_text(search_url, parameters, message):
+    text, metrics = execute(tool_from_packaged_yaml(search_url), parameters)
+    assert text.startswith("Search error:") and message in text
+    assert metrics == {"error": "bad_arguments"}
+
+
+def test_request_rejected_by_the_server_is_reported(search_url):
+    text, metrics = execute(tool_from_packaged_yaml(search_url), {"query_list": ["x" * 5000]})
+    assert text.startswith("Search error: the request was rejected (")
+    assert metrics == {"error": "rejected"}
+
+
+def test_server_down_is_reported_not_raised():
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens here
+    tool = tool_from_packaged_yaml(url, max_retries=1, backoff=0.01)
+    text, metrics = execute(tool, {"query_list": ["Nile"]})
+    assert "search engine is unavailable" in text
+    assert metrics == {"error": "unavailable"}
+
+
+def test_rate_limiter_is_shared_per_url_and_bounds_concurrency():
+    async def go():
+        a = shared_rate_limiter("http://x", 2, None)
+        assert shared_rate_limiter("http://x", 2, None) is a
+        assert shared_rate_limiter("http://y", 2, None) is not a
+        active, peak = 0, 0
+
+        async def request():
+            nonlocal active, peak
+            async with a:
+                active += 1
+                peak = max(peak, active)
+                await asyncio.sleep(0)
+                await asyncio.sleep(0)
+                active -= 1
+
+        await asyncio.gather(*(request() for _ in range(8)))
+        return peak
+
+    assert asyncio.run(go()) == 2
+
+
+def test_token_bucket_spends_and_refills():
+    async def go():
+        limiter = RateLimiter(max_concurrency=8, rate=1000.0, burst=2)
+        async with limiter:
+            pass
+        async with limiter:
+            pass
+        spent = limiter.tokens
+        async with limiter:  # bucket empty: waits for a refill instead of failing
+            pass
+        return spent
+
+    assert asyncio.run(go()) < 1.0
+
+
+def test_verl_tool_agent_loop_drives_the_search_tool(base_config, search_url, tokenizer, tmp_path):
+    spec = OmegaConf.load(PACKAGED_YAML)
+    spec.tools[0].config.retrieval_url = search_url
+    OmegaConf.save(spec, tmp_path / "tools.yaml")
+    config = with_settings(
+        base_config,
+        {
+            "actor_rollout_ref.rollout.multi_turn.enable": True,
+            "actor_rollout_ref.rollout.multi_turn.format": "hermes",
+            "actor_rollout_ref.rollout.multi_turn.tool_config_path": str(tmp_path / "tools.yaml"),
+            "actor_rollout_ref.rollout.multi_turn.max_tool_response_length": 6144,
+        },
+    )
+    call = {"name": "search", "arguments": {"query_list": ["longest river in Africa"]}}
+    turns = [f"I will search.\n<tool_call>\n{json.dumps(call)}\n</tool_call>", "The answer is the Nile."]
+    backend = ScriptedBackend(tokenizer, turns=turns)
+    out = unpad(run_worker(config, backend, [make_row("Which river is the longest in Africa?", "tool_agent")]))
+
+    direct = RetrievalClient(search_url).retrieve(["longest river in Africa"], topk=3)[0]
+    tool_tokens = [t for t, m in zip(out["response_ids"], out["response_mask"], strict=True) if m == 0]
+    tool_text = tokenizer.decode(tool_tokens)
+    title, body = direct[0]["document"]["contents"].split("\n", 1)
+    assert f"Doc 1 (Title: {title}) {body}" in tool_text  # not truncated at 6144 characters
+    assert "truncated" not in tool_text
+    policy_text = tokenizer.decode([t for t, m in zip(out["response_ids"], out["response_mask"], strict=True) if m])
+    assert "<tool_call>" in policy_text and "The answer is the Nile." in policy_text
+    assert backend.remaining_turns == 0
