@@ -109,9 +109,9 @@ def start_server(config: ServerConfig, address: str | None = None, ray_num_cpus:
     import ray
     from ray import serve
 
-    from retrieval_server.index import verify_index
+    from retrieval_server.search import check_server_config
 
-    verify_index(config.index_dir, corpus=config.corpus)
+    check_server_config(config)
     owns_ray = False
     if not ray.is_initialized():
         if address:

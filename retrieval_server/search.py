@@ -115,6 +115,16 @@ class CrossEncoderReranker:
         return out_rows, out_scores
 
 
+def check_server_config(config: ServerConfig) -> tuple[dict, EncoderConfig]:
+    """Verify index files, corpus and (requested or recorded) encoder; return the manifest and the encoder to use."""
+    manifest = verify_index(Path(config.index_dir), corpus=config.corpus, encoder=None)
+    encoder = EncoderConfig(**{k: manifest["encoder"][k] for k in EncoderConfig.model_fields})
+    if config.encoder_model is not None:
+        encoder = encoder.model_copy(update={"model": config.encoder_model})
+        manifest = verify_index(Path(config.index_dir), corpus=config.corpus, encoder=encoder)
+    return manifest, encoder
+
+
 class Retriever:
     """Everything one replica serves from: encoder, searchers, document store. Batch in, documents out."""
 
@@ -123,18 +133,13 @@ class Retriever:
 
         self.config = config
         index_dir = Path(config.index_dir)
-        requested_encoder = None
-        self.manifest = verify_index(index_dir, corpus=config.corpus, encoder=None)
-        recorded = EncoderConfig(**{k: self.manifest["encoder"][k] for k in EncoderConfig.model_fields})
-        if config.encoder_model is not None:
-            requested_encoder = recorded.model_copy(update={"model": config.encoder_model})
-            self.manifest = verify_index(index_dir, corpus=config.corpus, encoder=requested_encoder)
+        self.manifest, encoder_config = check_server_config(config)
         self.docstore = DocumentStore(index_dir / self.manifest["docstore"])
         self.encoder = None
         self.dense = None
         self.bm25 = None
         if config.method in ("dense", "hybrid"):
-            self.encoder = SentenceEncoder(requested_encoder or recorded, device=config.device)
+            self.encoder = SentenceEncoder(encoder_config, device=config.device)
             self.dense = DenseSearcher(index_dir / self.manifest["index"]["file"], config.search_params, config.use_gpu_index)
             if self.encoder.dim != self.dense.dim or self.dense.dim != self.manifest["dim"]:
                 raise IndexMismatchError(
