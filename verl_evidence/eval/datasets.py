@@ -13,6 +13,8 @@ functions:
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import logging
 from collections import Counter
@@ -68,15 +70,31 @@ def examples_from_rows(rows: Iterable[dict[str, Any]]) -> list[EvalExample]:
     return examples
 
 
-def bundled_qa_records(limit: int | None = None):
-    """The bundled QA set as data-prep ``QARecord`` s, checked against the bundled corpus."""
+@functools.lru_cache(maxsize=8)
+def bundled_qa_records(qa_path: str | Path | None = None, corpus_path: str | Path | None = None):
+    """A QA set (default: the bundled one) as data-prep ``QARecord`` s, checked against its corpus."""
     from verl_evidence.dataprep.records import bundled_paths, check_references, read_corpus, read_flashrag_jsonl
 
-    qa_path, corpus_path = bundled_paths()
-    records = read_flashrag_jsonl(qa_path, data_source="bundled", allow_new_source=True)
+    source = "bundled" if qa_path is None else Path(qa_path).stem
+    if qa_path is None or corpus_path is None:
+        default_qa, default_corpus = bundled_paths()
+        qa_path = qa_path or default_qa
+        corpus_path = corpus_path or default_corpus
+    records = read_flashrag_jsonl(qa_path, data_source=source, allow_new_source=True)
+    # One data source per hop count, so the metrics compare one- and two-hop questions.
+    hops = {}
+    with Path(qa_path).open(encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                row = json.loads(line)
+                if isinstance(row.get("hops"), int):
+                    hops[str(row.get("id"))] = row["hops"]
+    records = [
+        dataclasses.replace(r, data_source=f"{source}_{hops[r.id]}hop") if r.id in hops else r for r in records
+    ]
     corpus = read_corpus(corpus_path)
     check_references(records, corpus, str(qa_path))
-    return (records[:limit] if limit else records), corpus
+    return records, corpus
 
 
 def bundled_rows(
@@ -86,8 +104,15 @@ def bundled_rows(
     limit: int | None = None,
     question_ids: Sequence[str] | None = None,
     seed: int = 0,
+    qa_path: str | Path | None = None,
+    corpus_path: str | Path | None = None,
 ) -> list[dict[str, Any]]:
-    """verl rows for each requested rollout over the bundled questions (``question_ids`` narrows them)."""
+    """verl rows for each requested rollout over the bundled questions (``question_ids`` narrows them).
+
+    ``qa_path`` / ``corpus_path`` replace the bundled QA set / corpus (FlashRAG
+    JSONL with ``gold_passage_ids``/``gold_evidence``/``distractor_ids`` for GRACE);
+    the retrieval server must serve that corpus.
+    """
     from verl_evidence.dataprep import grace as grace_mod
     from verl_evidence.dataprep import rows as rows_mod
     from verl_evidence.dataprep.retrievers import ServerRetriever, build_retriever
@@ -96,7 +121,7 @@ def bundled_rows(
     unknown = sorted(set(rollouts) - set(ROLLOUTS))
     if unknown:
         raise ValueError(f"unknown rollout(s) {unknown}; use {', '.join(ROLLOUTS)}")
-    records, corpus = bundled_qa_records()
+    records, corpus = bundled_qa_records(qa_path, corpus_path)
     if question_ids is not None:
         wanted = set(question_ids)
         records = [r for r in records if r.id in wanted]

@@ -16,7 +16,7 @@ from verl_evidence.eval.report import format_value
 from verl_evidence.eval.runner import EvalExample, EvalRunner
 from verl_evidence.eval.cache import ResultsCache
 
-__all__ = ["metrics_rich_table", "run_with_progress"]
+__all__ = ["cancel_pending_tasks", "metrics_rich_table", "run_with_progress"]
 
 
 def run_with_progress(
@@ -45,19 +45,26 @@ def run_with_progress(
 
 
 def metrics_rich_table(records: Sequence[EvalRecord], title: str = "metrics") -> Table:
-    """The report's metrics table, for the terminal."""
+    """Metrics (rows) per rollout family over all data sources (columns); the report splits by source."""
+    from verl_evidence.eval.report import METRIC_LABELS
+
+    groups = {rollout: metrics.summarize(group) for rollout, group in metrics.group_by(records, lambda r: r.rollout).items()}
     table = Table(title=title)
-    rows = []
-    for rollout, group in metrics.group_by(records, lambda r: r.rollout).items():
-        by_source = metrics.metrics_by_source(group)
-        if len(by_source) == 2:  # one data source: its row equals the "all" row
-            by_source.pop(metrics.ALL_SOURCES)
-        rows += [(rollout, source, values) for source, values in by_source.items()]
-    columns = [m for m in metrics.METRIC_NAMES if any(v.get(m) is not None for _, _, v in rows)]
-    table.add_column("rollout")
-    table.add_column("source")
-    for c in columns:
-        table.add_column(c, justify="right")
-    for rollout, source, values in rows:
-        table.add_row(rollout, source, *[format_value(values[c]) for c in columns])
+    table.add_column("metric")
+    for rollout in groups:
+        table.add_column(rollout, justify="right")
+    for name in metrics.METRIC_NAMES:
+        values = [groups[g].get(name) for g in groups]
+        if any(v is not None for v in values):
+            table.add_row(METRIC_LABELS[name], *[format_value(v) for v in values])
     return table
+
+
+def cancel_pending_tasks() -> None:
+    """Let background tasks (e.g. the in-process judge's batcher) end before the event loop is dropped."""
+    loop = asyncio.get_event_loop()
+    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for task in pending:
+        task.cancel()
+    if pending:
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))

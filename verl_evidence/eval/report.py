@@ -32,7 +32,7 @@ REWARDS_BY_CASE_PNG = "rewards_by_case.png"
 ACCURACY_PNG = "accuracy_by_source.png"
 CONTEXT_TOKENS_PNG = "context_tokens.png"
 
-_METRIC_LABELS = {
+METRIC_LABELS = {
     "n": "n",
     "em": "EM",
     "f1": "F1",
@@ -88,7 +88,7 @@ def metrics_table(records: Sequence[EvalRecord]) -> str:
             sources.append(metrics.ALL_SOURCES)
         rows += [(group, s, by_source[s]) for s in sources]
     columns = [m for m in metrics.METRIC_NAMES if any(values.get(m) is not None for _, _, values in rows)]
-    header = ["rollout", "data source"] + [_METRIC_LABELS[c] for c in columns]
+    header = ["rollout", "data source"] + [METRIC_LABELS[c] for c in columns]
     return markdown_table(header, [[g, s] + [values[c] for c in columns] for g, s, values in rows])
 
 

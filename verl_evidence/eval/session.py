@@ -74,7 +74,9 @@ def _set_loop_settings(config: DictConfig, retrieval_url: str, search_topk: int,
         }
         custom["eviomni"] = {**custom.get("eviomni", {}), "retrieval_url": retrieval_url}
         rollout.custom = OmegaConf.create(custom)
-        # Room for several search turns with their <information> blocks (the trainer's default is 512).
+        # Room for passages in the prompt and several search turns with their <information> blocks
+        # (the trainer's defaults, 512 each, would truncate them).
+        rollout.prompt_length = max(int(rollout.prompt_length), 8192)
         rollout.response_length = max(int(rollout.response_length), 8192)
 
 
@@ -114,7 +116,7 @@ def open_session(
     if score and nli_model is None:
         nli_model = str(tiny_nli_model(work / "random-nli"))
         notes.append(RANDOM_JUDGE_NOTE)
-        logger.warning(RANDOM_JUDGE_NOTE)
+        logger.info(RANDOM_JUDGE_NOTE)
 
     handle = None
     if retrieval_url is None:

@@ -1,0 +1,132 @@
+"""``verl-evidence eval``: evaluate a policy through the rollout hooks and write the report."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+logger = logging.getLogger(__name__)
+console = Console(stderr=True)
+
+RESULTS_FILE = "results.jsonl"
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="eval")(eval_command)
+
+
+def policy_from_options(
+    trajectories: Path | None, model: Path | None, endpoint: str | None, served_model: str | None
+):
+    """Exactly one policy; the bundled reference trajectories when none is given."""
+    from verl_evidence.eval.runner import PolicySpec
+
+    given = [x for x in (trajectories, model, endpoint) if x is not None]
+    if len(given) > 1:
+        raise typer.BadParameter("give at most one policy: --trajectories, --model or --endpoint")
+    if model is not None:
+        if not model.is_dir():
+            raise typer.BadParameter(f"--model {model} is not a directory")
+        return PolicySpec("hf", str(model))
+    if endpoint is not None:
+        if not served_model:
+            raise typer.BadParameter("--endpoint needs --served-model (the model name the server serves)")
+        return PolicySpec("endpoint", endpoint, served_model)
+    if trajectories is None:
+        from verl_evidence import bundled
+
+        trajectories = bundled.trajectories_path()
+    if not Path(trajectories).is_file():
+        raise typer.BadParameter(f"--trajectories {trajectories} is not a file")
+    return PolicySpec("replay", str(trajectories))
+
+
+def eval_command(
+    data: list[Path] = typer.Option(
+        None, "--data", help="verl rows to evaluate (parquet from `verl-evidence data`, or JSONL); repeatable. "
+        "Default: the bundled QA set."
+    ),
+    rollouts: str = typer.Option("search,eviomni,grace", help="rollout families for the bundled set"),
+    qa: Path = typer.Option(None, help="FlashRAG QA JSONL with gold annotations instead of the bundled QA set"),
+    corpus: Path = typer.Option(None, help="corpus JSONL of --qa (the retrieval server must serve it)"),
+    trajectories: Path = typer.Option(None, help="replay recorded trajectories (JSONL) through the live server"),
+    model: Path = typer.Option(None, help="a local Hugging Face model directory as the policy (CPU or GPU)"),
+    endpoint: str = typer.Option(None, help="an OpenAI-compatible server (e.g. vLLM) as the policy"),
+    served_model: str = typer.Option(None, help="model name at --endpoint"),
+    tokenizer: Path = typer.Option(None, help="policy tokenizer dir (default: --model, or the offline test tokenizer)"),
+    retrieval_url: str = typer.Option(None, help="retrieval server; default: start the embedded one"),
+    nli_model: str = typer.Option(None, help="NLI judge for EviNote's EQR (default: a tiny RANDOM model, flagged)"),
+    nli_device: str = typer.Option("cpu", help="device of the NLI judge"),
+    out: Path = typer.Option(Path("outputs/eval"), help="report, plots and results cache go here"),
+    limit: int = typer.Option(None, help="only the first N questions (bundled) or rows (--data)"),
+    concurrency: int = typer.Option(4, help="examples in flight at once"),
+    fresh: bool = typer.Option(False, help="ignore the results cache and start over"),
+) -> None:
+    """Evaluate a policy (replayed trajectories, HF model dir or endpoint) and write a Markdown report.
+
+    Every example runs through the plugin's agent loops against the retrieval
+    server and is scored by the reward managers through verl's reward loop.
+    Finished examples are cached in OUT/results.jsonl, so an interrupted run
+    resumes where it stopped.
+    """
+    from verl_evidence.eval import replay
+    from verl_evidence.eval.cache import ResultsCache
+    from verl_evidence.eval.datasets import ROLLOUTS, bundled_rows, examples_from_rows, load_rows
+    from verl_evidence.eval.progress import cancel_pending_tasks, metrics_rich_table, run_with_progress
+    from verl_evidence.eval.report import write_report
+    from verl_evidence.eval.session import make_runner, open_session
+
+    policy = policy_from_options(trajectories, model, endpoint, served_model)
+    wanted = [r.strip() for r in rollouts.split(",") if r.strip()]
+    bad = sorted(set(wanted) - set(ROLLOUTS))
+    if bad:
+        raise typer.BadParameter(f"unknown rollout(s) {bad}; choose from {', '.join(ROLLOUTS)}")
+    if tokenizer is None and policy.kind == "hf":
+        tokenizer = Path(policy.target)
+    if policy.kind == "endpoint" and tokenizer is None:
+        raise typer.BadParameter("--endpoint needs --tokenizer: the served model's tokenizer directory")
+    if nli_model is None:
+        from verl_evidence.eval.session import RANDOM_JUDGE_NOTE
+
+        console.print(f"[bold yellow]WARNING:[/] {RANDOM_JUDGE_NOTE}")
+    out.mkdir(parents=True, exist_ok=True)
+    cache_path = out / RESULTS_FILE
+    if fresh and cache_path.exists():
+        cache_path.unlink()
+    cache = ResultsCache(cache_path)
+
+    with open_session(
+        out / "work", tokenizer_dir=tokenizer, retrieval_url=retrieval_url, nli_model=nli_model, nli_device=nli_device
+    ) as session:
+        if policy.kind == "replay":
+            examples = replay.replay_examples(
+                replay.load_trajectories(policy.target), session, rollouts=wanted, limit=limit, data=data,
+                qa_path=qa, corpus_path=corpus,
+            )
+        elif data:
+            rows = [row for path in data for row in load_rows(path)]
+            examples = examples_from_rows(rows[:limit] if limit else rows)
+        else:
+            rows = bundled_rows(
+                wanted, session.retrieval_url, session.tokenizer, limit=limit, qa_path=qa, corpus_path=corpus
+            )
+            examples = examples_from_rows(rows)
+        if not examples:
+            raise typer.BadParameter("nothing to evaluate: no rows (check --data / --rollouts / --limit)")
+        console.print(f"[bold]evaluating[/] {policy.policy_id} on {len(examples)} examples; cache {cache_path}")
+        runner = make_runner(session, policy, concurrency=concurrency)
+        records = run_with_progress(runner, examples, cache, console)
+        cancel_pending_tasks()
+        report = write_report(records, out, title=f"Evaluation of {policy.policy_id}", notes=session.notes)
+    console.print(metrics_rich_table(records, title=f"{policy.policy_id}"))
+    for note in session.notes:
+        console.print(f"[yellow]note:[/] {note}")
+    console.print(f"report: {report.markdown}")
+    for png in report.images:
+        console.print(f"plot:   {png}")
+    failed = [r for r in records if r.error]
+    if failed:
+        console.print(f"[red]{len(failed)} example(s) failed[/]; see the report's last section")
