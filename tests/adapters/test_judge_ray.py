@@ -1,0 +1,95 @@
+"""The shared NLI judge as a Ray actor on a real local Ray cluster (one per module)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from conftest import make_batch, score_with_worker
+
+from verl_evidence.judge import JudgeConfig, NLIJudge, NLIJudgeLoadError, RayJudgeClient
+from verl_evidence.rewards import evinote
+
+ray = pytest.importorskip("ray")
+
+pytestmark = pytest.mark.slow
+
+PAIRS = [
+    ("*The committee wrote the report* -1998-", "the committee is the answer to the question: who wrote it?"),
+    ("Paris is the capital of France.", "Paris is the answer to the question: capital of France?"),
+    ("The quick brown fox jumps over the lazy dog. " * 20, "a fox is the answer to the question: what jumps?"),
+]
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def actor_config(nli_dir, local_ray):
+    return JudgeConfig(model=str(nli_dir), device="cpu", batch_size=16, max_wait_ms=20, num_cpus=1)
+
+
+@pytest.fixture(scope="module")
+def first_client(actor_config):
+    """The creating client: a named non-detached actor lives while its creator holds the handle
+    (in a job, the first reward worker, which lives as long as the job)."""
+    client = RayJudgeClient(actor_config)
+    yield client
+    ray.kill(client.handle)
+
+
+def test_actor_scores_like_the_in_process_judge_and_is_shared(actor_config, first_client, nli_dir):
+    first = first_client
+    second = RayJudgeClient(actor_config)  # another reward worker: same named actor, no second model
+    assert first.handle._actor_id == second.handle._actor_id
+    assert first.info["entailment_index"] == 1 and first.info["model"] == str(nli_dir)
+
+    reference = NLIJudge(str(nli_dir), device="cpu").entailment_probs([p for p, _ in PAIRS], [h for _, h in PAIRS])
+
+    async def many_callers():
+        # 30 single-pair requests from two "workers" at once, as reward workers send them
+        clients = [first, second]
+        calls = [clients[i % 2].entailment_probs([PAIRS[i % 3][0]], [PAIRS[i % 3][1]]) for i in range(30)]
+        return await asyncio.gather(*calls)
+
+    before = first.describe()["forward_batches"]
+    results = asyncio.run(many_callers())
+    assert [r[0] for r in results] == pytest.approx([reference[i % 3] for i in range(30)], abs=1e-5)
+    forward_passes = first.describe()["forward_batches"] - before
+    assert 1 <= forward_passes < 30  # the actor merged concurrent requests
+
+
+def test_actor_that_cannot_load_fails_start_up_naming_the_model(local_ray, tmp_path):
+    config = JudgeConfig(model=str(tmp_path / "no-such-nli-model"), device="cpu", num_cpus=1)
+    with pytest.raises(NLIJudgeLoadError, match="no-such-nli-model"):
+        RayJudgeClient(config, startup_timeout_s=120)
+
+
+def test_evinote_manager_uses_the_actor(actor_config, first_client, make_config, tokenizer, nli_dir):
+    config = make_config(
+        "reward.reward_manager.name=evinote",
+        f"+reward.reward_kwargs.nli_model={nli_dir}",
+        "+reward.reward_kwargs.nli_device=cpu",
+        "+reward.reward_kwargs.nli_batch_size=16",
+        "+reward.reward_kwargs.nli_max_wait_ms=20",
+        "+reward.reward_kwargs.nli_num_cpus=1",
+    )
+    response = (
+        "<search>who wrote it</search><information>Doc 1 The committee wrote it.</information>"
+        f"<summary>{PAIRS[0][0]}</summary><answer>the committee</answer>"
+    )
+    gold = {"target": ["the committee"]}
+    sample = {"response": response, "ground_truth": gold, "tool_extra_fields": {"question": "Who wrote it?"}}
+    batches_before = first_client.describe()["forward_batches"]
+    (output,) = score_with_worker(config, make_batch(tokenizer, [sample]))
+    claim = evinote.build_claim("the committee", "Who wrote it?")
+    eqr = NLIJudge(str(nli_dir), device="cpu").entailment_probs([PAIRS[0][0]], [claim])[0]
+    expected = evinote.compute_score("nq", response, gold, {"eqr": eqr})
+    assert output["reward_extra_info"]["eqr"] == pytest.approx(eqr, abs=1e-5)
+    assert output["reward_score"] == pytest.approx(expected["score"], abs=1e-5)
+    # the manager reached the module's shared actor rather than starting its own
+    assert first_client.describe()["forward_batches"] > batches_before
