@@ -149,7 +149,9 @@ def _truthy(value: Any) -> bool:
         value = value.tolist()
     if isinstance(value, str):
         return value.strip().lower() in ("1", "true", "yes", "validation", "val")
-    return bool(value) if isinstance(value, (bool, int, float)) else False
+    if isinstance(value, float):
+        return math.isfinite(value) and value != 0.0
+    return bool(value) if isinstance(value, (bool, int)) else False
 
 
 def config_from_kwargs(kwargs: dict[str, Any], extra_info: dict | None = None) -> GraceConfig:
