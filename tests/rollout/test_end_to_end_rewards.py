@@ -1,0 +1,134 @@
+"""Each loop's output scored by the matching reward manager, on verl's streaming reward path.
+
+``AgentLoopWorker`` gets real ``RewardLoopWorker`` Ray actors (as the trainer's
+``RewardLoopManager`` creates them), so verl itself builds the per-trajectory
+DataProto with ``tool_extra_fields`` and the reward manager (loaded in the actor
+through the ``verl.plugins`` entry point) scores it.
+"""
+
+from __future__ import annotations
+
+import pytest
+from rollout_helpers import make_row, unpad, with_settings
+
+from verl_evidence.backends import ScriptedBackend
+from verl_evidence.rewards import eviomni, grace
+
+pytestmark = pytest.mark.slow
+
+GOLD = {"target": ["Nile"], "evidence": ["The Nile flows north into the Mediterranean Sea."], "answerable": True}
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    import ray
+
+    started = False
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        started = True
+    yield
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def nli_dir(tmp_path_factory):
+    from verl_evidence.testing import tiny_nli_model
+
+    return tiny_nli_model(tmp_path_factory.mktemp("tiny_nli"))
+
+
+def run_scored(config, backend, rows):
+    import asyncio
+
+    import numpy as np
+    import ray
+    from verl import DataProto
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+
+    reward_worker = ray.remote(RewardLoopWorker).options(num_cpus=0).remote(config, None)
+    worker = AgentLoopWorker(config, backend, reward_loop_worker_handles=[reward_worker])
+    non_tensor = {}
+    for key in rows[0]:
+        column = np.empty(len(rows), dtype=object)
+        column[:] = [row[key] for row in rows]
+        non_tensor[key] = column
+    non_tensor["index"] = np.arange(len(rows))
+    batch = DataProto.from_dict(non_tensors=non_tensor, meta_info={"validate": False})
+    try:
+        output = asyncio.run(worker.generate_sequences(batch))
+    finally:
+        ray.kill(reward_worker)
+    trajectory = unpad(output)
+    score = float(output.batch["rm_scores"][0].sum())
+    info = {key: output.non_tensor_batch[key][0] for key in output.meta_info["reward_extra_keys"]}
+    return trajectory, score, info
+
+
+def scored_row(question: str, agent_name: str, **extra_info):
+    row = make_row(question, agent_name, **extra_info)
+    row["reward_model"] = {"style": "rule", "ground_truth": GOLD}
+    return row
+
+
+def test_evidence_search_scored_by_evinote(base_config, search_url, tokenizer, nli_dir, ray_session):
+    config = with_settings(
+        base_config,
+        {
+            "actor_rollout_ref.rollout.custom": {"evidence_search": {"retrieval_url": search_url}},
+            "reward.reward_manager.name": "evinote",
+            "reward.reward_kwargs": {"nli_model": str(nli_dir), "nli_in_process": True, "nli_device": "cpu"},
+        },
+    )
+    turns = [
+        "<think> I need the river. </think> <search> river flowing into the Mediterranean </search>",
+        "<summary> *The Nile flows north into the Mediterranean* </summary> <answer> Nile </answer>",
+    ]
+    backend = ScriptedBackend(tokenizer, turns=turns)
+    out, score, info = run_scored(config, backend, [scored_row("Which river flows into the Mediterranean?", "evidence_search")])
+    assert out["extra"]["summary_count"] == 1
+    # format ok (answer + note), EM correct: R = 1 + EQR with the judge's EQR in [0, 1]
+    assert 0.0 <= info["eqr"] <= 1.0
+    assert score == pytest.approx(1.0 + info["eqr"], abs=1e-5)
+    assert info["reward_error"] == 0.0
+
+
+def test_eviomni_loop_scored_by_eviomni(base_config, tokenizer, ray_session):
+    config = with_settings(base_config, {"reward.reward_manager.name": "eviomni"})
+    passages = ["Nile\nThe Nile flows north into the Mediterranean Sea.", "Amazon\nThe Amazon drains into the Atlantic."]
+
+    def respond(prompt: str) -> str:
+        if "Some parts may be hidden" in prompt:
+            return "<answer> Nile </answer>"
+        if prompt.endswith("</extract>"):
+            return " <answer> Nile </answer>"
+        return "<reason> The first passage names the river. </reason><extract> The Nile flows north into the Mediterranean Sea. </extract>"
+
+    backend = ScriptedBackend(tokenizer, responder=respond)
+    out, score, info = run_scored(config, backend, [scored_row("Which river flows into the Mediterranean?", "eviomni", passages=passages)])
+    response = tokenizer.decode(out["response_ids"], skip_special_tokens=True)
+    fields = {k: out["extra"][k] for k in ("eviomni_answer_r", "eviomni_answer_e", "eviomni_len_r", "eviomni_len_e", "eviomni_len_p")}
+    expected = eviomni.compute_score("nq", response, GOLD, fields)
+    assert score == pytest.approx(expected["score"], abs=1e-6)
+    assert info["ans_r"] == info["ans_e"] == info["ans_f"] == 1.0
+    assert info["format"] == 1.0
+    assert info["len_e"] == out["extra"]["eviomni_len_e"] > 0
+
+
+def test_grace_single_turn_strips_thinking(base_config, tokenizer, ray_session):
+    config = with_settings(base_config, {"reward.reward_manager.name": "grace"})
+    # tags inside the thinking must not count: only the text after the last </think> is judged
+    text = (
+        "<think> Maybe <llm> recall </llm> would do, but the context has it. </think>"
+        "<evidence> The Nile flows north into the Mediterranean Sea. </evidence><answer> Nile </answer>"
+    )
+    backend = ScriptedBackend(tokenizer, turns=[text])
+    out, score, info = run_scored(config, backend, [scored_row("Which river flows into the Mediterranean?", "single_turn_agent")])
+    # verl's single-turn loop keeps the thinking in the trained response, all mask 1
+    assert tokenizer.decode(out["response_ids"], skip_special_tokens=True) == text
+    assert out["response_mask"] == [1] * len(out["response_ids"])
+    expected = grace.compute_score("nq", text, GOLD, {})
+    assert score == pytest.approx(expected["score"], abs=1e-6)
+    assert score == pytest.approx(0.5 + 1.0 + 2.0 * 1.0 + 3.0 * 1.0, abs=1e-6)  # format, path, alpha*R_e + beta*R_a
