@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from transformers import StoppingCriteria
 from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
@@ -154,6 +155,24 @@ class ScriptedBackend(_OwnRoutingClient):
         return TokenOutput(token_ids=token_ids, log_probs=log_probs, stop_reason="completed")
 
 
+class _GeneratedTextStop(StoppingCriteria):
+    """A transformers stopping criterion: stop once the generated text contains a stop string."""
+
+    def __init__(self, tokenizer, stops: list[str], prompt_length: int) -> None:
+        self.tokenizer = tokenizer
+        self.stops = stops
+        self.prompt_length = prompt_length
+        self.window = max(len(s) for s in stops) + 1
+
+    def __call__(self, input_ids, scores, **kwargs):
+        import torch
+
+        generated = input_ids[0, self.prompt_length :].tolist()
+        tail = self.tokenizer.decode(generated[-self.window :], skip_special_tokens=False)
+        done = any(s in tail for s in self.stops)
+        return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
+
+
 class HFGenerationBackend(_OwnRoutingClient):
     """A local Hugging Face causal LM behind verl's server-manager interface.
 
@@ -198,10 +217,12 @@ class HFGenerationBackend(_OwnRoutingClient):
         }
         if temperature > 0:
             generate_kwargs.update(temperature=temperature, top_p=top_p, top_k=int(top_k) if top_k and top_k > 0 else 0)
-        if stops:
-            generate_kwargs.update(stop_strings=stops, tokenizer=self.tokenizer)
         device = next(self.model.parameters()).device
         input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
+        if stops:
+            # HF's own stop_strings also match across the prompt boundary; vLLM (whose behaviour the
+            # loops expect) only looks at generated text, hence a criterion on the generated part.
+            generate_kwargs["stopping_criteria"] = [_GeneratedTextStop(self.tokenizer, stops, input_ids.shape[1])]
         with self._lock, torch.no_grad():
             if self.seed is not None:
                 torch.manual_seed(self.seed + len(prompt_ids))

@@ -1,0 +1,191 @@
+"""Generation backends behind verl's LLMServerClient interface."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+from rollout_helpers import make_row, run_worker, unpad, with_settings
+
+from verl_evidence.backends import HFGenerationBackend, OpenAIBackend, ScriptedBackend
+
+
+def generate(backend, prompt_ids, **params):
+    return asyncio.run(backend.generate("r", prompt_ids=prompt_ids, sampling_params=params))
+
+
+def test_scripted_backend_honours_stops_and_limits(tokenizer):
+    text = "<think> a </think><search> q </search> tail"
+    out = generate(ScriptedBackend(tokenizer, turns=[text]), [1, 2], stop=["</search>"])
+    assert tokenizer.decode(out.token_ids) == "<think> a </think><search> q </search>"
+    out = generate(ScriptedBackend(tokenizer, turns=[text]), [1, 2])
+    assert out.token_ids[-1] == tokenizer.eos_token_id  # ran to the end: the model ends its turn
+    out = generate(ScriptedBackend(tokenizer, turns=[text]), [1, 2], max_tokens=3)
+    assert len(out.token_ids) == 3
+    stop_id = tokenizer.encode(text, add_special_tokens=False)[2]
+    out = generate(ScriptedBackend(tokenizer, turns=[text]), [1, 2], stop_token_ids=[stop_id])
+    assert out.token_ids[-1] == stop_id and len(out.token_ids) == 3
+    with pytest.raises(RuntimeError, match="ran out"):
+        generate(ScriptedBackend(tokenizer, turns=[]), [1])
+
+
+@pytest.fixture(scope="module")
+def hf_backend(model_dir):
+    return HFGenerationBackend.from_pretrained(model_dir, device="cpu", dtype="float32")
+
+
+def test_hf_backend_greedy_limits_logprobs_and_stop_strings(hf_backend, tokenizer):
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Who wrote the report?"}], add_generation_prompt=True)
+    prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+    free = generate(hf_backend, prompt, temperature=0, max_tokens=24, logprobs=True, ignore_eos=True)
+    again = generate(hf_backend, prompt, temperature=0, max_tokens=24, logprobs=True, ignore_eos=True)
+    assert free.token_ids == again.token_ids and len(free.token_ids) == 24
+    assert len(free.log_probs) == 24 and all(lp <= 0.0 for lp in free.log_probs)
+    # a stop string the model will produce: the text of its own tokens 5..7; output ends at token 7
+    stop = tokenizer.decode(free.token_ids[5:8])
+    first_hit = next(i for i in range(1, 25) if stop in tokenizer.decode(free.token_ids[:i]))
+    cut = generate(hf_backend, prompt, temperature=0, max_tokens=24, stop=[stop], ignore_eos=True)
+    assert cut.token_ids == free.token_ids[:first_hit]
+    sampled = generate(hf_backend, prompt, temperature=1.0, top_p=0.9, top_k=20, max_tokens=8, ignore_eos=True)
+    assert len(sampled.token_ids) == 8
+
+
+def test_hf_backend_drives_a_full_search_rollout(base_config, search_url, hf_backend, tokenizer):
+    config = with_settings(
+        base_config,
+        {"actor_rollout_ref.rollout.custom": {"evidence_search": {
+            "retrieval_url": search_url, "max_turns": 2, "max_tokens_per_turn": 24}}},
+    )
+    hf_backend.calls.clear()
+    hf_backend.record_calls = True
+    out = unpad(run_worker(config, hf_backend, [make_row("Which river is the longest in Africa?", "evidence_search")]))
+    hf_backend.record_calls = False
+    calls = hf_backend.calls
+    assert 1 <= len(calls) <= 2
+    assert calls[0]["prompt_ids"] == out["prompt_ids"]
+    assert calls[0]["sampling_params"]["max_tokens"] == 24
+    assert out["response_ids"] and out["response_mask"][0] == 1
+    if len(calls) == 2:  # the random model took an action or got a correction; the second turn saw all of it
+        context = calls[1]["prompt_ids"][len(out["prompt_ids"]) :]
+        assert out["response_ids"][: len(context)] == context
+        assert 0 in out["response_mask"][: len(context)]
+    assert out["extra"]["termination"] in {"answer", "max_turns", "response_length"}
+
+
+# -- OpenAI-compatible endpoint -------------------------------------------------------------
+
+
+class _OpenAICompatibleServer:
+    """vLLM's OpenAI protocol (completions with token-id prompts and ``return_token_ids``, chat
+    completions), served by uvicorn on 127.0.0.1 over a scripted model — the GPU engine stand-in."""
+
+    def __init__(self, tokenizer, return_token_ids: bool = True) -> None:
+        import uvicorn
+        from fastapi import FastAPI
+
+        from retrieval_server.launch import free_port
+
+        app = FastAPI()
+        self.requests: list[dict] = []
+        self.chat_reply = "<reason> r </reason><extract> The Nile is the longest river. </extract> more"
+
+        def cut(text: str, body: dict) -> tuple[str, str | None]:
+            for stop in body.get("stop") or []:
+                if stop in text:
+                    keep = text.index(stop) + (len(stop) if body.get("include_stop_str_in_output") else 0)
+                    return text[:keep], stop
+            return text, None
+
+        @app.post("/v1/completions")
+        async def completions(body: dict):
+            self.requests.append(body)
+            text, stop = cut("<answer> Nile </answer> after", body)
+            choice = {"index": 0, "text": text, "finish_reason": "stop", "stop_reason": stop, "logprobs": None}
+            if return_token_ids:
+                choice["token_ids"] = tokenizer.encode(text, add_special_tokens=False)
+            return {"id": "c", "object": "text_completion", "created": 0, "model": body["model"], "choices": [choice]}
+
+        @app.post("/v1/chat/completions")
+        async def chat(body: dict):
+            self.requests.append(body)
+            text, _ = cut(self.chat_reply, body)
+            message = {"role": "assistant", "content": text}
+            return {"id": "c", "object": "chat.completion", "created": 0, "model": body["model"],
+                    "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture
+def openai_server(tokenizer):
+    server = _OpenAICompatibleServer(tokenizer)
+    yield server
+    server.stop()
+
+
+def test_openai_backend_token_ids_and_request_body(openai_server, tokenizer):
+    backend = OpenAIBackend(openai_server.url, "policy", tokenizer=tokenizer)
+    out = generate(backend, [5, 6, 7], stop=["</answer>"], max_tokens=32, temperature=0.0, top_k=-1)
+    assert tokenizer.decode(out.token_ids) == "<answer> Nile </answer>"
+    body = openai_server.requests[-1]
+    assert body["prompt"] == [5, 6, 7] and body["max_tokens"] == 32 and body["stop"] == ["</answer>"]
+    assert body["include_stop_str_in_output"] is True and body["return_token_ids"] is True
+    assert "top_k" not in body
+
+
+def test_openai_backend_reencodes_when_the_server_sends_no_token_ids(tokenizer):
+    server = _OpenAICompatibleServer(tokenizer, return_token_ids=False)
+    try:
+        out = generate(OpenAIBackend(server.url, "policy", tokenizer=tokenizer), [5], stop=["</answer>"])
+        assert out.token_ids == tokenizer.encode("<answer> Nile </answer>", add_special_tokens=False)
+        with pytest.raises(ValueError, match="did not return token ids"):
+            generate(OpenAIBackend(server.url, "policy"), [5])
+    finally:
+        server.stop()
+
+
+def test_search_loop_with_external_openai_extractor(base_config, search_url, openai_server, tokenizer):
+    config = with_settings(
+        base_config,
+        {"actor_rollout_ref.rollout.custom": {"evidence_search": {
+            "retrieval_url": search_url, "extractor": "openai",
+            "extractor_url": openai_server.url, "extractor_model": "extractor-7b"}}},
+    )
+    turns = ["<think> look it up </think><search> longest river in Africa </search>", "<answer> Nile </answer>"]
+    out = unpad(run_worker(config, ScriptedBackend(tokenizer, turns=turns), [make_row("Longest river?", "evidence_search")]))
+    context = tokenizer.decode([t for t, m in zip(out["response_ids"], out["response_mask"], strict=True) if m == 0])
+    assert context == "\n\n<information><evidence>The Nile is the longest river.</evidence></information>\n\n"
+    chat = openai_server.requests[-1]
+    assert chat["model"] == "extractor-7b" and chat["stop"] == ["</extract>"]
+    prompt = chat["messages"][0]["content"]
+    assert "Query: longest river in Africa" in prompt and "Latest thought: look it up" in prompt and "(Title: " in prompt
+    assert out["extra"]["raw_context_tokens"] > out["extra"]["context_tokens"]
+
+
+def test_search_loop_survives_a_dead_extractor_endpoint(base_config, search_url, tokenizer):
+    from retrieval_server.launch import free_port
+
+    config = with_settings(
+        base_config,
+        {"actor_rollout_ref.rollout.custom": {"evidence_search": {
+            "retrieval_url": search_url, "extractor": "openai",
+            "extractor_url": f"http://127.0.0.1:{free_port()}", "extractor_model": "m"}}},
+    )
+    turns = ["<search> longest river in Africa </search>", "<answer> Nile </answer>"]
+    out = unpad(run_worker(config, ScriptedBackend(tokenizer, turns=turns), [make_row("Longest river?", "evidence_search")]))
+    assert out["extra"]["extractor_failures"] == 1
+    assert out["extra"]["termination"] == "answer"
+    context = tokenizer.decode([t for t, m in zip(out["response_ids"], out["response_mask"], strict=True) if m == 0])
+    assert "Doc 1 (Title: " in context  # raw passages kept
