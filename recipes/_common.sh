@@ -133,6 +133,28 @@ ve_common_overrides() {
   )
 }
 
+# Search rollout: the text-tag `evidence_search` loop (default) or, with
+# ROLLOUT_PRESET=tool_agent, verl's native function-calling loop with the search tool preset.
+ve_search_overrides() {
+  local turns=$((${MAX_SEARCHES:?} + 1))
+  if [ "${ROLLOUT_PRESET:-search}" = tool_agent ]; then
+    # shellcheck disable=SC2034  # read by the recipe after this call
+    SEARCH_ARGS=(
+      rollout_preset=tool_agent
+      actor_rollout_ref.rollout.multi_turn.tool_config_path="$VE_PRESETS/search_tool.yaml"
+      actor_rollout_ref.rollout.multi_turn.max_assistant_turns="$turns"
+    )
+  else
+    # shellcheck disable=SC2034
+    SEARCH_ARGS=(
+      rollout_preset="${ROLLOUT_PRESET:-search}"
+      ++actor_rollout_ref.rollout.custom.evidence_search.retrieval_url="$RETRIEVAL_URL"
+      ++actor_rollout_ref.rollout.custom.evidence_search.topk="${TOPK:?}"
+      ++actor_rollout_ref.rollout.custom.evidence_search.max_turns="$turns"
+    )
+  fi
+}
+
 # Print the trainer command; run it unless --dry-run. Hydra overrides come last so they win.
 ve_run() {
   local cmd=("$VE_PYTHON" -m verl.trainer.main_ppo "$@" "${EXTRA_ARGS[@]}")

@@ -17,6 +17,7 @@ NLI_MODEL="${NLI_MODEL:-typeform/distilbert-base-uncased-mnli}"; NLI_NUM_GPUS="$
 
 ve_retrieval_server
 ve_common_overrides
+ve_search_overrides
 ve_run --config-path="$VE_PRESETS" --config-name="${PRESET:-evinote_grpo}" "${COMMON_ARGS[@]}" \
   algorithm.adv_estimator=grpo algorithm.use_kl_in_reward=false \
   data.train_batch_size="$BATCH" data.max_prompt_length="$PROMPT_LEN" data.max_response_length="$RESPONSE_LEN" \
@@ -24,8 +25,6 @@ ve_run --config-path="$VE_PRESETS" --config-name="${PRESET:-evinote_grpo}" "${CO
   actor_rollout_ref.actor.clip_ratio="$CLIP" actor_rollout_ref.actor.use_kl_loss=true \
   actor_rollout_ref.actor.kl_loss_coef="$KL_COEF" actor_rollout_ref.actor.kl_loss_type=low_var_kl \
   actor_rollout_ref.rollout.n="$GROUP_SIZE" actor_rollout_ref.rollout.temperature="$TEMPERATURE" \
-  ++actor_rollout_ref.rollout.custom.evidence_search.retrieval_url="$RETRIEVAL_URL" \
-  ++actor_rollout_ref.rollout.custom.evidence_search.topk="$TOPK" \
-  ++actor_rollout_ref.rollout.custom.evidence_search.max_turns="$((MAX_SEARCHES + 1))" \
+  "${SEARCH_ARGS[@]}" \
   ++reward.reward_kwargs.nli_model="$NLI_MODEL" ++reward.reward_kwargs.nli_num_gpus="$NLI_NUM_GPUS" \
   trainer.total_epochs="$EPOCHS"

@@ -15,6 +15,7 @@ PROMPT_LEN="${PROMPT_LEN:-1024}"; RESPONSE_LEN="${RESPONSE_LEN:-3072}"; MAX_SEAR
 
 ve_retrieval_server
 ve_common_overrides
+ve_search_overrides
 ve_run --config-path="$VE_PRESETS" --config-name="${PRESET:-search_r1_baseline}" "${COMMON_ARGS[@]}" \
   algorithm.adv_estimator=grpo algorithm.use_kl_in_reward=false \
   reward.custom_reward_function.path="$VE_RECIPES/search_r1_reward.py" \
@@ -23,7 +24,5 @@ ve_run --config-path="$VE_PRESETS" --config-name="${PRESET:-search_r1_baseline}"
   actor_rollout_ref.actor.clip_ratio="$CLIP" actor_rollout_ref.actor.use_kl_loss=true \
   actor_rollout_ref.actor.kl_loss_coef="$KL_COEF" actor_rollout_ref.actor.kl_loss_type=low_var_kl \
   actor_rollout_ref.rollout.n="$GROUP_SIZE" actor_rollout_ref.rollout.temperature="$TEMPERATURE" \
-  ++actor_rollout_ref.rollout.custom.evidence_search.retrieval_url="$RETRIEVAL_URL" \
-  ++actor_rollout_ref.rollout.custom.evidence_search.topk="$TOPK" \
-  ++actor_rollout_ref.rollout.custom.evidence_search.max_turns="$((MAX_SEARCHES + 1))" \
+  "${SEARCH_ARGS[@]}" \
   trainer.total_epochs="$EPOCHS"

