@@ -175,17 +175,25 @@ HOTPOT_ROWS = [
 # Planner turns per question; observations come from the executor side.
 PLANNER_SCRIPT = {
     "collegian": [
-        "<think>\nPlan:\n1. Find the institute that owns The Collegian.\n2. Find when that institute was founded.\n"
-        "I start with the owner.\n</think>\n<action>\nSearch(\"Which institute owns The Collegian?\")\n</action>",
-        "<think>\nThe Collegian belongs to Houston Baptist University; now its founding year.\n</think>\n"
-        "<action> Search(\"When was Houston Baptist University founded?\") </action>",
+        (
+            "<think>\nPlan:\n1. Find the institute that owns The Collegian.\n2. Find when that institute was founded.\n"
+            "I start with the owner.\n</think>\n<action>\nSearch(\"Which institute owns The Collegian?\")\n</action>"
+        ),
+        (
+            "<think>\nThe Collegian belongs to Houston Baptist University; now its founding year.\n</think>\n"
+            "<action> Search(\"When was Houston Baptist University founded?\") </action>"
+        ),
         "<think>\nHouston Baptist University was founded in 1960, which answers the question.\n</think>\n<answer> 1960 </answer>",
     ],
     "directors": [
-        "<think>\nPlan: find both directors, then both birth dates, then compare.\n</think>\n<action>\n"
-        "Search(\"Who directed Ek Paheli?\")\nSearch(\"Who directed When Father Was Away on Business?\")\n</action>",
-        "<think>\nThe directors are Naresh Kumar and Emir Kusturica; now their birth dates.\n</think>\n<action>\n"
-        "Search(\"When was Naresh Kumar born?\")\nSearch(\"When was Emir Kusturica born?\")\n</action>",
+        (
+            "<think>\nPlan: find both directors, then both birth dates, then compare.\n</think>\n<action>\n"
+            "Search(\"Who directed Ek Paheli?\")\nSearch(\"Who directed When Father Was Away on Business?\")\n</action>"
+        ),
+        (
+            "<think>\nThe directors are Naresh Kumar and Emir Kusturica; now their birth dates.\n</think>\n<action>\n"
+            "Search(\"When was Naresh Kumar born?\")\nSearch(\"When was Emir Kusturica born?\")\n</action>"
+        ),
         "<think>\nNaresh Kumar (1928) was born before Emir Kusturica (1954), so Ek Paheli.\n</think\n<answer> Ek Paheli </answer>",
     ],
     "wrong": [

@@ -63,3 +63,16 @@ def test_cosines_match_a_direct_encode(selector):
 def test_empty_golden_list(selector):
     selection = selector.select("anything", [])
     assert selection.indices == () and selection.fallback
+
+
+def test_embedding_cache_is_bounded(selector):
+    old_size = selector._cache_size
+    try:
+        selector._cache_size = 3
+        first = selector.encode(["alpha sentence", "beta sentence"])
+        selector.encode(["gamma sentence", "delta sentence"])
+        assert len(selector._cache) == 3 and "alpha sentence" not in selector._cache
+        again = selector.encode(["alpha sentence", "beta sentence"])  # re-encoded, same vectors
+        assert np.allclose(first, again, atol=1e-5)
+    finally:
+        selector._cache_size = old_size

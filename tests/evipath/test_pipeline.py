@@ -13,7 +13,6 @@ from verl_evidence.evipath.pipeline import Rejection, SynthesisConfig, Synthesiz
 from verl_evidence.evipath.teacher import ReplyCache, Teacher, TeacherConfig
 
 
-
 def _teacher_config(server, concurrency: int = 4) -> TeacherConfig:
     return TeacherConfig(
         model="scripted",

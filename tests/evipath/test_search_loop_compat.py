@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from verl_evidence.evipath.records import ReadReport, load_records
 from verl_evidence.evipath.pipeline import Synthesizer, Trajectory
+from verl_evidence.evipath.records import ReadReport, load_records
 from verl_evidence.evipath.teacher import Teacher, TeacherConfig
 from verl_evidence.evipath.writer import planner_messages
 from verl_evidence.prompts import load_prompt

@@ -7,7 +7,6 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -114,11 +113,11 @@ def print_summary(summary: RunSummary, console: Console) -> None:
 
 
 def synthesize(
-    input_path: Optional[Path] = typer.Option(None, "--input", "-i", help="Dataset file (JSON array or JSONL); omit for the bundled set."),
+    input_path: Path | None = typer.Option(None, "--input", "-i", help="Dataset file (JSON array or JSONL); omit for the bundled set."),
     fmt: str = typer.Option("bundled", "--format", "-f", help=f"Input layout: {', '.join(FORMATS)}."),
-    corpus: Optional[Path] = typer.Option(None, help="corpus.jsonl for --format bundled with --input (default: next to the input)."),
+    corpus: Path | None = typer.Option(None, help="corpus.jsonl for --format bundled with --input (default: next to the input)."),
     out: Path = typer.Option(Path("evipath_out"), "--out", "-o", help="Output directory."),
-    limit: Optional[int] = typer.Option(None, help="Use only the first N records."),
+    limit: int | None = typer.Option(None, help="Use only the first N records."),
     base_url: str = typer.Option("http://127.0.0.1:8000/v1", envvar="EVIPATH_BASE_URL", help="OpenAI-compatible endpoint."),
     model: str = typer.Option(..., envvar="EVIPATH_MODEL", help="Teacher model name as the endpoint knows it."),
     api_key: str = typer.Option("EMPTY", envvar="OPENAI_API_KEY", help="API key (vLLM accepts any)."),
@@ -127,8 +126,8 @@ def synthesize(
     timeout: float = typer.Option(120.0, help="Seconds per request."),
     temperature: float = typer.Option(0.0),
     max_tokens: int = typer.Option(1024, help="Completion tokens per teacher reply."),
-    cache: Optional[Path] = typer.Option(None, help="Reply cache (SQLite); default OUT/teacher_cache.sqlite."),
-    encoder: Optional[str] = typer.Option(None, help="Sentence-transformer for evidence selection (default: packaged MiniLM)."),
+    cache: Path | None = typer.Option(None, help="Reply cache (SQLite); default OUT/teacher_cache.sqlite."),
+    encoder: str | None = typer.Option(None, help="Sentence-transformer for evidence selection (default: packaged MiniLM)."),
     encoder_device: str = typer.Option("cpu"),
     tau: float = typer.Option(DEFAULT_TAU, help="Cosine threshold for golden evidence of a sub-question."),
     min_f1: float = typer.Option(0.8, help="Keep a trajectory if EM = 1 or F1 >= this."),

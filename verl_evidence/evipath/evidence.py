@@ -10,6 +10,7 @@ cached: a record's F^ is encoded once however many sub-questions it has.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -45,6 +46,7 @@ class EvidenceSelector:
         query_prefix: str = "",
         passage_prefix: str = "",
         batch_size: int = 32,
+        cache_size: int = 20_000,
     ):
         from sentence_transformers import SentenceTransformer
 
@@ -55,17 +57,26 @@ class EvidenceSelector:
         self.passage_prefix = passage_prefix
         self.batch_size = batch_size
         self._model = SentenceTransformer(self.model_name, device=device)
-        self._cache: dict[str, np.ndarray] = {}
+        # Bounded: a record's evidence is reused across its sub-questions, not across the dataset.
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._cache_size = max(1, cache_size)
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
-        missing = [t for t in dict.fromkeys(texts) if t not in self._cache]
+        if not texts:
+            return np.zeros((0, 1), dtype=np.float32)
+        found = {t: self._cache[t] for t in dict.fromkeys(texts) if t in self._cache}
+        missing = [t for t in dict.fromkeys(texts) if t not in found]
         if missing:
             vectors = self._model.encode(
-                list(missing), batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True
+                missing, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True
             )
-            for text, vector in zip(missing, vectors):
-                self._cache[text] = vector
-        return np.stack([self._cache[t] for t in texts]) if texts else np.zeros((0, 1), dtype=np.float32)
+            found.update(zip(missing, vectors))
+        for text, vector in found.items():
+            self._cache[text] = vector
+            self._cache.move_to_end(text)
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return np.stack([found[t] for t in texts])
 
     def scores(self, answer_sentence: str, golden: Sequence[str]) -> np.ndarray:
         answer_vec = self.encode([self.query_prefix + answer_sentence])[0]

@@ -34,7 +34,6 @@ from verl_evidence.evipath.parsing import (
     parse_answer_sentence,
     parse_executor_step,
     parse_planner_turn,
-    render_executor_step,
     render_planner_turn,
 )
 from verl_evidence.evipath.records import QARecord
