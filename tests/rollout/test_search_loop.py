@@ -243,3 +243,32 @@ def test_unknown_setting_fails_with_its_name(base_config, search_url, tokenizer)
     # hydra wraps the loop's TypeError in an InstantiationException; the message names the key
     with pytest.raises(Exception, match=r"unknown setting\(s\) \['max_turn'\]"):
         run_worker(config, backend, [make_row(QUESTION, "evidence_search")])
+
+
+def test_packaged_agent_loop_config_variants_reach_the_loop(base_config, search_url, tokenizer):
+    from pathlib import Path
+
+    import verl_evidence
+
+    path = Path(verl_evidence.__file__).parent / "configs" / "agent_loops.yaml"
+    config = with_settings(search_config(base_config, search_url), {"actor_rollout_ref.rollout.agent.agent_loop_config_path": str(path)})
+    policy_turns = iter([SEARCH_TURN, "<answer> Nile </answer>"])
+
+    def responder(prompt: str) -> str:
+        if "You help a search agent" in prompt:
+            return "<extract> The Nile is the longest river. </extract>"
+        return next(policy_turns)
+
+    backend = ScriptedBackend(tokenizer, responder=responder)
+    try:
+        out = unpad(run_worker(config, backend, [make_row(QUESTION, "evidence_search_extract")]))
+    finally:
+        import verl_evidence.agent_loops as loops
+        from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+        for name in ("evidence_search", "evidence_search_extract", "eviomni"):
+            _agent_loop_registry.pop(name, None)
+        loops.register_all()
+    # extractor: policy (from the YAML) ran, topk: 5 (from the YAML) reached the search
+    assert len(out["extra"]["retrieved_ids"][0]) == 5
+    assert "<evidence>The Nile is the longest river.</evidence>" in tokenizer.decode(out["response_ids"])

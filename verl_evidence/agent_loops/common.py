@@ -28,6 +28,8 @@ def resolve_settings(settings_cls: type, rollout_config: Any, loop_name: str, ov
         if section:
             merged.update(OmegaConf.to_container(section, resolve=True) if isinstance(section, DictConfig) else section)
     for key, value in overrides.items():
+        if key == "name":  # verl passes an agent_loop_config_path entry whole, its `name` included
+            continue
         merged[key] = OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value
     known = {f.name for f in dataclasses.fields(settings_cls)}
     unknown = sorted(set(merged) - known)
