@@ -154,6 +154,8 @@ def demo_command(
     trajectories: Path = typer.Option(None, help="replay these trajectories instead of the bundled ones"),
     qa: Path = typer.Option(None, help="QA set (FlashRAG JSONL with gold annotations) instead of the bundled one"),
     nli_model: str = typer.Option(None, help="NLI judge for EviNote's EQR (default: a tiny RANDOM model, flagged)"),
+    max_response_tokens: int = typer.Option(4096, help="token budget of one trajectory (all turns and observations)"),
+    max_turn_tokens: int = typer.Option(512, help="token budget of one search-loop generation"),
     retrieval_url: str = typer.Option(None, help="use this retrieval server instead of starting the embedded one"),
     out: Path = typer.Option(Path("outputs/demo"), help="where report.md, the PNGs and results.jsonl go"),
     quick: bool = typer.Option(False, help=f"CI size: {QUICK_PER_CASE} trajectory per (rollout, case), 2 questions for a model"),
@@ -190,7 +192,10 @@ def demo_command(
     if cache_path.exists():
         cache_path.unlink()  # a demo shows a fresh run; `verl-evidence eval` is the resumable one
 
-    with open_session(out / "work", tokenizer_dir=tokenizer, retrieval_url=retrieval_url, nli_model=nli_model) as session:
+    with open_session(
+        out / "work", tokenizer_dir=tokenizer, retrieval_url=retrieval_url, nli_model=nli_model,
+        response_length=max_response_tokens, max_tokens_per_turn=max_turn_tokens,
+    ) as session:
         console.print(f"retrieval server ready at {session.retrieval_url} ({time.monotonic() - started:.0f}s)")
         if policy.kind == "replay":
             limit = QUICK_PER_CASE if quick and per_case is None else per_case

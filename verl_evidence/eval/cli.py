@@ -59,6 +59,8 @@ def eval_command(
     tokenizer: Path = typer.Option(None, help="policy tokenizer dir (default: --model, or the offline test tokenizer)"),
     retrieval_url: str = typer.Option(None, help="retrieval server; default: start the embedded one"),
     nli_model: str = typer.Option(None, help="NLI judge for EviNote's EQR (default: a tiny RANDOM model, flagged)"),
+    max_response_tokens: int = typer.Option(4096, help="token budget of one trajectory (all turns and observations)"),
+    max_turn_tokens: int = typer.Option(512, help="token budget of one search-loop generation"),
     nli_device: str = typer.Option("cpu", help="device of the NLI judge"),
     out: Path = typer.Option(Path("outputs/eval"), help="report, plots and results cache go here"),
     limit: int = typer.Option(None, help="only the first N questions (bundled) or rows (--data)"),
@@ -99,7 +101,8 @@ def eval_command(
     cache = ResultsCache(cache_path)
 
     with open_session(
-        out / "work", tokenizer_dir=tokenizer, retrieval_url=retrieval_url, nli_model=nli_model, nli_device=nli_device
+        out / "work", tokenizer_dir=tokenizer, retrieval_url=retrieval_url, nli_model=nli_model, nli_device=nli_device,
+        response_length=max_response_tokens, max_tokens_per_turn=max_turn_tokens,
     ) as session:
         if policy.kind == "replay":
             examples = replay.replay_examples(

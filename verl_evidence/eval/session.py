@@ -60,7 +60,14 @@ class EvalSession:
     notes: list[str] = field(default_factory=list)
 
 
-def _set_loop_settings(config: DictConfig, retrieval_url: str, search_topk: int, max_turns: int) -> None:
+def _set_loop_settings(
+    config: DictConfig,
+    retrieval_url: str,
+    search_topk: int,
+    max_turns: int,
+    response_length: int,
+    max_tokens_per_turn: int,
+) -> None:
     """Point both agent loops at the server (``actor_rollout_ref.rollout.custom.<loop>``)."""
     with open_dict(config):
         rollout = config.actor_rollout_ref.rollout
@@ -71,13 +78,14 @@ def _set_loop_settings(config: DictConfig, retrieval_url: str, search_topk: int,
             "retrieval_url": retrieval_url,
             "topk": search_topk,
             "max_turns": max_turns,
+            "max_tokens_per_turn": max_tokens_per_turn,
         }
         custom["eviomni"] = {**custom.get("eviomni", {}), "retrieval_url": retrieval_url}
         rollout.custom = OmegaConf.create(custom)
         # Room for passages in the prompt and several search turns with their <information> blocks
         # (the trainer's defaults, 512 each, would truncate them).
         rollout.prompt_length = max(int(rollout.prompt_length), 8192)
-        rollout.response_length = max(int(rollout.response_length), 8192)
+        rollout.response_length = int(response_length)
 
 
 @contextmanager
@@ -90,6 +98,8 @@ def open_session(
     nli_device: str = "cpu",
     search_topk: int = 3,
     max_turns: int = 4,
+    response_length: int = 4096,
+    max_tokens_per_turn: int = 512,
     score: bool = True,
     config_overrides: Sequence[str] = (),
     managers: Mapping[str, tuple[str, Mapping[str, Any]]] | None = None,
@@ -100,6 +110,8 @@ def open_session(
     replayed texts); ``retrieval_url`` None starts the embedded default
     server (bundled corpus, packaged MiniLM) on 127.0.0.1; ``nli_model`` None
     builds a tiny random NLI judge and adds :data:`RANDOM_JUDGE_NOTE` to the notes.
+    ``response_length`` caps a whole trajectory (all turns and observations),
+    ``max_tokens_per_turn`` one generation of the search loop.
     """
     import verl_evidence.plugin  # noqa: F401  (registers the agent loops and reward managers in this process)
     from transformers import AutoTokenizer
@@ -129,7 +141,7 @@ def open_session(
         notes.append(f"Retrieval: server at {retrieval_url}.")
     try:
         config = compose_trainer_config(tokenizer_dir, config_overrides)
-        _set_loop_settings(config, retrieval_url, search_topk, max_turns)
+        _set_loop_settings(config, retrieval_url, search_topk, max_turns, response_length, max_tokens_per_turn)
         scorer = None
         if score:
             scorer = RewardScorer(tokenizer_dir, managers or reward_managers(nli_model, nli_device), base_config=config)
