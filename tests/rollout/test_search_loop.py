@@ -84,13 +84,16 @@ def test_observation_truncated_to_token_budget(base_config, search_url, tokenize
     assert out["extra"]["raw_context_tokens"] > 12
 
 
-def test_invalid_action_gets_masked_correction(base_config, search_url, tokenizer):
-    turns = ["I am not sure what to do.", SEARCH_TURN, "<answer> Nile </answer>"]
+@pytest.mark.parametrize("invalid", ["I am not sure what to do.", "<search>  </search>"])
+def test_invalid_action_gets_masked_correction(base_config, search_url, tokenizer, invalid):
+    turns = [invalid, SEARCH_TURN, "<answer> Nile </answer>"]
     backend = ScriptedBackend(tokenizer, turns=turns)
     out = unpad(run_worker(search_config(base_config, search_url), backend, [make_row(QUESTION, "evidence_search")]))
     runs = segments(out["response_ids"], out["response_mask"])
     assert [m for m, _ in runs] == [1, 0, 1, 0, 1]
-    assert runs[0][1] == tokenizer.encode(turns[0], add_special_tokens=False) + [tokenizer.eos_token_id]
+    ends_with_eos = "</search>" not in invalid  # a stop string ends the turn before EOS
+    expected = tokenizer.encode(invalid, add_special_tokens=False) + ([tokenizer.eos_token_id] if ends_with_eos else [])
+    assert runs[0][1] == expected
     assert "That was not a valid action" in tokenizer.decode(runs[1][1])
     assert "<information>" in tokenizer.decode(runs[3][1])
     assert out["extra"]["invalid_actions"] == 1

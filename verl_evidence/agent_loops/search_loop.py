@@ -301,6 +301,8 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
             if action is not None and action[0] == "answer":
                 termination = "answer"
                 break
+            if action is not None and action[0] == "search" and not action[1]:
+                action = None  # an empty query is not a search: correct it like any invalid action
             if action is not None and action[0] == "search" and not last_turn:
                 query = action[1]
                 searches.append(query)
