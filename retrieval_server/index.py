@@ -30,6 +30,7 @@ DOCSTORE = "docstore.arrow"
 DENSE_INDEX = "dense.faiss"
 BM25_DIR = "bm25"
 SHARDS_DIR = "shards"
+BM25_TOKENIZER_VOCAB = "vocab.tokenizer.json"
 MANIFEST_VERSION = 1
 
 
@@ -161,6 +162,7 @@ def build_bm25(config: BuildConfig) -> None:
     tmp = config.output_dir / (BM25_DIR + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     retriever.save(str(tmp), show_progress=False)
+    tokenizer.save_vocab(str(tmp), vocab_name=BM25_TOKENIZER_VOCAB)  # queries must be split with this vocabulary
     final = config.output_dir / BM25_DIR
     shutil.rmtree(final, ignore_errors=True)
     tmp.replace(final)
@@ -198,6 +200,8 @@ def _build_index_locked(config: BuildConfig, encoder, show_progress: bool) -> di
             and existing.get("index", {}).get("factory") == config.index_factory
             and EncoderConfig(**{k: existing["encoder"][k] for k in EncoderConfig.model_fields}) == config.encoder
             and (existing.get("bm25") is not None) >= config.bm25
+            and (not config.bm25 or (config.output_dir / BM25_DIR / BM25_TOKENIZER_VOCAB).exists())
+            and all((config.output_dir / name).exists() for name in (DOCSTORE, DENSE_INDEX))
         ):
             logger.info("index in %s is up to date", config.output_dir)
             return existing
@@ -222,7 +226,7 @@ def _build_index_locked(config: BuildConfig, encoder, show_progress: bool) -> di
         "dim": dim,
         "index": {"factory": config.index_factory, "metric": "inner_product", "file": DENSE_INDEX, "ntotal": int(index.ntotal)},
         "docstore": DOCSTORE,
-        "bm25": {"dir": BM25_DIR, "tokenizer": "bm25s.Tokenizer(stopwords=en)"} if config.bm25 else None,
+        "bm25": {"dir": BM25_DIR, "tokenizer": "bm25s.Tokenizer(stopwords=en)", "tokenizer_vocab": BM25_TOKENIZER_VOCAB} if config.bm25 else None,
         "shards": {"dir": SHARDS_DIR, "shard_size": config.shard_size, "count": len(shard_paths)},
         "build_seconds": round(time.time() - started, 2),
     }

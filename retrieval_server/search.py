@@ -53,12 +53,16 @@ class BM25Searcher:
         import bm25s
         from bm25s.tokenization import Tokenizer
 
+        from retrieval_server.index import BM25_TOKENIZER_VOCAB
+
         self.retriever = bm25s.BM25.load(str(bm25_dir), mmap=True, show_progress=False)
         self.tokenizer = Tokenizer(stopwords="en")
+        self.tokenizer.load_vocab(str(bm25_dir), vocab_name=BM25_TOKENIZER_VOCAB)
         self.vocab = self.retriever.vocab_dict
         self.ntotal = int(self.retriever.scores["num_docs"])
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        # update_vocab=False: the corpus vocabulary stays fixed, so a long-running server does not grow it.
         tokens = self.tokenizer.tokenize(queries, update_vocab=False, return_as="string", show_progress=False)
         # Words the corpus never uses carry no BM25 signal; dropping them keeps bm25s from failing on them.
         tokens = [[t for t in query if t in self.vocab] for query in tokens]
