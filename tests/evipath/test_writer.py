@@ -96,3 +96,15 @@ def test_executor_rows_hold_the_shuffled_pool(kept, tmp_path):
     assert "Golden evidence" not in first[1]["content"] and "Answer:" not in first[1]["content"]
     assert "<select>[" in first[2]["content"] and first[2]["content"].rstrip().endswith("</answer>")
     assert all(r["data_source"] == "evipath_hotpotqa" for r in rows)
+
+
+def test_validation_split_keeps_a_question_on_one_side(kept, tmp_path):
+    outputs = write_outputs(kept, tmp_path, val_fraction=0.5)
+    train = pq.read_table(outputs["train"]).to_pylist()
+    val = pq.read_table(outputs["val"]).to_pylist()
+    assert len(train) + len(val) == 8 and train and val
+    assert not {r["id"] for r in train} & {r["id"] for r in val}
+    assert {r["kind"] for r in val} == {"planner", "executor"}
+    assert "val" not in write_outputs(kept, tmp_path / "no_val")
+    with pytest.raises(ValueError, match="val_fraction"):
+        write_outputs(kept, tmp_path / "bad", val_fraction=1.0)

@@ -40,6 +40,7 @@ async def run_synthesis(
     planner_format: str = "paper",
     console: Console | None = None,
     read_report: ReadReport | None = None,
+    val_fraction: float = 0.0,
 ) -> RunSummary:
     """Synthesize, filter and write; the cache makes a re-run after an interruption cheap."""
     config = config or SynthesisConfig()
@@ -75,7 +76,9 @@ async def run_synthesis(
     finally:
         await teacher.close()
         cache.close()
-    outputs = write_outputs(results, out_dir, planner_format=planner_format, seed=config.seed)
+    outputs = write_outputs(
+        results, out_dir, planner_format=planner_format, seed=config.seed, val_fraction=val_fraction
+    )
     usage = teacher.usage
     teacher_summary = {
         "model": teacher_config.model,
@@ -139,12 +142,15 @@ def synthesize(
     executor_synth_prompt: str = typer.Option("evipath_executor_synth", help="Prompt name or file."),
     prompt_cost_per_1k: float = typer.Option(0.0, help="Cost per 1k prompt tokens (reporting only)."),
     completion_cost_per_1k: float = typer.Option(0.0, help="Cost per 1k completion tokens (reporting only)."),
+    val_fraction: float = typer.Option(0.0, help="Share of kept trajectories written to val.parquet instead of train."),
     seed: int = typer.Option(0),
 ) -> None:
     """Synthesize planner/executor trajectories with a teacher and write SFT parquet."""
     console = Console(stderr=True)
     if fmt not in FORMATS:
         raise typer.BadParameter(f"choose one of {', '.join(FORMATS)}", param_hint="--format")
+    if not 0.0 <= val_fraction < 1.0:
+        raise typer.BadParameter("must be in [0, 1)", param_hint="--val-fraction")
     if planner_format not in PLANNER_FORMATS:
         raise typer.BadParameter(f"choose one of {', '.join(PLANNER_FORMATS)}", param_hint="--planner-format")
     read_report = ReadReport()
@@ -182,6 +188,7 @@ def synthesize(
             planner_format=planner_format,
             console=console,
             read_report=read_report,
+            val_fraction=val_fraction,
         )
     )
     print_summary(summary, console)

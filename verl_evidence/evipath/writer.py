@@ -125,11 +125,20 @@ def write_outputs(
     planner_prompt: str | None = None,
     executor_prompt: str | None = None,
     seed: int = 0,
+    val_fraction: float = 0.0,
 ) -> dict[str, Path]:
-    """planner.parquet, executor.parquet, train.parquet (both, shuffled), trajectories.jsonl, rejections.jsonl."""
+    """planner.parquet, executor.parquet, train.parquet (both, shuffled), trajectories.jsonl, rejections.jsonl.
+
+    With ``val_fraction > 0`` a share of the kept trajectories (whole trajectories, so a
+    question's planner and executor rows stay on one side) goes to val.parquet instead of
+    train.parquet; planner/executor.parquet always hold everything.
+    """
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     planner_rows, executor_rows = [], []
+    by_record: dict[str, list[dict]] = {}
     with (out_dir / "trajectories.jsonl").open("w", encoding="utf-8") as kept, (
         out_dir / "rejections.jsonl"
     ).open("w", encoding="utf-8") as rejected:
@@ -139,18 +148,29 @@ def write_outputs(
                     json.dumps({"id": result.record.id, "reason": result.reason, "detail": result.detail}) + "\n"
                 )
                 continue
-            planner_rows.append(_row(result, "planner", planner_messages(result, planner_format, planner_prompt)))
-            executor_rows.extend(_row(result, "executor", m) for m in executor_examples(result, executor_prompt))
+            planner_row = _row(result, "planner", planner_messages(result, planner_format, planner_prompt))
+            executor_part = [_row(result, "executor", m) for m in executor_examples(result, executor_prompt)]
+            planner_rows.append(planner_row)
+            executor_rows.extend(executor_part)
+            by_record.setdefault(result.record.id, []).extend([planner_row, *executor_part])
             kept.write(json.dumps(_trajectory_json(result), ensure_ascii=False) + "\n")
-    train_rows = planner_rows + executor_rows
-    random.Random(seed).shuffle(train_rows)
-    return {
+    rng = random.Random(seed)
+    record_ids = sorted(by_record)
+    rng.shuffle(record_ids)
+    n_val = int(round(len(record_ids) * val_fraction))
+    val_rows = [row for rid in record_ids[:n_val] for row in by_record[rid]]
+    train_rows = [row for rid in record_ids[n_val:] for row in by_record[rid]]
+    rng.shuffle(train_rows)
+    outputs = {
         "planner": write_parquet(planner_rows, out_dir / "planner.parquet"),
         "executor": write_parquet(executor_rows, out_dir / "executor.parquet"),
         "train": write_parquet(train_rows, out_dir / "train.parquet"),
         "trajectories": out_dir / "trajectories.jsonl",
         "rejections": out_dir / "rejections.jsonl",
     }
+    if val_fraction > 0:
+        outputs["val"] = write_parquet(val_rows, out_dir / "val.parquet")
+    return outputs
 
 
 def _trajectory_json(trajectory: Trajectory) -> dict:
