@@ -6,7 +6,7 @@ Row layout (what ``verl.utils.dataset.rl_dataset.RLHFDataset`` reads):
 ``extra_info = {index, split, id, question, method, agent_name, ...}`` with
 ``tools_kwargs``/``need_tools_kwargs`` for the searching methods,
 ``passages`` ([{id, contents}])/``eviomni_len_p`` for EviOmni/LEAR and
-``retriever``/``passage_ids``/``answerable`` for GRACE.
+``retriever``/``passage_ids``/``answerable``/``validate`` for GRACE.
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ METHODS: dict[str, MethodSpec] = {
     "grace": MethodSpec("single_turn_agent", "grounded-qa", searches=False),
 }
 SEARCH_TOOL_NAME = "search"
+# Rows of these splits carry extra_info.validate=true: GRACE's scoring function then uses its
+# validation weights (alpha = beta = 1) even when called through verl's DAPO manager.
+VALIDATION_SPLITS = frozenset({"val", "validation", "dev", "test"})
 
 
 def method_spec(method: str) -> MethodSpec:
@@ -126,6 +129,7 @@ def grace_rows(examples: Sequence[GraceExample], corpus: dict[str, str], templat
             retriever=example.retriever,
             passage_ids=list(example.passage_ids),
             answerable=example.answerable,
+            validate=split.lower() in VALIDATION_SPLITS,
         )
         rows.append(row)
     return rows
