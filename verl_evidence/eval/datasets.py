@@ -58,12 +58,14 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
 
 
 def examples_from_rows(rows: Iterable[dict[str, Any]]) -> list[EvalExample]:
-    """One example per row, ids ``<rollout>/<extra_info.id>`` (numbered when a question repeats)."""
+    """One example per row, ids ``<rollout>/<extra_info.id>[@<retriever>]`` (numbered when one still repeats)."""
     examples = []
     seen: Counter[str] = Counter()
     for index, row in enumerate(rows):
         extra = row.get("extra_info") or {}
         base = f"{rollout_kind(row)}/{extra.get('id', index)}"
+        if extra.get("retriever"):  # GRACE: one context per retriever for the same question
+            base += f"@{extra['retriever']}"
         seen[base] += 1
         example_id = base if seen[base] == 1 else f"{base}#{seen[base]}"
         examples.append(EvalExample(example_id=example_id, row=row))
