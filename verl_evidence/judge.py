@@ -130,21 +130,25 @@ class NLIJudge:
         ``only_first``; such pairs alone fall back to ``longest_first``.
         """
         try:
-            features = self.tokenizer(premises, hypotheses, truncation="only_first", max_length=self.max_length)
-        except Exception:
-            rows = []
-            for premise, hypothesis in zip(premises, hypotheses):
-                try:
-                    row = self.tokenizer(premise, hypothesis, truncation="only_first", max_length=self.max_length)
-                except Exception:
-                    logger.warning(
-                        "NLI hypothesis longer than max_length=%d; truncating both sides", self.max_length
-                    )
-                    row = self.tokenizer(premise, hypothesis, truncation="longest_first", max_length=self.max_length)
-                rows.append(dict(row))
-            features = {key: [row[key] for row in rows] for key in rows[0]}
-        as_rows = [{key: features[key][i] for key in features} for i in range(len(premises))]
-        return self.tokenizer.pad(as_rows, padding=True, return_tensors="pt")
+            return self.tokenizer(
+                premises,
+                hypotheses,
+                truncation="only_first",
+                max_length=self.max_length,
+                padding=True,
+                return_tensors="pt",
+            )
+        except Exception:  # some hypothesis alone exceeds max_length: handle the pairs one by one
+            pass
+        rows = []
+        for premise, hypothesis in zip(premises, hypotheses):
+            try:
+                row = self.tokenizer(premise, hypothesis, truncation="only_first", max_length=self.max_length)
+            except Exception:
+                logger.warning("NLI hypothesis longer than max_length=%d; truncating both sides", self.max_length)
+                row = self.tokenizer(premise, hypothesis, truncation="longest_first", max_length=self.max_length)
+            rows.append(dict(row))
+        return self.tokenizer.pad(rows, padding=True, return_tensors="pt")
 
     def entailment_probs(self, premises: Sequence[str], hypotheses: Sequence[str]) -> list[float]:
         """P(entailment | premise, hypothesis) for each pair, in input order."""
@@ -153,15 +157,17 @@ class NLIJudge:
         premises, hypotheses = [str(p) for p in premises], [str(h) for h in hypotheses]
         if len(premises) != len(hypotheses):
             raise ValueError(f"got {len(premises)} premises but {len(hypotheses)} hypotheses")
-        probabilities: list[float] = []
+        # Batches of similar length waste less compute on padding; results go back in input order.
+        order = sorted(range(len(premises)), key=lambda i: len(premises[i]) + len(hypotheses[i]))
+        probabilities = [0.0] * len(premises)
         with self._lock, torch.inference_mode():
-            for start in range(0, len(premises), self.batch_size):
-                encoded = self._encode(
-                    premises[start : start + self.batch_size], hypotheses[start : start + self.batch_size]
-                )
+            for start in range(0, len(order), self.batch_size):
+                rows = order[start : start + self.batch_size]
+                encoded = self._encode([premises[i] for i in rows], [hypotheses[i] for i in rows])
                 encoded = {key: value.to(self.device) for key, value in encoded.items()}
                 logits = self.model(**encoded).logits.float()
-                probabilities.extend(torch.softmax(logits, dim=-1)[:, self.entailment_index].tolist())
+                for row, value in zip(rows, torch.softmax(logits, dim=-1)[:, self.entailment_index].tolist()):
+                    probabilities[row] = value
         return probabilities
 
 
@@ -230,6 +236,13 @@ class BatchingJudge:
             batch.append(request)
             size += len(request.premises)
         return batch
+
+    def close(self) -> None:
+        """Stop the worker task and the forward thread (pending callers get CancelledError)."""
+        if self._worker is not None and not self._worker.done():
+            self._worker.cancel()
+        self._worker = None
+        self._executor.shutdown(wait=False)
 
     async def _serve(self) -> None:
         queue = self._queue

@@ -27,7 +27,8 @@ class Sample:
     extra_info: dict[str, Any]
     tool_extra_fields: dict[str, Any] = field(default_factory=dict)
     raw_prompt: Any = None
-    prompt_ids: Any = None  # valid prompt token ids, decoded only if the question is needed
+    prompts: Any = None  # padded prompt ids and their attention mask, decoded only if the question is needed
+    prompt_mask: Any = None
     tokenizer: Any = None
 
     def question(self) -> str:
@@ -43,8 +44,8 @@ class Sample:
             for message in reversed(messages):
                 if isinstance(message, Mapping) and message.get("role") == "user":
                     return str(message.get("content", ""))
-        if self.prompt_ids is not None and self.tokenizer is not None:
-            return self.tokenizer.decode(self.prompt_ids, skip_special_tokens=True)
+        if self.prompts is not None and self.tokenizer is not None:
+            return self.tokenizer.decode(self.prompts[self.prompt_mask.bool()], skip_special_tokens=True)
         return ""
 
 
@@ -70,7 +71,6 @@ async def decode_sample(data: DataProto, tokenizer: Any) -> Sample:
     valid_length = int(attention_mask[-response_length:].sum())
     response_ids = responses[:valid_length]
     prompts = item.batch["prompts"]
-    prompt_ids = prompts[attention_mask[: prompts.shape[-1]].bool()]
 
     non_tensor = item.non_tensor_batch
     reward_model = _as_dict(non_tensor.get("reward_model"))
@@ -93,6 +93,7 @@ async def decode_sample(data: DataProto, tokenizer: Any) -> Sample:
         extra_info=extra_info,
         tool_extra_fields=tool_extra_fields,
         raw_prompt=non_tensor.get("raw_prompt"),
-        prompt_ids=prompt_ids,
+        prompts=prompts,
+        prompt_mask=attention_mask[: prompts.shape[-1]],
         tokenizer=tokenizer,
     )
