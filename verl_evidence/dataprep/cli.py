@@ -18,6 +18,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -69,7 +70,7 @@ def _fail_clearly(command: Callable) -> Callable:
         try:
             return command(*args, **kwargs)
         except DataPrepError as err:
-            console.print(f"[red]error:[/red] {err}")
+            console.print(f"[red]error:[/red] {escape(str(err))}", soft_wrap=True)
             raise typer.Exit(2) from err
 
     return wrapper

@@ -55,4 +55,5 @@ def render(template: str, question: str, passages: Sequence[str] | None = None) 
     if needs_passages and passages is None:
         raise DataPrepError("this prompt template needs passages ({passages} or {context}) but none were given")
     text = format_passages(passages or ())
-    return render_prompt(template, question=question, passages=text, context=text)
+    # A template file's final newline is not part of the user turn.
+    return render_prompt(template, question=question, passages=text, context=text).rstrip()
