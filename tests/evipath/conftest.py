@@ -44,6 +44,9 @@ class ChatServer:
         self.requests = 0
         self.fail_statuses: list[int] = []  # popped one per request: answer with that HTTP status
         self.stall_after: int | None = None  # requests beyond this number hang until released
+        self.delay = 0.0  # seconds each reply waits, so concurrent requests overlap
+        self.in_flight = 0
+        self.max_in_flight = 0
         self.release = threading.Event()
         self.stalled = threading.Event()
         self.lock = threading.Lock()
@@ -59,33 +62,43 @@ class ChatServer:
                     return JSONResponse({"error": {"message": f"scripted {status}"}}, status_code=status)
                 self.requests += 1
                 number = self.requests
-            if self.stall_after is not None and number > self.stall_after:
-                self.stalled.set()
-                while not self.release.is_set():
-                    await asyncio.sleep(0.02)
-            messages = [m.model_dump() for m in request.messages]
-            content = await asyncio.to_thread(self.backend, messages)
-            prompt_tokens = sum(len(m["content"].split()) for m in messages)
-            return {
-                "id": f"chatcmpl-{number}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": request.model,
-                "choices": [
-                    {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
-                ],
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": len(content.split()),
-                    "total_tokens": prompt_tokens + len(content.split()),
-                },
-            }
+                self.in_flight += 1
+                self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            try:
+                return await self._reply(request, number)
+            finally:
+                with self.lock:
+                    self.in_flight -= 1
 
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
         self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
         self._thread = threading.Thread(target=self._server.run, daemon=True)
+
+    async def _reply(self, request: ChatRequest, number: int) -> dict:
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self.stall_after is not None and number > self.stall_after:
+            release = self.release  # reset() installs a fresh event; this request waits on its own
+            self.stalled.set()
+            while not release.is_set():
+                await asyncio.sleep(0.02)
+        messages = [m.model_dump() for m in request.messages]
+        content = await asyncio.to_thread(self.backend, messages)
+        prompt_tokens = sum(len(m["content"].split()) for m in messages)
+        return {
+            "id": f"chatcmpl-{number}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": request.model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": len(content.split()),
+                "total_tokens": prompt_tokens + len(content.split()),
+            },
+        }
 
     @property
     def base_url(self) -> str:
@@ -105,7 +118,9 @@ class ChatServer:
             self.requests = 0
             self.fail_statuses = []
             self.stall_after = None
-            self.release.clear()
+            self.delay = 0.0
+            self.max_in_flight = 0
+            self.release = threading.Event()
             self.stalled.clear()
 
     def stop(self) -> None:

@@ -198,3 +198,20 @@ def test_run_synthesis_writes_outputs_and_stats(chat_server, scripted, selector,
     assert pq.read_table(summary.outputs["train"]).num_rows == 8
     rejections = [json.loads(l) for l in summary.outputs["rejections"].read_text().splitlines()]
     assert rejections == [{"id": "wrong", "reason": "answer_mismatch", "detail": rejections[0]["detail"]}]
+
+
+@pytest.mark.parametrize("bound", [1, 3])
+def test_concurrency_is_bounded_by_the_semaphore(chat_server, scripted, selector, hotpot_records, bound):
+    chat_server.reset(scripted())
+    chat_server.delay = 0.05  # replies overlap whenever the client lets them
+
+    async def go():
+        teacher = Teacher(TeacherConfig(model="scripted", base_url=chat_server.base_url, api_key="t", concurrency=bound))
+        try:
+            return await Synthesizer(teacher, selector).synthesize(hotpot_records, max_in_flight=8)
+        finally:
+            await teacher.close()
+
+    results = asyncio.run(go())
+    assert sum(isinstance(r, Trajectory) for r in results) == 2
+    assert chat_server.max_in_flight == bound
