@@ -31,6 +31,25 @@ def split_hydra_argv(argv: list[str]) -> tuple[str, str, list[str]]:
     return config_path, config_name, overrides
 
 
+def build_manager(cfg) -> str:
+    """Construct the reward manager as the reward loop does, so bad reward kwargs fail here.
+
+    EviNote's judge is a Ray actor created at construction; without a cluster its
+    settings are validated instead (model loading is the judge's own tests' job).
+    """
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    from verl_evidence.testing import tiny_tokenizer
+
+    if cfg.reward.reward_manager.name == "evinote":
+        from verl_evidence.judge import JudgeConfig
+
+        kwargs = OmegaConf.to_container(cfg.reward.get("reward_kwargs") or {}, resolve=True)
+        return f"judge settings ok: {JudgeConfig.from_reward_kwargs(kwargs).model}"
+    return type(load_reward_manager(cfg, tiny_tokenizer())).__name__
+
+
 def check(argv: list[str]) -> dict:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
@@ -53,6 +72,7 @@ def check(argv: list[str]) -> dict:
     # from it, so extra keys such as eps_std are legal there; not converted here either.)
     manager = resolve_reward_manager_cls(cfg)
     custom = get_custom_reward_fn(cfg)
+    built = build_manager(cfg)
     estimator = get_adv_estimator_fn(cfg.algorithm.adv_estimator)
     import verl.experimental.agent_loop  # noqa: F401  (registers verl's built-in loops)
 
@@ -69,6 +89,7 @@ def check(argv: list[str]) -> dict:
         "ok": True,
         "manager": f"{manager.__module__}.{manager.__qualname__}",
         "custom_reward_fn": bool(custom),
+        "built": built,
         "estimator": getattr(estimator, "__name__", str(estimator)),
         "agent_loop": loop,
         "agent_loop_target": _agent_loop_registry[loop]["_target_"],

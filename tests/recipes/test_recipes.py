@@ -208,6 +208,7 @@ def test_recipe_composes_with_verl_config(composed: dict[str, dict], script: str
     assert report["ok"], report.get("trace") or report
     manager, estimator, loop = EXPECTED[script]
     assert report["manager"].endswith(manager)
+    assert report["built"] == manager or report["built"].startswith("judge settings ok")
     assert report["estimator"] == estimator
     assert report["agent_loop"] == loop
 
