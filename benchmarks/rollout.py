@@ -190,8 +190,16 @@ def main() -> int:
     results.append(
         measure(
             "evidence_search",
-            lambda: instantiate("evidence_search", config, backend, tokenizer, [], retriever=retriever,
-                                max_turns=args.turns, retrieval_url="in-process"),
+            lambda: instantiate(
+                "evidence_search",
+                config,
+                backend,
+                tokenizer,
+                [],
+                retriever=retriever,
+                max_turns=args.turns,
+                retrieval_url="in-process",
+            ),
             backend,
             retriever,
             args.trajectories,
@@ -213,8 +221,17 @@ def main() -> int:
     results.append(
         measure(
             "evidence_search + policy extractor",
-            lambda: instantiate("evidence_search", config, backend_x, tokenizer, [], retriever=retriever,
-                                max_turns=args.turns, retrieval_url="in-process", extractor="policy"),
+            lambda: instantiate(
+                "evidence_search",
+                config,
+                backend_x,
+                tokenizer,
+                [],
+                retriever=retriever,
+                max_turns=args.turns,
+                retrieval_url="in-process",
+                extractor="policy",
+            ),
             backend_x,
             retriever,
             args.trajectories,
@@ -235,7 +252,7 @@ def main() -> int:
         return extract_turn
 
     backend_e = InstantBackend(tokenizer, eviomni_script)
-    eviomni_row_loop = lambda: instantiate("eviomni", config, backend_e, tokenizer, [], retriever=retriever)  # noqa: E731
+    eviomni_row_loop = lambda: instantiate("eviomni", config, backend_e, tokenizer, [], retriever=retriever)
 
     class _WithPassages:
         def __init__(self):
@@ -246,8 +263,15 @@ def main() -> int:
             return await self.loop.run(sampling, **row)
 
     results.append(
-        measure("eviomni", _WithPassages, backend_e, retriever, args.trajectories, 2,
-                lambda out: out.extra_fields["eviomni_len_e"] > 0 or sys.exit("eviomni produced no evidence"))
+        measure(
+            "eviomni",
+            _WithPassages,
+            backend_e,
+            retriever,
+            args.trajectories,
+            2,
+            lambda out: out.extra_fields["eviomni_len_e"] > 0 or sys.exit("eviomni produced no evidence"),
+        )
     )
 
     # baseline: verl's ToolAgentLoop + our search tool, same number of searches
@@ -260,21 +284,39 @@ def main() -> int:
     backend_t = InstantBackend(tokenizer, lambda p, c: final_turn if c % args.turns == args.turns - 1 else tool_turn)
     config_t = config.copy()
     results.append(
-        measure("verl ToolAgentLoop + search tool (baseline)",
-                lambda: instantiate("tool_agent", config_t, backend_t, tokenizer, [tool]),
-                backend_t, retriever, args.trajectories, args.turns,
-                lambda out: out.num_turns == 2 * args.turns or sys.exit(f"tool_agent made {out.num_turns} turns"))
+        measure(
+            "verl ToolAgentLoop + search tool (baseline)",
+            lambda: instantiate("tool_agent", config_t, backend_t, tokenizer, [tool]),
+            backend_t,
+            retriever,
+            args.trajectories,
+            args.turns,
+            lambda out: out.num_turns == 2 * args.turns or sys.exit(f"tool_agent made {out.num_turns} turns"),
+        )
     )
 
     baseline = results[-1]["ms_per_turn"]
     table = Table(
         title=f"Agent-loop overhead per turn ({args.trajectories} trajectories, best of 3, tiny tokenizer, 1 process)"
     )
-    for column in ("loop", "turns", "ms / turn", "ms / trajectory", "vs verl ToolAgentLoop", "excluded gen+retrieval ms/traj"):
+    for column in (
+        "loop",
+        "turns",
+        "ms / turn",
+        "ms / trajectory",
+        "vs verl ToolAgentLoop",
+        "excluded gen+retrieval ms/traj",
+    ):
         table.add_column(column, justify="right" if column != "loop" else "left")
     for r in results:
-        table.add_row(r["label"], str(r["turns"]), f"{r['ms_per_turn']:.3f}", f"{r['ms_per_traj']:.2f}",
-                      f"{r['ms_per_turn'] / baseline:.2f}x", f"{r['excluded_ms']:.2f}")
+        table.add_row(
+            r["label"],
+            str(r["turns"]),
+            f"{r['ms_per_turn']:.3f}",
+            f"{r['ms_per_traj']:.2f}",
+            f"{r['ms_per_turn'] / baseline:.2f}x",
+            f"{r['excluded_ms']:.2f}",
+        )
     console = Console(width=150)
     console.print(table)
     ours = results[0]["ms_per_turn"]

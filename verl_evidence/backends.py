@@ -50,7 +50,7 @@ def _stop_strings(sampling_params: dict[str, Any]) -> list[str]:
 
 
 def _stop_token_ids(sampling_params: dict[str, Any], eos_token_id: int | None) -> set[int]:
-    ids = set(int(t) for t in (sampling_params.get("stop_token_ids") or []))
+    ids = {int(t) for t in (sampling_params.get("stop_token_ids") or [])}
     if eos_token_id is not None and not sampling_params.get("ignore_eos", False):
         ids.add(int(eos_token_id))
     return ids
@@ -226,9 +226,7 @@ class HFGenerationBackend(_OwnRoutingClient):
         with self._lock, torch.no_grad():
             if self.seed is not None:
                 torch.manual_seed(self.seed + len(prompt_ids))
-            out = self.model.generate(
-                input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **generate_kwargs
-            )
+            out = self.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **generate_kwargs)
         new_ids = out.sequences[0, input_ids.shape[1] :].tolist()
         # HF pads finished sequences only in batches; cut at our own stop rule to be exact.
         kept, _ = cut_at_stop(new_ids, self.tokenizer, stops, stop_ids)

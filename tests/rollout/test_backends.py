@@ -37,7 +37,9 @@ def hf_backend(model_dir):
 
 
 def test_hf_backend_greedy_limits_logprobs_and_stop_strings(hf_backend, tokenizer):
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Who wrote the report?"}], add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Who wrote the report?"}], add_generation_prompt=True
+    )
     prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
     free = generate(hf_backend, prompt, temperature=0, max_tokens=24, logprobs=True, ignore_eos=True)
     again = generate(hf_backend, prompt, temperature=0, max_tokens=24, logprobs=True, ignore_eos=True)
@@ -55,8 +57,11 @@ def test_hf_backend_greedy_limits_logprobs_and_stop_strings(hf_backend, tokenize
 def test_hf_backend_drives_a_full_search_rollout(base_config, search_url, hf_backend, tokenizer):
     config = with_settings(
         base_config,
-        {"actor_rollout_ref.rollout.custom": {"evidence_search": {
-            "retrieval_url": search_url, "max_turns": 2, "max_tokens_per_turn": 24}}},
+        {
+            "actor_rollout_ref.rollout.custom": {
+                "evidence_search": {"retrieval_url": search_url, "max_turns": 2, "max_tokens_per_turn": 24}
+            }
+        },
     )
     hf_backend.calls.clear()
     hf_backend.record_calls = True
@@ -112,8 +117,13 @@ class _OpenAICompatibleServer:
             self.requests.append(body)
             text, _ = cut(self.chat_reply, body)
             message = {"role": "assistant", "content": text}
-            return {"id": "c", "object": "chat.completion", "created": 0, "model": body["model"],
-                    "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+            return {
+                "id": "c",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body["model"],
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            }
 
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
@@ -159,18 +169,29 @@ def test_openai_backend_reencodes_when_the_server_sends_no_token_ids(tokenizer):
 def test_search_loop_with_external_openai_extractor(base_config, search_url, openai_server, tokenizer):
     config = with_settings(
         base_config,
-        {"actor_rollout_ref.rollout.custom": {"evidence_search": {
-            "retrieval_url": search_url, "extractor": "openai",
-            "extractor_url": openai_server.url, "extractor_model": "extractor-7b"}}},
+        {
+            "actor_rollout_ref.rollout.custom": {
+                "evidence_search": {
+                    "retrieval_url": search_url,
+                    "extractor": "openai",
+                    "extractor_url": openai_server.url,
+                    "extractor_model": "extractor-7b",
+                }
+            }
+        },
     )
     turns = ["<think> look it up </think><search> longest river in Africa </search>", "<answer> Nile </answer>"]
-    out = unpad(run_worker(config, ScriptedBackend(tokenizer, turns=turns), [make_row("Longest river?", "evidence_search")]))
+    out = unpad(
+        run_worker(config, ScriptedBackend(tokenizer, turns=turns), [make_row("Longest river?", "evidence_search")])
+    )
     context = tokenizer.decode([t for t, m in zip(out["response_ids"], out["response_mask"], strict=True) if m == 0])
     assert context == "\n\n<information><evidence>The Nile is the longest river.</evidence></information>\n\n"
     chat = openai_server.requests[-1]
     assert chat["model"] == "extractor-7b" and chat["stop"] == ["</extract>"]
     prompt = chat["messages"][0]["content"]
-    assert "Query: longest river in Africa" in prompt and "Latest thought: look it up" in prompt and "(Title: " in prompt
+    assert (
+        "Query: longest river in Africa" in prompt and "Latest thought: look it up" in prompt and "(Title: " in prompt
+    )
     assert out["extra"]["raw_context_tokens"] > out["extra"]["context_tokens"]
 
 
@@ -179,12 +200,21 @@ def test_search_loop_survives_a_dead_extractor_endpoint(base_config, search_url,
 
     config = with_settings(
         base_config,
-        {"actor_rollout_ref.rollout.custom": {"evidence_search": {
-            "retrieval_url": search_url, "extractor": "openai",
-            "extractor_url": f"http://127.0.0.1:{free_port()}", "extractor_model": "m"}}},
+        {
+            "actor_rollout_ref.rollout.custom": {
+                "evidence_search": {
+                    "retrieval_url": search_url,
+                    "extractor": "openai",
+                    "extractor_url": f"http://127.0.0.1:{free_port()}",
+                    "extractor_model": "m",
+                }
+            }
+        },
     )
     turns = ["<search> longest river in Africa </search>", "<answer> Nile </answer>"]
-    out = unpad(run_worker(config, ScriptedBackend(tokenizer, turns=turns), [make_row("Longest river?", "evidence_search")]))
+    out = unpad(
+        run_worker(config, ScriptedBackend(tokenizer, turns=turns), [make_row("Longest river?", "evidence_search")])
+    )
     assert out["extra"]["extractor_failures"] == 1
     assert out["extra"]["termination"] == "answer"
     context = tokenizer.decode([t for t, m in zip(out["response_ids"], out["response_mask"], strict=True) if m == 0])

@@ -87,7 +87,9 @@ def test_evidence_search_scored_by_evinote(base_config, search_url, tokenizer, n
         "<summary> *The Nile flows north into the Mediterranean* </summary> <answer> Nile </answer>",
     ]
     backend = ScriptedBackend(tokenizer, turns=turns)
-    out, score, info = run_scored(config, backend, [scored_row("Which river flows into the Mediterranean?", "evidence_search")])
+    out, score, info = run_scored(
+        config, backend, [scored_row("Which river flows into the Mediterranean?", "evidence_search")]
+    )
     assert out["extra"]["summary_count"] == 1
     # format ok (answer + note), EM correct: R = 1 + EQR with the judge's EQR in [0, 1]
     assert 0.0 <= info["eqr"] <= 1.0
@@ -97,7 +99,10 @@ def test_evidence_search_scored_by_evinote(base_config, search_url, tokenizer, n
 
 def test_eviomni_loop_scored_by_eviomni(base_config, tokenizer, ray_session):
     config = with_settings(base_config, {"reward.reward_manager.name": "eviomni"})
-    passages = ["Nile\nThe Nile flows north into the Mediterranean Sea.", "Amazon\nThe Amazon drains into the Atlantic."]
+    passages = [
+        "Nile\nThe Nile flows north into the Mediterranean Sea.",
+        "Amazon\nThe Amazon drains into the Atlantic.",
+    ]
 
     def respond(prompt: str) -> str:
         if "Some parts may be hidden" in prompt:
@@ -107,9 +112,14 @@ def test_eviomni_loop_scored_by_eviomni(base_config, tokenizer, ray_session):
         return "<reason> The first passage names the river. </reason><extract> The Nile flows north into the Mediterranean Sea. </extract>"
 
     backend = ScriptedBackend(tokenizer, responder=respond)
-    out, score, info = run_scored(config, backend, [scored_row("Which river flows into the Mediterranean?", "eviomni", passages=passages)])
+    out, score, info = run_scored(
+        config, backend, [scored_row("Which river flows into the Mediterranean?", "eviomni", passages=passages)]
+    )
     response = tokenizer.decode(out["response_ids"], skip_special_tokens=True)
-    fields = {k: out["extra"][k] for k in ("eviomni_answer_r", "eviomni_answer_e", "eviomni_len_r", "eviomni_len_e", "eviomni_len_p")}
+    fields = {
+        k: out["extra"][k]
+        for k in ("eviomni_answer_r", "eviomni_answer_e", "eviomni_len_r", "eviomni_len_e", "eviomni_len_p")
+    }
     expected = eviomni.compute_score("nq", response, GOLD, fields)
     assert score == pytest.approx(expected["score"], abs=1e-6)
     assert info["ans_r"] == info["ans_e"] == info["ans_f"] == 1.0
@@ -125,7 +135,9 @@ def test_grace_single_turn_strips_thinking(base_config, tokenizer, ray_session):
         "<evidence> The Nile flows north into the Mediterranean Sea. </evidence><answer> Nile </answer>"
     )
     backend = ScriptedBackend(tokenizer, turns=[text])
-    out, score, info = run_scored(config, backend, [scored_row("Which river flows into the Mediterranean?", "single_turn_agent")])
+    out, score, _ = run_scored(
+        config, backend, [scored_row("Which river flows into the Mediterranean?", "single_turn_agent")]
+    )
     # verl's single-turn loop keeps the thinking in the trained response, all mask 1
     assert tokenizer.decode(out["response_ids"], skip_special_tokens=True) == text
     assert out["response_mask"] == [1] * len(out["response_ids"])

@@ -91,7 +91,10 @@ def test_trained_response_and_hard_masked_answer_prompts(base_config, tokenizer)
     o_e = prompts["e"]
     assert o_e == expected_prompt(tokenizer, "[hidden]", "[hidden]", EVIDENCE)
     # ... and no token run of the masked passages (outside the quoted evidence) or rationale is in it
-    masked_pieces = ["The Nile flows north through eleven countries", "The Amazon carries more water than any other river"]
+    masked_pieces = [
+        "The Nile flows north through eleven countries",
+        "The Amazon carries more water than any other river",
+    ]
     for piece in masked_pieces + [RATIONALE]:
         assert piece not in tokenizer.decode(o_e)
         assert not contains_run(o_e, tokenizer.encode(" " + piece, add_special_tokens=False)[1:])

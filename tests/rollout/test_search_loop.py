@@ -7,9 +7,9 @@ import socketserver
 import threading
 
 import pytest
+from rollout_helpers import make_row, run_worker, unpad, with_settings
 
 from retrieval_server.client import RetrievalClient
-from rollout_helpers import make_row, run_worker, unpad, with_settings
 from verl_evidence.backends import ScriptedBackend
 
 pytestmark = pytest.mark.slow
@@ -111,7 +111,9 @@ def test_max_turns_last_turn_only_answers(base_config, search_url, tokenizer):
     runs = segments(out["response_ids"], out["response_mask"])
     assert [m for m, _ in runs] == [1, 0, 1, 0, 1]
     assert "No searches are left" not in tokenizer.decode(runs[1][1])
-    assert tokenizer.decode(runs[3][1]).endswith("No searches are left: give your final answer now inside <answer> and </answer>.\n")
+    assert tokenizer.decode(runs[3][1]).endswith(
+        "No searches are left: give your final answer now inside <answer> and </answer>.\n"
+    )
 
 
 def test_response_length_caps_the_trajectory(base_config, search_url, tokenizer):
@@ -254,7 +256,9 @@ def test_packaged_agent_loop_config_variants_reach_the_loop(base_config, search_
     import verl_evidence
 
     path = Path(verl_evidence.__file__).parent / "configs" / "agent_loops.yaml"
-    config = with_settings(search_config(base_config, search_url), {"actor_rollout_ref.rollout.agent.agent_loop_config_path": str(path)})
+    config = with_settings(
+        search_config(base_config, search_url), {"actor_rollout_ref.rollout.agent.agent_loop_config_path": str(path)}
+    )
     policy_turns = iter([SEARCH_TURN, "<answer> Nile </answer>"])
 
     def responder(prompt: str) -> str:
@@ -266,8 +270,9 @@ def test_packaged_agent_loop_config_variants_reach_the_loop(base_config, search_
     try:
         out = unpad(run_worker(config, backend, [make_row(QUESTION, "evidence_search_extract")]))
     finally:
-        import verl_evidence.agent_loops as loops
         from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+        import verl_evidence.agent_loops as loops
 
         for name in ("evidence_search", "evidence_search_extract", "eviomni"):
             _agent_loop_registry.pop(name, None)

@@ -156,7 +156,12 @@ class EviOmniAgentLoop(AgentLoopBase):
         system = self._system_messages(kwargs)
         prompt_ids = await self.ct_build_initial_tokens(
             system
-            + [{"role": "user", "content": render_prompt(self.prompt_template, question=question, passages=passages_text)}]
+            + [
+                {
+                    "role": "user",
+                    "content": render_prompt(self.prompt_template, question=question, passages=passages_text),
+                }
+            ]
         )
 
         # 1. <reason> r </reason> <extract> e </extract>
@@ -175,12 +180,22 @@ class EviOmniAgentLoop(AgentLoopBase):
         hidden = s.placeholder
         jobs = [
             self._masked_answer(
-                system, sampling_params, priority, question=question, passages=passages_text,
-                rationale=rationale, evidence=hidden,
+                system,
+                sampling_params,
+                priority,
+                question=question,
+                passages=passages_text,
+                rationale=rationale,
+                evidence=hidden,
             ),
             self._masked_answer(
-                system, sampling_params, priority, question=question, passages=hidden,
-                rationale=hidden, evidence=evidence,
+                system,
+                sampling_params,
+                priority,
+                question=question,
+                passages=hidden,
+                rationale=hidden,
+                evidence=evidence,
             ),
         ]
         if continue_answer:
@@ -214,6 +229,9 @@ class EviOmniAgentLoop(AgentLoopBase):
             response_mask=[1] * len(response_ids),
             response_logprobs=logprobs[: len(response_ids)] if logprobs is not None else None,
             num_turns=2,
-            metrics={"generate_sequences": timing.get("generate_sequences", 0.0), "tool_calls": timing.get("tool_calls", 0.0)},
+            metrics={
+                "generate_sequences": timing.get("generate_sequences", 0.0),
+                "tool_calls": timing.get("tool_calls", 0.0),
+            },
             extra_fields=extra_fields,
         )

@@ -73,7 +73,9 @@ class EvidenceExtractor:
         messages = [
             {
                 "role": "user",
-                "content": render_prompt(self.template, question=question, thought=thought, query=query, passages=passages),
+                "content": render_prompt(
+                    self.template, question=question, thought=thought, query=query, passages=passages
+                ),
             }
         ]
         try:
@@ -89,7 +91,7 @@ class EvidenceExtractor:
                 text = await self.remote.chat(messages, params)
                 if "<extract>" in text and "</extract>" not in text:
                     text += "</extract>"  # servers that trim the stop string
-        except Exception as err:  # the rollout must go on with the raw passages
+        except Exception as err:  # noqa: BLE001  (any failure: the rollout goes on with the raw passages)
             logger.warning("evidence extractor (%s) failed: %s", self.mode, err)
             return Extraction(passages, ok=False, reason=f"error: {type(err).__name__}")
         evidence = extract_last(strip_thinking(text), "extract")

@@ -364,4 +364,4 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
         )
 
 
-__all__ = ["EvidenceSearchAgentLoop", "SearchLoopSettings", "first_action", "LOOP_NAME"]
+__all__ = ["LOOP_NAME", "EvidenceSearchAgentLoop", "SearchLoopSettings", "first_action"]

@@ -131,7 +131,7 @@ class RateLimiter:
                     return
                 await asyncio.sleep((1.0 - self.tokens) / self.rate)
 
-    async def __aenter__(self) -> RateLimiter:
+    async def __aenter__(self) -> RateLimiter:  # noqa: PYI034  (final class; py3.10 has no typing.Self)
         await self.semaphore.acquire()
         try:
             await self._take_token()
@@ -162,14 +162,18 @@ def shared_client(url: str, timeout: float, max_retries: int, backoff: float, to
     per_loop = _CLIENTS.setdefault(asyncio.get_running_loop(), {})
     key = (url, timeout, max_retries, backoff, token)
     if key not in per_loop:
-        per_loop[key] = AsyncRetrievalClient(url, timeout=timeout, max_retries=max_retries, backoff=backoff, token=token)
+        per_loop[key] = AsyncRetrievalClient(
+            url, timeout=timeout, max_retries=max_retries, backoff=backoff, token=token
+        )
     return per_loop[key]
 
 
 def resolve_retrieval_url(url: str | None) -> str:
     url = url or os.environ.get(RETRIEVAL_URL_ENV)
     if not url:
-        raise ValueError(f"no retrieval server URL: set `retrieval_url` in the config or the {RETRIEVAL_URL_ENV} env var")
+        raise ValueError(
+            f"no retrieval server URL: set `retrieval_url` in the config or the {RETRIEVAL_URL_ENV} env var"
+        )
     return url.rstrip("/")
 
 
@@ -214,9 +218,9 @@ class SearchService:
 
 
 def parse_query_list(parameters: Any, max_queries: int) -> list[str]:
-    """The queries of a tool call, or ValueError with a message meant for the model."""
+    """The queries of a tool call, or TypeError/ValueError with a message meant for the model."""
     if not isinstance(parameters, dict):
-        raise ValueError("arguments must be a JSON object like {\"query_list\": [\"...\"]}")
+        raise TypeError('arguments must be a JSON object like {"query_list": ["..."]}')
     queries = parameters.get("query_list", parameters.get("query"))
     if isinstance(queries, str):
         queries = [queries]
@@ -258,20 +262,24 @@ class SearchTool(BaseTool):
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[ToolResponse, float, dict]:
         try:
             queries = parse_query_list(parameters, self.max_queries)
-        except ValueError as err:
+        except (TypeError, ValueError) as err:
             logger.info("search tool: malformed arguments %r: %s", parameters, err)
             return ToolResponse(text=f"Search error: {err}."), 0.0, {"error": "bad_arguments"}
         try:
             results = await self.service.search(queries)
         except RetrievalRequestError as err:
             logger.warning("search tool: server rejected %r: %s", queries, err)
-            return ToolResponse(text=f"Search error: the request was rejected ({err.message})."), 0.0, {
-                "error": "rejected"
-            }
+            return (
+                ToolResponse(text=f"Search error: the request was rejected ({err.message})."),
+                0.0,
+                {"error": "rejected"},
+            )
         except RetrievalError as err:
             logger.warning("search tool: retrieval unavailable: %s", err)
             return (
-                ToolResponse(text="Search error: the search engine is unavailable right now. Answer with what you know."),
+                ToolResponse(
+                    text="Search error: the search engine is unavailable right now. Answer with what you know."
+                ),
                 0.0,
                 {"error": "unavailable"},
             )
