@@ -28,8 +28,14 @@ def verl_dataset(path: Path, tokenizer_dir: Path):
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
     config = OmegaConf.create(
-        {"prompt_key": "prompt", "max_prompt_length": 4096, "filter_overlong_prompts": False, "return_raw_chat": True,
-         "truncation": "error", "cache_dir": str(path.parent / "cache")}
+        {
+            "prompt_key": "prompt",
+            "max_prompt_length": 4096,
+            "filter_overlong_prompts": False,
+            "return_raw_chat": True,
+            "truncation": "error",
+            "cache_dir": str(path.parent / "cache"),
+        }
     )
     return RLHFDataset(str(path), AutoTokenizer.from_pretrained(tokenizer_dir), config)
 
@@ -52,7 +58,12 @@ def test_qa_rows_round_trip_through_verl(tiny_set, tokenizer_dir, tmp_path: Path
         "ground_truth": {"target": ["Mediterranean Sea"], "evidence": [QUESTIONS[0]["gold_evidence"][0]]},
     }
     extra = first["extra_info"]
-    assert (extra["index"], extra["split"], extra["id"], extra["question"]) == (0, "test", "q1", QUESTIONS[0]["question"])
+    assert (extra["index"], extra["split"], extra["id"], extra["question"]) == (
+        0,
+        "test",
+        "q1",
+        QUESTIONS[0]["question"],
+    )
     assert extra["tools_kwargs"] == {"search": {"create_kwargs": {"question": QUESTIONS[0]["question"]}}}
 
     dataset = verl_dataset(out, tokenizer_dir)
@@ -85,8 +96,22 @@ def test_eviomni_rows_with_in_process_bm25(tiny_set, tokenizer_dir, tmp_path: Pa
 
     qa, corpus = tiny_set
     out = tmp_path / "eviomni.parquet"
-    result = invoke("eviomni", qa, "--data-source", "bundled", "--retriever", "bm25", "--corpus", corpus,
-                    "--tokenizer", tokenizer_dir, "--topk", 3, "-o", out)
+    result = invoke(
+        "eviomni",
+        qa,
+        "--data-source",
+        "bundled",
+        "--retriever",
+        "bm25",
+        "--corpus",
+        corpus,
+        "--tokenizer",
+        tokenizer_dir,
+        "--topk",
+        3,
+        "-o",
+        out,
+    )
     assert result.exit_code == 0, result.output
     rows = read_parquet(out)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
@@ -106,18 +131,47 @@ def test_eviomni_rows_from_a_passages_file(tiny_set, tokenizer_dir, tmp_path: Pa
     qa, _ = tiny_set
     passages = write_jsonl(
         tmp_path / "passages.jsonl",
-        [{"id": q["id"], "passages": [PASSAGES[p] for p in q["gold_passage_ids"]] + ["Untitled text only"]} for q in QUESTIONS],
+        [
+            {"id": q["id"], "passages": [PASSAGES[p] for p in q["gold_passage_ids"]] + ["Untitled text only"]}
+            for q in QUESTIONS
+        ],
     )
     out = tmp_path / "lear.parquet"
-    result = invoke("eviomni", qa, "--data-source", "bundled", "--passages-file", passages, "--method", "lear",
-                    "--tokenizer", tokenizer_dir, "-o", out)
+    result = invoke(
+        "eviomni",
+        qa,
+        "--data-source",
+        "bundled",
+        "--passages-file",
+        passages,
+        "--method",
+        "lear",
+        "--tokenizer",
+        tokenizer_dir,
+        "-o",
+        out,
+    )
     assert result.exit_code == 0, result.output
     rows = read_parquet(out)
     assert rows[1]["extra_info"]["method"] == "lear"
-    assert [p["contents"] for p in rows[1]["extra_info"]["passages"]] == [PASSAGES["p03"], PASSAGES["p04"], "Untitled text only"]
+    assert [p["contents"] for p in rows[1]["extra_info"]["passages"]] == [
+        PASSAGES["p03"],
+        PASSAGES["p04"],
+        "Untitled text only",
+    ]
     short = write_jsonl(tmp_path / "short.jsonl", [{"id": "q1", "passages": ["x"]}])
-    result = invoke("eviomni", qa, "--data-source", "bundled", "--passages-file", short,
-                    "--tokenizer", tokenizer_dir, "-o", tmp_path / "x.parquet")
+    result = invoke(
+        "eviomni",
+        qa,
+        "--data-source",
+        "bundled",
+        "--passages-file",
+        short,
+        "--tokenizer",
+        tokenizer_dir,
+        "-o",
+        tmp_path / "x.parquet",
+    )
     assert result.exit_code == 2 and "short.jsonl: no passages for question id(s) ['q2', 'q3'" in result.output
 
 
@@ -127,8 +181,24 @@ def test_grace_cli_prints_statistics(tiny_set, tmp_path: Path) -> None:
     qa, corpus = tiny_set
     reranker = tiny_nli_model(tmp_path / "reranker", id2label={0: "relevant"})  # a one-logit cross-encoder
     out = tmp_path / "grace.parquet"
-    result = invoke("grace", qa, "--corpus", corpus, "--k", 3, "--seed", 7, "--cross-encoder", reranker,
-                    "--rerank-depth", 6, "--split", "test", "-o", out)
+    result = invoke(
+        "grace",
+        qa,
+        "--corpus",
+        corpus,
+        "--k",
+        3,
+        "--seed",
+        7,
+        "--cross-encoder",
+        reranker,
+        "--rerank-depth",
+        6,
+        "--split",
+        "test",
+        "-o",
+        out,
+    )
     assert result.exit_code == 0, result.output
     for name in ("oracle", "bm25", "dense", "dense+rerank", "random", "total"):
         assert name in result.output
@@ -162,8 +232,10 @@ def test_grace_cli_prints_statistics(tiny_set, tmp_path: Path) -> None:
         (["grace", "{qa}", "-o", "{out}"], "needs its corpus"),
         (["grace", "{qa}", "--corpus", "{corpus}", "--retriever", "tfidf", "-o", "{out}"], "unknown retriever 'tfidf'"),
         (["grace", "{qa}", "--corpus", "{corpus}", "--retriever", "dense+rerank", "-o", "{out}"], "--cross-encoder"),
-        (["grace", "{qa}", "--corpus", "{corpus}", "--retriever", "oracle", "--k", "1", "-o", "{out}"],
-         "more gold passages than k=1"),
+        (
+            ["grace", "{qa}", "--corpus", "{corpus}", "--retriever", "oracle", "--k", "1", "-o", "{out}"],
+            "more gold passages than k=1",
+        ),
     ],
 )
 def test_cli_errors_are_clear(tiny_set, tokenizer_dir, tmp_path: Path, args: list[str], message: str) -> None:

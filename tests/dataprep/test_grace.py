@@ -116,10 +116,19 @@ def grace_problem(draw):
         distractors = draw(st.lists(st.sampled_from([p for p in IDS if p not in gold]), max_size=4, unique=True))
         # two samples may share a question: dedup is on (question, context), not on the id
         question = draw(st.sampled_from(["q-a", "q-b", f"q-{i}"]))
-        items.append(GraceInput(QARecord(f"s{i}", question, ("ans",), "bundled", tuple(gold), ("ev",), tuple(distractors))))
-    names = draw(st.lists(st.sampled_from(["oracle", "bm25", "dense", "dense+rerank", "random"]), min_size=1, max_size=5, unique=True))
+        items.append(
+            GraceInput(QARecord(f"s{i}", question, ("ans",), "bundled", tuple(gold), ("ev",), tuple(distractors)))
+        )
+    names = draw(
+        st.lists(
+            st.sampled_from(["oracle", "bm25", "dense", "dense+rerank", "random"]), min_size=1, max_size=5, unique=True
+        )
+    )
     retrievers = [
-        ListRetriever(name, {it.record.id: draw(st.lists(st.sampled_from(IDS), min_size=0, max_size=k, unique=True)) for it in items})
+        ListRetriever(
+            name,
+            {it.record.id: draw(st.lists(st.sampled_from(IDS), min_size=0, max_size=k, unique=True)) for it in items},
+        )
         for name in names
     ]
     return items, retrievers, corpus, k, draw(st.integers(0, 3))
@@ -143,7 +152,9 @@ def test_construct_invariants(problem) -> None:
         assert key not in keys  # merged and deduplicated on (question, context)
         keys.add(key)
     for retriever in retrievers:  # balance before dedup: kept + dropped = the 50/50 split
-        produced = stats.answerable[retriever.name] + stats.unanswerable[retriever.name] + stats.duplicates[retriever.name]
+        produced = (
+            stats.answerable[retriever.name] + stats.unanswerable[retriever.name] + stats.duplicates[retriever.name]
+        )
         assert produced == len(items)
         kept = Counter(e.answerable for e in examples if e.retriever == retriever.name)
         assert kept[True] == stats.answerable[retriever.name] and kept[False] == stats.unanswerable[retriever.name]
@@ -154,8 +165,15 @@ def test_construct_invariants(problem) -> None:
 
 def test_construct_with_real_retrievers() -> None:
     records = [
-        QARecord(q["id"], q["question"], tuple(q["golden_answers"]), "bundled", tuple(q["gold_passage_ids"]),
-                 tuple(q["gold_evidence"]), tuple(q["distractor_ids"]))
+        QARecord(
+            q["id"],
+            q["question"],
+            tuple(q["golden_answers"]),
+            "bundled",
+            tuple(q["gold_passage_ids"]),
+            tuple(q["gold_evidence"]),
+            tuple(q["distractor_ids"]),
+        )
         for q in QUESTIONS
     ]
     items = [GraceInput(r) for r in records]
@@ -203,17 +221,25 @@ HOTPOT = [
         "question": "Which river runs through the capital of France?",
         "answer": "Seine",
         "supporting_facts": [["Paris", 0], ["Paris", 1]],
-        "context": [["Paris", ["Paris is the capital of France.", " The Seine runs through it."]],
-                    ["Vienna", ["Vienna lies on the Danube."]], ["Nile", ["The Nile is long."]]],
+        "context": [
+            ["Paris", ["Paris is the capital of France.", " The Seine runs through it."]],
+            ["Vienna", ["Vienna lies on the Danube."]],
+            ["Nile", ["The Nile is long."]],
+        ],
     },
     {
         "_id": "h2",
         "question": "Where does the Danube flow?",
         "answer": "Black Sea",
         "supporting_facts": {"title": ["Danube", "Vienna"], "sent_id": [0, 0]},
-        "context": {"title": ["Danube", "Vienna", "Paris"],
-                    "sentences": [["The Danube empties into the Black Sea."], ["Vienna lies on the Danube."],
-                                  ["Paris is the capital of France.", " The Seine runs through it."]]},
+        "context": {
+            "title": ["Danube", "Vienna", "Paris"],
+            "sentences": [
+                ["The Danube empties into the Black Sea."],
+                ["Vienna lies on the Danube."],
+                ["Paris is the capital of France.", " The Seine runs through it."],
+            ],
+        },
     },
 ]
 
@@ -247,17 +273,54 @@ QASPER = {
             {"section_name": "Method", "paragraphs": ["Our model is a transformer.", ""]},
         ],
         "qas": [
-            {"question": "Which dataset is used?", "question_id": "qa1",
-             "answers": [{"answer": {"unanswerable": False, "extractive_spans": ["SQuAD"], "yes_no": None,
-                                     "free_form_answer": "", "evidence": ["We use the SQuAD dataset."],
-                                     "highlighted_evidence": ["We use the SQuAD dataset."]}}]},
-            {"question": "What is the budget?", "question_id": "qa2",
-             "answers": [{"answer": {"unanswerable": True, "extractive_spans": [], "yes_no": None,
-                                     "free_form_answer": "", "evidence": [], "highlighted_evidence": []}}]},
-            {"question": "Is it a transformer?", "question_id": "qa3",
-             "answers": [{"answer": {"unanswerable": False, "extractive_spans": [], "yes_no": True,
-                                     "free_form_answer": "", "evidence": ["Our model is a transformer."],
-                                     "highlighted_evidence": []}}]},
+            {
+                "question": "Which dataset is used?",
+                "question_id": "qa1",
+                "answers": [
+                    {
+                        "answer": {
+                            "unanswerable": False,
+                            "extractive_spans": ["SQuAD"],
+                            "yes_no": None,
+                            "free_form_answer": "",
+                            "evidence": ["We use the SQuAD dataset."],
+                            "highlighted_evidence": ["We use the SQuAD dataset."],
+                        }
+                    }
+                ],
+            },
+            {
+                "question": "What is the budget?",
+                "question_id": "qa2",
+                "answers": [
+                    {
+                        "answer": {
+                            "unanswerable": True,
+                            "extractive_spans": [],
+                            "yes_no": None,
+                            "free_form_answer": "",
+                            "evidence": [],
+                            "highlighted_evidence": [],
+                        }
+                    }
+                ],
+            },
+            {
+                "question": "Is it a transformer?",
+                "question_id": "qa3",
+                "answers": [
+                    {
+                        "answer": {
+                            "unanswerable": False,
+                            "extractive_spans": [],
+                            "yes_no": True,
+                            "free_form_answer": "",
+                            "evidence": ["Our model is a transformer."],
+                            "highlighted_evidence": [],
+                        }
+                    }
+                ],
+            },
         ],
     }
 }

@@ -53,7 +53,10 @@ def test_bad_rows(tmp_path: Path, row: dict, message: str) -> None:
 
 
 def test_duplicate_ids(tmp_path: Path) -> None:
-    rows = [{"id": "a", "question": "q1?", "golden_answers": ["x"]}, {"id": "a", "question": "q2?", "golden_answers": ["y"]}]
+    rows = [
+        {"id": "a", "question": "q1?", "golden_answers": ["x"]},
+        {"id": "a", "question": "q2?", "golden_answers": ["y"]},
+    ]
     with pytest.raises(DataPrepError, match=r"duplicate id 'a' \(rows 1 and 2\)"):
         read_flashrag_jsonl(write_jsonl(tmp_path / "dup.jsonl", rows), "nq")
 

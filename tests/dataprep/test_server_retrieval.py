@@ -33,8 +33,19 @@ def test_eviomni_and_grace_from_the_retrieval_server(server_url: str, tokenizer_
     runner = CliRunner()
     out = tmp_path / "eviomni.parquet"
     result = runner.invoke(
-        app, ["data", "eviomni", "bundled", "--retrieval-url", server_url, "--tokenizer", str(tokenizer_dir),
-              "-o", str(out)], catch_exceptions=False,
+        app,
+        [
+            "data",
+            "eviomni",
+            "bundled",
+            "--retrieval-url",
+            server_url,
+            "--tokenizer",
+            str(tokenizer_dir),
+            "-o",
+            str(out),
+        ],
+        catch_exceptions=False,
     )
     assert result.exit_code == 0, result.output
     rows = read_parquet(out)
@@ -46,8 +57,21 @@ def test_eviomni_and_grace_from_the_retrieval_server(server_url: str, tokenizer_
 
     grace_out = tmp_path / "grace.parquet"
     result = runner.invoke(
-        app, ["data", "grace", "bundled", "--retriever", "oracle", "--retriever", f"server-dense={server_url}",
-              "--k", "5", "-o", str(grace_out)], catch_exceptions=False,
+        app,
+        [
+            "data",
+            "grace",
+            "bundled",
+            "--retriever",
+            "oracle",
+            "--retriever",
+            f"server-dense={server_url}",
+            "--k",
+            "5",
+            "-o",
+            str(grace_out),
+        ],
+        catch_exceptions=False,
     )
     assert result.exit_code == 0, result.output
     assert "server-dense" in result.output

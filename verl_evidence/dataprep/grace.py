@@ -19,7 +19,7 @@ import json
 import logging
 import random
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,7 +103,7 @@ def split_sufficient(count: int, seed: int, retriever: str) -> set[int]:
     return set(order[: (count + 1) // 2])
 
 
-def _filler_stream(item: GraceInput, ranked: Sequence[str], all_ids: Sequence[str], seed: int, retriever: str):
+def _filler_stream(item: GraceInput, all_ids: Sequence[str], seed: int, retriever: str) -> Iterator[str]:
     """Distractors for an insufficient context: the sample's own first, then its pool in seeded random order."""
     yield from item.record.distractor_ids
     pool = list(item.candidates) if item.candidates is not None else list(all_ids)
@@ -149,7 +149,7 @@ def construct(
         sufficient = split_sufficient(len(items), seed, retriever.name)
         for index, (item, ranked) in enumerate(zip(items, ranked_lists, strict=True)):
             ranked = list(dict.fromkeys(ranked))[:k]
-            fillers = _filler_stream(item, ranked, all_ids, seed, retriever.name)
+            fillers = _filler_stream(item, all_ids, seed, retriever.name)
             if index in sufficient:
                 # A short retrieval (tiny pool) is padded with non-gold passages before the gold are forced in.
                 padded = make_insufficient(ranked, (), fillers, k) if len(ranked) < k else ranked
@@ -239,7 +239,9 @@ def read_hotpotqa(
             raise DataPrepError(f"{where}: empty answer for id {qid!r}")
         gold_ids = tuple(paragraph_ids[t] for t in gold_titles)
         distractors = tuple(pid for title, pid in paragraph_ids.items() if title not in gold_titles)
-        record = QARecord(qid, str(row["question"]).strip(), (answer,), data_source, gold_ids, tuple(evidence), distractors)
+        record = QARecord(
+            qid, str(row["question"]).strip(), (answer,), data_source, gold_ids, tuple(evidence), distractors
+        )
         candidates = tuple(paragraph_ids.values()) if per_question_pool else None
         items.append(GraceInput(record, candidates))
     check_unique_ids([item.record for item in items], str(path))
@@ -304,14 +306,28 @@ def read_qasper(
             parsed = next(
                 (p for p in (_qasper_answer(a.get("answer", a)) for a in qa.get("answers", [])) if p and p[1]), None
             )
-            gold_ids = tuple(dict.fromkeys(paragraph_id_by_text[e.strip()] for e in (parsed[1] if parsed else []) if e.strip() in paragraph_id_by_text))
+            gold_ids = tuple(
+                dict.fromkeys(
+                    paragraph_id_by_text[e.strip()]
+                    for e in (parsed[1] if parsed else [])
+                    if e.strip() in paragraph_id_by_text
+                )
+            )
             if parsed is None or not gold_ids:
                 skipped += 1
                 continue
             text, _, highlighted = parsed
             evidence = tuple(highlighted) if highlighted else tuple(parsed[1])
             distractors = tuple(p for p in pool if p not in gold_ids)
-            record = QARecord(str(qa["question_id"]), str(qa["question"]).strip(), (text,), data_source, gold_ids, evidence, distractors)
+            record = QARecord(
+                str(qa["question_id"]),
+                str(qa["question"]).strip(),
+                (text,),
+                data_source,
+                gold_ids,
+                evidence,
+                distractors,
+            )
             items.append(GraceInput(record, pool))
     check_unique_ids([item.record for item in items], str(path))
     return items, corpus, skipped

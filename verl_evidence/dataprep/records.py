@@ -86,7 +86,9 @@ def _as_str_list(value: Any, where: str, column: str) -> tuple[str, ...]:
     if hasattr(value, "tolist"):
         value = value.tolist()
     if not isinstance(value, (list, tuple)):
-        raise DataPrepError(f"{where}: column {column!r} must be a string or a list of strings, got {type(value).__name__}")
+        raise DataPrepError(
+            f"{where}: column {column!r} must be a string or a list of strings, got {type(value).__name__}"
+        )
     return tuple(str(item) for item in value)
 
 
@@ -211,4 +213,3 @@ def bundled_paths() -> tuple[Path, Path]:
         return Path(bundled.qa_path()), Path(bundled.corpus_path())
     except AttributeError as err:
         raise DataPrepError("the bundled QA set is not installed (verl_evidence.bundled has no qa_path)") from err
-
