@@ -185,8 +185,12 @@ class HFGenerationBackend(_OwnRoutingClient):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.default_max_tokens = default_max_tokens
-        self.seed = seed
         self._lock = threading.Lock()
+        if seed is not None:
+            import torch
+
+            # Seeded once: runs are reproducible, yet repeated samples of one prompt differ (GRPO groups).
+            torch.manual_seed(seed)
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device: str | None = None, dtype: str = "auto", **kwargs):
@@ -224,8 +228,6 @@ class HFGenerationBackend(_OwnRoutingClient):
             # loops expect) only looks at generated text, hence a criterion on the generated part.
             generate_kwargs["stopping_criteria"] = [_GeneratedTextStop(self.tokenizer, stops, input_ids.shape[1])]
         with self._lock, torch.no_grad():
-            if self.seed is not None:
-                torch.manual_seed(self.seed + len(prompt_ids))
             out = self.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **generate_kwargs)
         new_ids = out.sequences[0, input_ids.shape[1] :].tolist()
         # HF pads finished sequences only in batches; cut at our own stop rule to be exact.

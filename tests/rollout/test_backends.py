@@ -51,7 +51,9 @@ def test_hf_backend_greedy_limits_logprobs_and_stop_strings(hf_backend, tokenize
     cut = generate(hf_backend, prompt, temperature=0, max_tokens=24, stop=[stop], ignore_eos=True)
     assert cut.token_ids == free.token_ids[:first_hit]
     sampled = generate(hf_backend, prompt, temperature=1.0, top_p=0.9, top_k=20, max_tokens=8, ignore_eos=True)
-    assert len(sampled.token_ids) == 8
+    resampled = generate(hf_backend, prompt, temperature=1.0, top_p=0.9, top_k=20, max_tokens=8, ignore_eos=True)
+    assert len(sampled.token_ids) == len(resampled.token_ids) == 8
+    assert sampled.token_ids != resampled.token_ids  # a GRPO group of one prompt gets different samples
 
 
 def test_hf_backend_drives_a_full_search_rollout(base_config, search_url, hf_backend, tokenizer):
