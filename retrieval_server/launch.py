@@ -97,6 +97,19 @@ def build_application(config: ServerConfig):
     ).bind(config.model_dump(mode="json"))
 
 
+def app_builder(args: dict[str, str]):
+    """Entry for Ray's own CLI on a running cluster, e.g.
+
+    ``serve run retrieval_server.launch:app_builder index_dir=/shared/idx num_replicas=4 num_gpus_per_replica=1``
+    (or the same import path under ``applications`` in a ``serve deploy`` config file).
+    """
+    config = ServerConfig.model_validate(dict(args))
+    from retrieval_server.search import check_server_config
+
+    check_server_config(config)
+    return build_application(config)
+
+
 def start_server(config: ServerConfig, address: str | None = None, ray_num_cpus: int | None = None, wait_ready: bool = True) -> ServerHandle:
     """Deploy the retrieval app and return once ``/health`` answers.
 

@@ -215,3 +215,14 @@ def test_index_files_disagreeing_with_each_other_refuse(tmp_path, small_index):
     (index_dir / "manifest.json").unlink()
     with pytest.raises(IndexMismatchError, match="no index manifest at .*manifest.json"):
         Retriever(ServerConfig(index_dir=index_dir))
+
+
+def test_serve_run_app_builder_parses_args_and_checks_the_index(tmp_path, small_index):
+    from ray.serve import Application
+
+    from retrieval_server.launch import app_builder
+
+    application = app_builder({"index_dir": str(small_index), "num_replicas": "2", "max_batch_size": "16"})
+    assert isinstance(application, Application)
+    with pytest.raises(IndexMismatchError, match="other.jsonl"):
+        app_builder({"index_dir": str(small_index), "corpus": str(write_corpus(tmp_path / "other.jsonl", PASSAGES[:2]))})
