@@ -280,3 +280,34 @@ def test_packaged_agent_loop_config_variants_reach_the_loop(base_config, search_
     # extractor: policy (from the YAML) ran, topk: 5 (from the YAML) reached the search
     assert len(out["extra"]["retrieved_ids"][0]) == 5
     assert "<evidence>The Nile is the longest river.</evidence>" in tokenizer.decode(out["response_ids"])
+
+
+class _LogprobBackend(ScriptedBackend):
+    """Scripted texts with a recognisable log-probability on every generated token."""
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        output = await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kwargs)
+        return output.model_copy(update={"log_probs": [-0.5] * len(output.token_ids)})
+
+
+def test_logprobs_follow_the_mask(base_config, search_url, tokenizer):
+    backend = _LogprobBackend(tokenizer, turns=["no action here", SEARCH_TURN, ANSWER_TURN])
+    output = run_worker(search_config(base_config, search_url), backend, [make_row(QUESTION, "evidence_search")])
+    out = unpad(output)
+    logprobs = output.batch["rollout_log_probs"][0, : len(out["response_ids"])].tolist()
+    assert [lp == -0.5 for lp in logprobs] == [m == 1 for m in out["response_mask"]]
+    assert all(lp == 0.0 for lp, m in zip(logprobs, out["response_mask"], strict=True) if m == 0)
+
+
+def test_prompt_setting_rebuilds_the_user_turn(base_config, search_url, tokenizer):
+    messages = [
+        {"role": "system", "content": "You are careful."},
+        {"role": "user", "content": "raw text that the template replaces"},
+    ]
+    backend = ScriptedBackend(tokenizer, turns=["<answer> Nile </answer>"])
+    config = search_config(base_config, search_url, prompt="evinote_sen")
+    out = unpad(run_worker(config, backend, [make_row(QUESTION, "evidence_search", messages=messages)]))
+    prompt = tokenizer.decode(out["prompt_ids"])
+    assert prompt.startswith("<|im_start|>system\nYou are careful.<|im_end|>\n<|im_start|>user\n")
+    assert "supportive-evidence note" in prompt and f"Question: {QUESTION}" in prompt
+    assert "raw text that the template replaces" not in prompt
