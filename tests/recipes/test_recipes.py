@@ -302,3 +302,56 @@ def test_search_r1_reward_file() -> None:
     assert compute_score("nq", "<think>x</think><answer> paris. </answer>", gt)["score"] == 1.0
     assert compute_score("nq", "<answer>Lyon</answer>", gt)["score"] == 0.0
     assert compute_score("nq", "Paris", gt) == {"score": 0.0, "em": 0.0, "has_answer": 0.0}
+
+
+# ------------------------------------------------------------------ starting the real retrieval server
+
+
+@pytest.mark.slow
+def test_recipe_starts_and_stops_the_retrieval_server(tmp_path: Path) -> None:
+    """_common.sh's server step, for real: `verl-evidence serve` (bundled corpus) until /health answers."""
+    import signal
+    import socket
+    import time
+
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    script = f"""
+set -euo pipefail
+source {RECIPES}/_common.sh
+ve_parse_args
+RETRIEVAL_PORT={port}
+ve_retrieval_server
+echo "pid=$VE_SERVER_PID"
+python - <<'PY'
+import httpx, json, os
+reply = httpx.post(os.environ["VERL_EVIDENCE_RETRIEVAL_URL"] + "/retrieve", json={{"queries": ["Where do the two Niles meet?"], "topk": 2}}, timeout=30)
+print("hits=" + json.dumps([h["document"]["id"] for h in reply.json()["result"][0]]))
+PY
+"""
+    result = subprocess.run(
+        ["bash", "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "SERVER_WAIT": "300"},
+    )
+    pid = int(next(line for line in result.stdout.splitlines() if line.startswith("pid="))[4:])
+    try:
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert f"# retrieval server: http://127.0.0.1:{port}" in result.stdout
+        hits = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("hits="))[5:])
+        assert len(hits) == 2
+        deadline = time.monotonic() + 120  # the recipe's EXIT trap stopped the server it started
+        while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+            time.sleep(1)
+        assert not Path(f"/proc/{pid}").exists()
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+    finally:
+        if Path(f"/proc/{pid}").exists():
+            os.kill(pid, signal.SIGKILL)
