@@ -129,6 +129,24 @@ def _by_rollout_and_case(records: Sequence[EvalRecord]) -> dict[tuple[str, str],
 # ---------------------------------------------------------------------------
 
 
+# Logged values that are counts, labels or diagnostics rather than rewards: left out of the box plots
+# (their scale would flatten the rewards), kept in the tables.
+_NOT_REWARDS = frozenset(
+    {"len_r", "len_e", "len_p", "num_summaries", "has_summary", "reward_error", "answerable", "chose_evidence"}
+)
+
+
+def _plotted_components(records: Sequence[EvalRecord], manager: str) -> list[str]:
+    """Reward-valued components; of a composite's ``part.key`` entries only each part's ``score``."""
+    out = []
+    for name in _component_columns(records, manager):
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in _NOT_REWARDS or ("." in name and leaf != "score"):
+            continue
+        out.append(name)
+    return out
+
+
 def plot_reward_components(records: Sequence[EvalRecord], path: Path) -> Path | None:
     """Box plots of every reward component, one panel per reward manager."""
     managers = sorted({m for r in records for m in r.rewards})
@@ -136,7 +154,7 @@ def plot_reward_components(records: Sequence[EvalRecord], path: Path) -> Path | 
         return None
     fig, axes = plt.subplots(len(managers), 1, figsize=(9, 2.8 * len(managers)), squeeze=False)
     for ax, manager in zip(axes[:, 0], managers):
-        columns = _component_columns(records, manager)
+        columns = _plotted_components(records, manager)
         data = [
             [r.rewards[manager][c] for r in records if r.rewards.get(manager, {}).get(c) is not None]
             for c in columns
@@ -169,6 +187,8 @@ def plot_rewards_by_case(records: Sequence[EvalRecord], path: Path) -> Path | No
                 labels.append(case if len({k[0] for k in groups}) == 1 else f"{rollout}: {case}")
                 means.append(sum(scores) / len(scores))
         ax.barh(range(len(means)), means, color="tab:blue")
+        for y, value in enumerate(means):
+            ax.text(value, y, f" {value:.2f}", va="center", fontsize=7)
         ax.set_yticks(range(len(means)), labels, fontsize=8)
         ax.invert_yaxis()
         ax.set_title(f"{manager}: mean score by case", fontsize=10)
@@ -220,14 +240,18 @@ def plot_context_tokens(records: Sequence[EvalRecord], path: Path) -> Path | Non
     )
     if not groups:
         return None
-    fig, ax = plt.subplots(figsize=(9, 3.8))
+    fig, ax = plt.subplots(figsize=(11, 3.8))
     for group, group_records in groups.items():
         ordered = sorted(group_records, key=lambda r: r.example_id)
-        ax.plot(range(len(ordered)), [r.context_tokens for r in ordered], marker="o", ms=3, lw=1, label=group)
+        line = ax.plot(range(len(ordered)), [r.context_tokens for r in ordered], marker="o", ms=3, lw=1, label=group)[0]
+        raw = [r.passage_tokens if r.passage_tokens is not None else r.raw_context_tokens for r in ordered]
+        if all(x is not None for x in raw) and raw != [r.context_tokens for r in ordered]:
+            # what the policy would have read without extraction/truncation: the compression, visibly
+            ax.plot(range(len(ordered)), raw, ls="--", lw=1, color=line.get_color(), label=f"{group} (raw retrieved)")
     ax.set_xlabel("question (sorted by id)")
-    ax.set_ylabel("context tokens")
+    ax.set_ylabel("tokens")
     ax.set_title("context tokens per question")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
