@@ -245,3 +245,32 @@ def test_cli_errors_are_clear(tiny_set, tokenizer_dir, tmp_path: Path, args: lis
     assert result.exit_code == 2, result.output
     assert message in " ".join(result.output.split())
     assert not (tmp_path / "out.parquet").exists()  # nothing half-written
+
+
+def test_grace_on_the_bundled_set(tmp_path: Path) -> None:
+    from verl_evidence import bundled
+
+    out = tmp_path / "grace.parquet"
+    args = ["grace", "bundled", "--retriever", "oracle", "--retriever", "bm25", "--retriever", "random", "-o", out]
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    rows = read_parquet(out)
+    questions = [json.loads(line) for line in Path(bundled.qa_path()).read_text().splitlines() if line.strip()]
+    per_retriever = {
+        name: [r for r in rows if r["extra_info"]["retriever"] == name] for name in ("oracle", "bm25", "random")
+    }
+    oracle = per_retriever["oracle"]  # first retriever: nothing to deduplicate against
+    assert len(oracle) == len(questions)
+    assert sum(r["extra_info"]["answerable"] for r in oracle) == (len(questions) + 1) // 2
+    for name, kept in per_retriever.items():  # the printed table matches the file
+        answerable = sum(r["extra_info"]["answerable"] for r in kept)
+        assert f"│ {name} " in result.output and f"│ {answerable:>10} │ {len(kept) - answerable:>12} │" in result.output
+    assert invoke(*args[:-1], tmp_path / "again.parquet").exit_code == 0
+    assert read_parquet(tmp_path / "again.parquet") == rows  # seeded: identical files
+
+
+def test_grace_default_retrievers() -> None:
+    from verl_evidence.dataprep.cli import default_retrievers
+
+    assert default_retrievers(None) == ["oracle", "bm25", "dense", "random"]
+    assert default_retrievers("/models/reranker") == ["oracle", "bm25", "dense", "dense+rerank", "random"]

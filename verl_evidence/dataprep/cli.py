@@ -228,14 +228,21 @@ def print_grace_stats(stats: grace_mod.GraceStats, retrievers: Sequence[str], sk
         console.print(f"skipped {skipped} unanswerable or evidence-less input questions")
 
 
+def default_retrievers(cross_encoder: str | None) -> list[str]:
+    return [name for name in BUILTIN_RETRIEVERS if name != "dense+rerank" or cross_encoder]
+
+
 @data_app.command("grace")
 @_fail_clearly
 def grace_command(
     source: str = typer.Argument(..., help="'bundled', a bundled-layout .jsonl, a HotpotQA or a QASPER .json/.jsonl"),
     output: Path = typer.Option(..., "--output", "-o"),
     style: GraceStyle = typer.Option(GraceStyle.bundled, help="input layout"),
-    retrievers: list[str] = typer.Option(
-        list(BUILTIN_RETRIEVERS), "--retriever", help="built-in name or NAME=URL (retrieval server); repeatable"
+    retrievers: list[str] | None = typer.Option(
+        None,
+        "--retriever",
+        help="built-in name or NAME=URL (retrieval server); repeatable. Default: all five built-ins "
+        "(dense+rerank only with --cross-encoder)",
     ),
     k: int = typer.Option(5, "--k", help="passages per context"),
     seed: int = typer.Option(0, help="seeds the per-retriever 50/50 split and the fillers"),
@@ -279,7 +286,7 @@ def grace_command(
             rerank_depth=rerank_depth,
             cache=cache,
         )
-        for spec in retrievers
+        for spec in retrievers or default_retrievers(cross_encoder)
     ]
     with _progress() as progress:
         tasks = {r.name: progress.add_task(f"{r.name:>14}", total=len(items)) for r in built}
