@@ -293,7 +293,7 @@ def main() -> int:
     nli_table.add_row("one call per pair", f"{args.nli_pairs / per_pair_s:,.0f}", "1.00x")
     nli_table.add_row("batched", f"{args.nli_pairs / batched_s:,.0f}", f"{per_pair_s / batched_s:.2f}x")
     nli_table.add_row(
-        f"concurrent requests, micro-batched ({batcher.forward_batches} passes)",
+        f"concurrent requests, micro-batched ({batcher.forward_batches // args.repeats} passes/run)",
         f"{args.nli_pairs / micro_s:,.0f}",
         f"{per_pair_s / micro_s:.2f}x",
     )

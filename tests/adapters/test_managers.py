@@ -281,3 +281,16 @@ def test_composite_config_errors_fail_at_start_up(make_config, components, messa
         overrides.append(f"+reward.reward_kwargs.components={components}")
     with pytest.raises(ValueError, match=message):
         RewardLoopWorker(make_config(*overrides))
+
+
+def test_function_spec_forms(tmp_path):
+    from verl_evidence.reward_managers.scorers import load_function
+
+    module = tmp_path / "spec_reward.py"
+    module.write_text(FLAKY_REWARD)
+    assert load_function("verl_evidence.rewards.grace:compute_score") is grace.compute_score
+    assert load_function("pkg://verl_evidence.rewards.grace:compute_score") is grace.compute_score
+    assert load_function("pkg://verl_evidence.rewards.eviomni") is eviomni.compute_score  # default name
+    assert load_function(f"{module}:compute_score")("nq", "x", None) == {"score": 0.25, "length": 1.0}
+    with pytest.raises(ValueError, match="no_such_function"):
+        load_function("verl_evidence.rewards.grace:no_such_function")
