@@ -25,7 +25,7 @@ def run_demo(out: Path, retrieval_url: str, *extra: str) -> subprocess.Completed
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "COLUMNS": "200"}
     return subprocess.run(
         [*command, "demo", "--retrieval-url", retrieval_url, "--out", str(out), *extra],
-        capture_output=True, text=True, env=env, timeout=900,
+        capture_output=True, text=True, env=env, timeout=900, check=False,
     )
 
 

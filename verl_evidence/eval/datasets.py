@@ -26,7 +26,7 @@ from verl_evidence.eval.runner import EvalExample, rollout_kind
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ROLLOUTS", "bundled_rows", "examples_from_rows", "load_rows", "bundled_qa_records"]
+__all__ = ["ROLLOUTS", "bundled_qa_records", "bundled_rows", "examples_from_rows", "load_rows"]
 
 ROLLOUTS = ("search", "eviomni", "grace")
 SPLIT = "test"

@@ -11,10 +11,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from verl_evidence.eval import metrics
+from verl_evidence.eval.cache import ResultsCache
 from verl_evidence.eval.records import EvalRecord
 from verl_evidence.eval.report import format_value
 from verl_evidence.eval.runner import EvalExample, EvalRunner
-from verl_evidence.eval.cache import ResultsCache
 
 __all__ = ["cancel_pending_tasks", "metrics_rich_table", "run_with_progress"]
 

@@ -17,10 +17,10 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # headless: clusters and CI have no display
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from verl_evidence.eval import metrics  # noqa: E402
-from verl_evidence.eval.records import EvalRecord  # noqa: E402
+from verl_evidence.eval import metrics
+from verl_evidence.eval.records import EvalRecord
 
 logger = logging.getLogger(__name__)
 

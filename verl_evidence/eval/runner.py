@@ -189,7 +189,7 @@ class EvalRunner:
         record = base_record(self.policy_id, example)
         try:
             output = await self.rollout(example)
-        except Exception as err:  # one broken example must not end the run: record why and go on
+        except Exception as err:  # noqa: BLE001  (one broken example must not end the run: record why, go on)
             logger.warning("example %s failed during rollout: %s: %s", example.example_id, type(err).__name__, err)
             record.error = f"rollout failed: {type(err).__name__}: {err}"
             return record

@@ -22,7 +22,7 @@ from verl_evidence.eval.scoring import RewardScorer, compose_trainer_config
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EvalSession", "RANDOM_JUDGE_NOTE", "make_runner", "open_session", "replay_backend", "reward_managers"]
+__all__ = ["RANDOM_JUDGE_NOTE", "EvalSession", "make_runner", "open_session", "replay_backend", "reward_managers"]
 
 RANDOM_JUDGE_NOTE = (
     "EviNote's NLI judge is a tiny RANDOMLY INITIALISED model built locally (no --nli-model given): "
@@ -113,9 +113,9 @@ def open_session(
     ``response_length`` caps a whole trajectory (all turns and observations),
     ``max_tokens_per_turn`` one generation of the search loop.
     """
-    import verl_evidence.plugin  # noqa: F401  (registers the agent loops and reward managers in this process)
     from transformers import AutoTokenizer
 
+    import verl_evidence.plugin  # noqa: F401  (registers the agent loops and reward managers in this process)
     from verl_evidence.testing import save_tiny_tokenizer, tiny_nli_model
 
     work = Path(work_dir)
@@ -209,13 +209,13 @@ def make_runner(
         from verl_evidence.backends import HFGenerationBackend
 
         backend = HFGenerationBackend.from_pretrained(policy.target)
-        backend_for = lambda example: backend  # noqa: E731  (one model, shared)
+        backend_for = lambda example: backend
         concurrency = 1  # HF generate is not re-entrant; the backend serialises anyway
     else:
         from verl_evidence.backends import OpenAIBackend
 
         backend = OpenAIBackend(policy.target, policy.model_name, tokenizer=session.tokenizer)
-        backend_for = lambda example: backend  # noqa: E731
+        backend_for = lambda example: backend
     return EvalRunner(
         config=session.config,
         tokenizer=session.tokenizer,
