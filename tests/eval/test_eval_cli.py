@@ -71,3 +71,67 @@ def test_a_local_hf_model_directory_runs_as_the_policy(retrieval_server_url, tmp
     assert record.response  # the model generated something (random text)
     assert set(record.rewards) == {"evinote", "composite"}
     assert record.rewards["evinote"]["format_ok"] == 0.0  # random tokens are not the protocol
+
+
+class _CompletionsServer:
+    """A minimal OpenAI-compatible ``/v1/completions`` server (vLLM's wire format) answering one fixed text."""
+
+    def __init__(self, tokenizer, text: str) -> None:
+        import threading
+        import time
+
+        import uvicorn
+        from fastapi import FastAPI
+
+        from retrieval_server.launch import free_port
+
+        app = FastAPI()
+        self.requests: list[dict] = []
+
+        @app.post("/v1/completions")
+        async def completions(body: dict):
+            self.requests.append(body)
+            choice = {
+                "index": 0, "text": text, "finish_reason": "stop", "stop_reason": None, "logprobs": None,
+                "token_ids": tokenizer.encode(text, add_special_tokens=False),
+            }
+            return {"id": "c", "object": "text_completion", "created": 0, "model": body["model"], "choices": [choice]}
+
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+def test_eval_command_with_an_openai_compatible_endpoint(retrieval_server_url, tmp_path) -> None:
+    from verl_evidence.cli import app
+    from verl_evidence.testing import save_tiny_tokenizer, tiny_tokenizer
+
+    tokenizer_dir = save_tiny_tokenizer(tmp_path / "tok")
+    server = _CompletionsServer(tiny_tokenizer(), "<llm>I cannot find it in the context.</llm>\n<answer>unknown</answer>")
+    try:
+        out = tmp_path / "eval"
+        result = CliRunner().invoke(
+            app,
+            [
+                "eval", "--endpoint", server.url, "--served-model", "policy-7b", "--tokenizer", str(tokenizer_dir),
+                "--rollouts", "grace", "--limit", "1", "--retrieval-url", retrieval_server_url, "--out", str(out),
+            ],
+        )
+    finally:
+        server.stop()
+    assert result.exit_code == 0, result.output
+    assert server.requests and all(r["model"] == "policy-7b" for r in server.requests)
+    assert isinstance(server.requests[0]["prompt"], list)  # token ids, as verl's server manager sends them
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert records and all(r["policy"] == f"endpoint:{server.url}#policy-7b" for r in records)
+    assert all(r["refused"] is True and r["prediction"] == "unknown" for r in records)
+    for r in records:  # the <llm> path is right exactly on the unanswerable contexts
+        assert r["rewards"]["grace"]["score"] == (1.5 if r["answerable"] is False else 0.5)
