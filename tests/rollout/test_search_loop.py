@@ -311,3 +311,17 @@ def test_prompt_setting_rebuilds_the_user_turn(base_config, search_url, tokenize
     assert prompt.startswith("<|im_start|>system\nYou are careful.<|im_end|>\n<|im_start|>user\n")
     assert "supportive-evidence note" in prompt and f"Question: {QUESTION}" in prompt
     assert "raw text that the template replaces" not in prompt
+
+
+def test_per_turn_cap_without_action_is_corrected_not_fatal(base_config, search_url, tokenizer):
+    long_turn = "I keep thinking about rivers and deserts and many other things"
+    backend = ScriptedBackend(tokenizer, turns=[long_turn, "<answer> Nile </answer>"])
+    config = search_config(base_config, search_url, max_tokens_per_turn=12, max_turns=2)
+    out = unpad(run_worker(config, backend, [make_row(QUESTION, "evidence_search")]))
+    runs = segments(out["response_ids"], out["response_mask"])
+    assert [m for m, _ in runs] == [1, 0, 1]
+    assert len(runs[0][1]) == 12
+    feedback = tokenizer.decode(runs[1][1])
+    assert feedback.startswith("\nThat was not a valid action")
+    assert feedback.endswith("No searches are left: give your final answer now inside <answer> and </answer>.\n")
+    assert out["extra"]["invalid_actions"] == 1 and out["extra"]["termination"] == "answer"

@@ -255,6 +255,12 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
             return documents, raw_tokens
         return f"<evidence>{extraction.evidence}</evidence>", raw_tokens
 
+    def _notice(self, turn: int) -> list[int]:
+        """Tokens of the final-turn notice when the next turn is the last one, else none."""
+        if turn + 1 == self.settings.max_turns - 1 and self.settings.final_turn_notice:
+            return encode_cached(self.tokenizer, self.settings.final_turn_notice)
+        return []
+
     # -- the loop ---------------------------------------------------------------
 
     @rollout_trace_op
@@ -276,7 +282,6 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
         context_tokens = raw_context_tokens = 0
         termination = "max_turns"
         turns = 0
-        eos = self.tokenizer.eos_token_id
 
         for turn in range(s.max_turns):
             if traj.remaining <= 0:
@@ -309,9 +314,7 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
                 observation, raw_tokens = await self._observe(query, question, turn_text, stats)
                 body = encode(self.tokenizer, observation)[: s.max_obs_tokens]
                 pieces = encode_cached(self.tokenizer, "\n\n<information>") + body
-                pieces += encode_cached(self.tokenizer, "</information>\n\n")
-                if turn + 1 == s.max_turns - 1 and s.final_turn_notice:
-                    pieces += encode_cached(self.tokenizer, s.final_turn_notice)
+                pieces += encode_cached(self.tokenizer, "</information>\n\n") + self._notice(turn)
                 context_tokens += len(body)
                 raw_context_tokens += raw_tokens
                 if traj.add_context(pieces) < len(pieces):
@@ -321,12 +324,13 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
             if last_turn:
                 termination = "max_turns"
                 break
-            ended = bool(token_ids) and (token_ids[-1] == eos)
-            if not ended and len(token_ids) >= budget:
+            if traj.remaining <= 0:  # cut off mid-turn by the response budget
                 termination = "response_length"
                 break
+            # no action: EOS without an answer, or the per-turn cap reached mid-thought
             invalid_actions += 1
-            if traj.add_context(encode_cached(self.tokenizer, s.invalid_action_feedback)) == 0:
+            feedback = encode_cached(self.tokenizer, s.invalid_action_feedback) + self._notice(turn)
+            if traj.add_context(feedback) < len(feedback):
                 termination = "response_length"
                 break
 
