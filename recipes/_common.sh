@@ -11,6 +11,7 @@ VE_PRESETS="$VE_RECIPES/presets"
 VE_PYTHON="${PYTHON:-python}"
 DRY_RUN=0
 EXTRA_ARGS=()
+HYDRA_FLAGS=()  # Hydra's own flags go before every override (its argparse rejects them in between)
 
 ve_usage() {
   cat <<EOF
@@ -18,6 +19,7 @@ usage: $(basename "$0") [--dry-run] [--no-server] [hydra.key=value ...]
 
   --dry-run     print the retrieval-server and trainer commands, run nothing
   --no-server   do not start a retrieval server (use RETRIEVAL_URL as is)
+  --cfg job [--resolve]   Hydra: print the composed trainer config instead of training (CPU is enough)
   key=value     extra Hydra overrides, appended last (they win)
 
 Environment: MODEL (qwen2.5-1.5b|qwen2.5-3b|qwen2.5-7b|qwen3-4b|qwen3-8b|llama3.2-3b|llama3.1-8b),
@@ -33,6 +35,8 @@ ve_parse_args() {
       --dry-run) DRY_RUN=1 ;;
       --no-server) START_SERVER=0 ;;
       -h|--help) ve_usage; exit 0 ;;
+      --cfg|--package) HYDRA_FLAGS+=("$1" "${2:?$1 needs a value}"); shift ;;  # Hydra: print the config, do not train
+      --resolve) HYDRA_FLAGS+=("$1") ;;
       --*) echo "unknown flag $1 (Hydra overrides are key=value)" >&2; ve_usage >&2; exit 2 ;;
       *) EXTRA_ARGS+=("$1") ;;
     esac
@@ -157,7 +161,7 @@ ve_search_overrides() {
 
 # Print the trainer command; run it unless --dry-run. Hydra overrides come last so they win.
 ve_run() {
-  local cmd=("$VE_PYTHON" -m verl.trainer.main_ppo "$@" "${EXTRA_ARGS[@]}")
+  local cmd=("$VE_PYTHON" -m verl.trainer.main_ppo "${HYDRA_FLAGS[@]}" "$@" "${EXTRA_ARGS[@]}")
   echo "# trainer:"
   ve_print "${cmd[@]}"
   if [ "$DRY_RUN" = 1 ]; then return 0; fi

@@ -355,3 +355,23 @@ PY
     finally:
         if Path(f"/proc/{pid}").exists():
             os.kill(pid, signal.SIGKILL)
+
+
+def test_cfg_job_runs_the_real_entry_point() -> None:
+    """`--cfg job` goes through `python -m verl.trainer.main_ppo` itself (Hydra's CLI), printing the config."""
+    import yaml
+
+    result = subprocess.run(
+        ["bash", str(RECIPES / "grace_dapo.sh"), "--cfg", "job", "--resolve", "trainer.total_training_steps=7"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHON": sys.executable},
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    config = yaml.safe_load(result.stdout[result.stdout.index("\nactor_rollout_ref:") + 1 :])
+    assert config["reward"]["reward_manager"]["name"] == "dapo"
+    assert config["actor_rollout_ref"]["actor"]["clip_ratio_high"] == 0.28
+    assert config["reward"]["reward_kwargs"]["max_resp_len"] == 3072
+    assert config["trainer"]["total_training_steps"] == 7
