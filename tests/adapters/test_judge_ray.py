@@ -93,3 +93,40 @@ def test_evinote_manager_uses_the_actor(actor_config, first_client, make_config,
     assert output["reward_score"] == pytest.approx(expected["score"], abs=1e-5)
     # the manager reached the module's shared actor rather than starting its own
     assert first_client.describe()["forward_batches"] > batches_before
+
+
+def test_reward_worker_actors_share_one_judge(actor_config, first_client, make_config, tokenizer, nli_dir):
+    """The production path: verl's RewardLoopWorker as Ray actors; each fresh worker process registers
+    the managers through the verl.plugins entry point and reaches the same judge actor by name."""
+    from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+
+    config = make_config(
+        "reward.reward_manager.name=evinote",
+        f"+reward.reward_kwargs.nli_model={nli_dir}",
+        "+reward.reward_kwargs.nli_device=cpu",
+        "+reward.reward_kwargs.nli_batch_size=16",
+        "+reward.reward_kwargs.nli_max_wait_ms=20",
+        "+reward.reward_kwargs.nli_num_cpus=1",
+    )
+    response = f"<search>q</search><information>d</information><summary>{PAIRS[1][0]}</summary><answer>Paris</answer>"
+    gold = {"target": ["Paris"]}
+    sample = {"response": response, "ground_truth": gold, "tool_extra_fields": {"question": "Capital?"}}
+    batch = make_batch(tokenizer, [sample] * 3)
+    worker_class = ray.remote(RewardLoopWorker)
+    workers = [worker_class.options(num_cpus=0).remote(config) for _ in range(2)]
+    try:
+        batches_before = first_client.describe()["forward_batches"]
+        outputs = ray.get([worker.compute_score_batch.remote(batch) for worker in workers], timeout=600)
+        eqr = NLIJudge(str(nli_dir), device="cpu").entailment_probs(
+            [PAIRS[1][0]], [evinote.build_claim("Paris", "Capital?")]
+        )[0]
+        expected = evinote.compute_score("nq", response, gold, {"eqr": eqr})["score"]
+        assert [o["reward_score"] for worker_outputs in outputs for o in worker_outputs] == pytest.approx(
+            [expected] * 6, abs=1e-5
+        )
+        assert first_client.describe()["forward_batches"] > batches_before
+        judges = [a for a in ray.util.list_named_actors(all_namespaces=True) if "nli_judge" in str(a)]
+        assert len(judges) == 1, judges
+    finally:
+        for worker in workers:
+            ray.kill(worker)
