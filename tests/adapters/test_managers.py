@@ -95,7 +95,8 @@ def test_grace_matches_core_in_train_and_validation_modes(make_config, tokenizer
 def test_grace_reward_kwargs_override_and_bad_mode(make_config, tokenizer):
     config = make_config("reward.reward_manager.name=grace", "+reward.reward_kwargs.mode=validation",
                          "+reward.reward_kwargs.beta=10")
-    (output,) = score_with_worker(config, make_batch(tokenizer, [{"response": GRACE_RESPONSES[0], "ground_truth": GOLD}]))
+    batch = make_batch(tokenizer, [{"response": GRACE_RESPONSES[0], "ground_truth": GOLD}])
+    (output,) = score_with_worker(config, batch)
     expected = grace.compute_score("nq", GRACE_RESPONSES[0], GOLD, {}, mode="validation", beta=10)
     assert output["reward_score"] == pytest.approx(expected["score"])
     with pytest.raises(ValueError, match="GRACE mode"):
@@ -249,7 +250,8 @@ def test_composite_custom_reward_function_and_judge(make_config, tokenizer, tmp_
     config = make_config(
         "reward.reward_manager.name=composite",
         f"reward.custom_reward_function.path={module}",
-        "+reward.reward_kwargs.components=[{reward:custom,weight:1},{reward:evinote,weight:1},{reward:evinote,weight:1}]",
+        "+reward.reward_kwargs.components="
+        "[{reward:custom,weight:1},{reward:evinote,weight:1},{reward:evinote,weight:1}]",
         f"+reward.reward_kwargs.nli_model={nli_dir}",
         "+reward.reward_kwargs.nli_in_process=true",
         "+reward.reward_kwargs.nli_device=cpu",

@@ -24,7 +24,8 @@ from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 managers = {name: get_reward_manager_cls(name).__module__ for name in ("eviomni", "evinote", "grace", "composite")}
 estimator = get_adv_estimator_fn("grpo_clipstd").__module__
-print(json.dumps({"managers": managers, "estimator": estimator, "plugin_loaded": "verl_evidence.plugin" in sys.modules}))
+loaded = "verl_evidence.plugin" in sys.modules
+print(json.dumps({"managers": managers, "estimator": estimator, "plugin_loaded": loaded}))
 """
 
 
