@@ -24,8 +24,11 @@ POLICY = PolicySpec("replay", str(TRAJECTORIES))
 
 @pytest.fixture(scope="module")
 def session(retrieval_server_url, tmp_path_factory):
+    from verl_evidence.eval.progress import cancel_pending_tasks
+
     with open_session(tmp_path_factory.mktemp("eval-work"), retrieval_url=retrieval_server_url) as s:
         yield s
+    cancel_pending_tasks()  # the in-process judge's batcher task
 
 
 @pytest.fixture(scope="module")
