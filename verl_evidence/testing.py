@@ -10,6 +10,7 @@ are exercised by saving these to a directory first.
 
 from __future__ import annotations
 
+import copy
 import functools
 from pathlib import Path
 
@@ -130,7 +131,7 @@ def tiny_nli_model(directory: str | Path, seed: int = 0, id2label: dict[int, str
     model = BertForSequenceClassification(config).eval()
     directory = Path(directory)
     model.save_pretrained(directory)
-    tok_copy = tiny_tokenizer()
+    tok_copy = copy.deepcopy(tiny_tokenizer())  # the cached tokenizer is shared: never mutate it
     tok_copy.model_max_length = 128
     tok_copy.save_pretrained(directory)
     return directory
