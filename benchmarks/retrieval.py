@@ -1,0 +1,338 @@
+"""Retrieval server benchmark (bounded: fixed request counts, stops by itself, 127.0.0.1 only).
+
+Measures, in one run and on one index (bundled corpus, packaged MiniLM, Flat):
+  * the batched server vs a naive server (one encode + one search per request,
+    per-row document lookup) at 1/8/32/64 concurrent clients with one query per
+    request, and 4 clients x 32 queries per request: QPS, p50/p95/p99, errors,
+    replica RSS; identical top-k between the two;
+  * QPS served at 64 clients vs the in-process encode+search+lookup throughput
+    at the batch size the server actually formed (no HTTP);
+  * the RSS of a process serving a synthetic 1M x 384 Flat index vs its bytes;
+  * recall@10 / bytes per vector of fp16 Flat and IVF-PQ on a synthetic 768-d set
+    (the memory plan of docs/retrieval-server.md).
+
+    python benchmarks/retrieval.py [--quick] [--skip-memory] [--skip-recall]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+CPUS_PER_REPLICA = 2.0  # the whole (2-core) machine, for both servers alike
+
+
+# ---------------------------------------------------------------- the naive baseline
+def naive_deployment():
+    """Search-R1-style serving of the same index: every request alone, documents fetched row by row."""
+    from fastapi import FastAPI
+    from ray import serve
+
+    naive_app = FastAPI()
+
+    @serve.deployment(name="NaiveRetrievalServer", max_ongoing_requests=64)
+    @serve.ingress(naive_app)
+    class NaiveRetrievalServer:
+        def __init__(self, index_dir: str) -> None:
+            from retrieval_server.config import ServerConfig
+            from retrieval_server.search import Retriever
+
+            self.retriever = Retriever(ServerConfig(index_dir=Path(index_dir)))
+
+        @naive_app.post("/retrieve")
+        def retrieve(self, body: dict) -> dict:  # sync: FastAPI runs it in a thread per request, like uvicorn workers
+            queries, k = body["queries"], body.get("topk") or 3
+            vectors = self.retriever.encoder.encode_queries(queries)
+            rows, scores = self.retriever.dense.search(vectors, k)
+            result = []
+            for q in range(len(queries)):
+                hits = []
+                for j in range(k):
+                    hit = {"document": self.retriever.docstore.lookup_one(int(rows[q, j]))}
+                    if body.get("return_scores", True):
+                        hit["score"] = float(scores[q, j])
+                    hits.append(hit)
+                result.append(hits)
+            return {"result": result}
+
+        @naive_app.get("/health")
+        def health(self) -> dict:
+            return {"status": "ok", "replica_pid": os.getpid()}
+
+    return NaiveRetrievalServer
+
+
+# ---------------------------------------------------------------- load generation
+async def run_load(url: str, questions: list[str], clients: int, queries_per_request: int, requests_per_client: int) -> dict:
+    latencies: list[float] = []
+    errors = 0
+    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as http:
+
+        async def client(n: int) -> None:
+            nonlocal errors
+            for i in range(requests_per_client):
+                start = (n * requests_per_client + i) * queries_per_request
+                batch = [questions[(start + j) % len(questions)] for j in range(queries_per_request)]
+                t0 = time.perf_counter()
+                try:
+                    response = await http.post("/retrieve", json={"queries": batch, "topk": 3, "return_scores": True})
+                    ok = response.status_code == 200 and len(response.json()["result"]) == len(batch)
+                except httpx.HTTPError:
+                    ok = False
+                latencies.append(time.perf_counter() - t0)
+                errors += 0 if ok else 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(client(n) for n in range(clients)))
+        elapsed = time.perf_counter() - started
+    lat = np.asarray(latencies) * 1000
+    total_queries = clients * requests_per_client * queries_per_request
+    return {
+        "clients": clients,
+        "q_per_req": queries_per_request,
+        "requests": len(latencies),
+        "qps": total_queries / elapsed,
+        "p50_ms": float(np.percentile(lat, 50)),
+        "p95_ms": float(np.percentile(lat, 95)),
+        "p99_ms": float(np.percentile(lat, 99)),
+        "errors": errors,
+    }
+
+
+def replica_rss_mb(url: str) -> float:
+    import psutil
+
+    pid = httpx.get(f"{url}/health", timeout=30).json()["replica_pid"]
+    return psutil.Process(pid).memory_info().rss / 2**20
+
+
+def mean_batch_queries(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    total = float(re.search(r"^retrieval_batch_queries_sum (\S+)$", text, re.M).group(1))
+    count = float(re.search(r"^retrieval_batch_queries_count (\S+)$", text, re.M).group(1))
+    return total / max(count, 1.0)
+
+
+def top_k_ids(url: str, questions: list[str], k: int = 3) -> tuple[list[list[str]], list[list[float]]]:
+    ids, scores = [], []
+    for i in range(0, len(questions), 16):
+        result = httpx.post(f"{url}/retrieve", json={"queries": questions[i : i + 16], "topk": k}, timeout=120).json()["result"]
+        ids += [[h["document"]["id"] for h in hits] for hits in result]
+        scores += [[h["score"] for h in hits] for hits in result]
+    return ids, scores
+
+
+def in_process_qps(index_dir: Path, questions: list[str], batch_size: int, seconds: float = 4.0) -> float:
+    """encode + search + lookup with the server's own Retriever, no HTTP, same torch thread count."""
+    import torch
+
+    from retrieval_server.config import ServerConfig
+    from retrieval_server.search import Retriever
+
+    torch.set_num_threads(int(CPUS_PER_REPLICA))
+    retriever = Retriever(ServerConfig(index_dir=index_dir))
+    batch = [questions[j % len(questions)] for j in range(batch_size)]
+    retriever.lookup(retriever.search(batch, retriever.encode(batch), 3)[0].reshape(-1))  # warm-up
+    best = 0.0
+    for _ in range(3):  # best of three windows: the machine is shared, the limit is what it can do when free
+        done, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds / 3:
+            rows, _ = retriever.search(batch, retriever.encode(batch), 3)
+            retriever.lookup(rows.reshape(-1))
+            done += batch_size
+        best = max(best, done / (time.perf_counter() - started))
+    return best
+
+
+# ---------------------------------------------------------------- memory and recall of big/compressed indexes
+MEMORY_SCRIPT = textwrap.dedent(
+    """
+    import sys, numpy as np, faiss, psutil
+    from pathlib import Path
+    mode, path = sys.argv[1], sys.argv[2]
+    n, d = 1_000_000, 384
+    if mode == "write":
+        index = faiss.IndexFlatIP(d)
+        rng = np.random.default_rng(0)
+        for start in range(0, n, 100_000):
+            x = rng.standard_normal((100_000, d), dtype=np.float32)
+            x /= np.linalg.norm(x, axis=1, keepdims=True)
+            index.add(x)
+        faiss.write_index(index, path)
+    else:
+        from retrieval_server.search import DenseSearcher
+        base = psutil.Process().memory_info().rss
+        searcher = DenseSearcher(Path(path))
+        q = np.random.default_rng(1).standard_normal((64, d), dtype=np.float32)
+        searcher.search(q, 10)
+        rss = psutil.Process().memory_info().rss
+        print(rss, base, searcher.ntotal * d * 4)
+    """
+)
+
+
+def memory_line(workdir: Path) -> dict:
+    path = workdir / "flat-1m-384.faiss"
+    subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, "write", str(path)], check=True)
+    out = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, "serve", str(path)], check=True, capture_output=True, text=True).stdout
+    rss, base, index_bytes = (int(x) for x in out.split())
+    path.unlink()
+    return {"index_bytes": index_bytes, "rss": rss, "rss_before_load": base, "ratio": rss / index_bytes}
+
+
+def recall_tradeoff(n: int, d: int = 768, n_queries: int = 500, seed: int = 0) -> list[dict]:
+    """Recall@10 vs exact search on clustered synthetic vectors; bytes per vector of each index type."""
+    import faiss
+
+    rng = np.random.default_rng(seed)
+    centers = rng.standard_normal((n // 50, d), dtype=np.float32)
+    base = centers[rng.integers(0, len(centers), n)] + 0.6 * rng.standard_normal((n, d), dtype=np.float32)
+    base /= np.linalg.norm(base, axis=1, keepdims=True)
+    queries = base[rng.choice(n, n_queries, replace=False)] + 0.3 * rng.standard_normal((n_queries, d), dtype=np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    exact = faiss.IndexFlatIP(d)
+    exact.add(base)
+    _, truth = exact.search(queries, 10)
+    nlist = max(64, int(4 * np.sqrt(n)))
+    rows = []
+    for factory, params in [
+        ("SQfp16", [""]),
+        (f"IVF{nlist},SQfp16", ["nprobe=16", "nprobe=64"]),
+        (f"IVF{nlist},PQ96", ["nprobe=16", "nprobe=64"]),
+        (f"IVF{nlist},PQ48", ["nprobe=64"]),
+    ]:
+        index = faiss.index_factory(d, factory, faiss.METRIC_INNER_PRODUCT)
+        t0 = time.perf_counter()
+        index.train(base[rng.choice(n, min(n, 40 * nlist), replace=False)])
+        index.add(base)
+        build_s = time.perf_counter() - t0
+        code_bytes = faiss.serialize_index(index).nbytes / n
+        for param in params:
+            if param:
+                faiss.ParameterSpace().set_index_parameters(index, param)
+            _, found = index.search(queries, 10)
+            recall = np.mean([len(set(f) & set(t)) / 10 for f, t in zip(found, truth)])
+            rows.append({"index": factory, "params": param or "-", "recall@10": float(recall), "bytes/vector": code_bytes, "build_s": build_s})
+    return rows
+
+
+# ---------------------------------------------------------------- main
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer requests per level")
+    parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--skip-recall", action="store_true")
+    parser.add_argument("--recall-n", type=int, default=50_000)
+    parser.add_argument("--json-out", type=Path, default=None)
+    args = parser.parse_args()
+
+    import ray
+    from ray import serve
+
+    from retrieval_server.config import ServerConfig, bundled_qa_path
+    from retrieval_server.launch import ensure_bundled_index, start_server
+    from retrieval_server.recall import load_qa
+
+    index_dir = ensure_bundled_index(show_progress=False)
+    questions = [q["question"] for q in load_qa(bundled_qa_path())]
+    scale = 0.5 if args.quick else 1.0
+    levels = [(1, 1, 60), (8, 1, 40), (32, 1, 16), (64, 1, 10), (4, 32, 10)]  # clients, queries/request, requests/client
+
+    ours = start_server(
+        ServerConfig(index_dir=index_dir, port=0, num_cpus_per_replica=CPUS_PER_REPLICA, max_batch_size=64, batch_wait_timeout_s=0.002),
+        ray_num_cpus=4,
+    )
+    naive_url = f"{ours.url}/naive"
+    report: dict = {"index": {"dir": str(index_dir), "passages": httpx.get(f"{ours.url}/health").json()["index_size"]}}
+    try:
+        serve.run(
+            naive_deployment().options(ray_actor_options={"num_cpus": CPUS_PER_REPLICA}).bind(str(index_dir)),
+            name="naive",
+            route_prefix="/naive",
+        )
+        table = []
+        for name, url in (("batched", ours.url), ("naive", naive_url)):
+            asyncio.run(run_load(url, questions, 4, 1, 5))  # warm-up
+            for clients, qpr, per_client in levels:
+                row = asyncio.run(run_load(url, questions, clients, qpr, max(2, int(per_client * scale))))
+                row["server"] = name
+                row["rss_mb"] = replica_rss_mb(url)
+                if name == "batched" and clients == 64 and qpr == 1:
+                    row["mean_batch_queries"] = mean_batch_queries(url)
+                table.append(row)
+                print(json.dumps(row), flush=True)
+        report["load"] = table
+
+        ours_ids, ours_scores = top_k_ids(ours.url, questions)
+        naive_ids, naive_scores = top_k_ids(naive_url, questions)
+        report["identical_topk"] = {
+            "questions": len(questions),
+            "same_ids": sum(a == b for a, b in zip(ours_ids, naive_ids)),
+            "max_score_diff": float(np.max(np.abs(np.asarray(ours_scores) - np.asarray(naive_scores)))),
+        }
+        serve.delete("naive")
+        at64 = next(r for r in table if r["server"] == "batched" and r["clients"] == 64 and r["q_per_req"] == 1)
+        batch = max(1, round(at64["mean_batch_queries"]))
+    finally:
+        ours.shutdown()
+        if ray.is_initialized():
+            ray.shutdown()
+
+    limit = in_process_qps(index_dir, questions, batch)
+    report["limit"] = {"batch_size": batch, "in_process_qps": limit, "served_qps_at_64": at64["qps"], "ratio": at64["qps"] / limit}
+
+    if not args.skip_memory:
+        with tempfile.TemporaryDirectory() as tmp:
+            report["memory_1m_384_flat"] = memory_line(Path(tmp))
+    if not args.skip_recall:
+        report["recall_tradeoff"] = {"n": args.recall_n, "d": 768, "rows": recall_tradeoff(args.recall_n)}
+
+    report["loadavg"] = [round(x, 1) for x in os.getloadavg()]
+    print_report(report)
+    if args.json_out:
+        args.json_out.write_text(json.dumps(report, indent=2))
+
+
+def print_report(report: dict) -> None:
+    print(f"\nload average during the run (2-core machine shared with other jobs): {report.get('loadavg')}")
+    print(f"index: {report['index']['passages']} passages (bundled corpus), MiniLM-L6 384-d, Flat; {CPUS_PER_REPLICA:g} CPUs per replica\n")
+    print(f"{'server':8} {'clients':>7} {'q/req':>5} {'QPS':>8} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'errors':>6} {'RSS MB':>7}")
+    for r in report["load"]:
+        print(f"{r['server']:8} {r['clients']:>7} {r['q_per_req']:>5} {r['qps']:>8.1f} {r['p50_ms']:>8.1f} {r['p95_ms']:>8.1f} {r['p99_ms']:>8.1f} {r['errors']:>6} {r['rss_mb']:>7.0f}")
+    by = {(r["server"], r["clients"], r["q_per_req"]): r for r in report["load"]}
+    for clients, qpr in ((32, 1), (64, 1), (4, 32)):
+        b, n = by[("batched", clients, qpr)], by[("naive", clients, qpr)]
+        print(f"{clients} clients x {qpr} q/req: QPS ratio {b['qps'] / n['qps']:.2f}x, p99 ratio {b['p99_ms'] / n['p99_ms']:.2f}")
+    same = report["identical_topk"]
+    print(f"identical top-3: {same['same_ids']}/{same['questions']} questions, max |score diff| {same['max_score_diff']:.2e}")
+    lim = report["limit"]
+    print(f"limit: served {lim['served_qps_at_64']:.1f} QPS at 64 clients vs in-process {lim['in_process_qps']:.1f} QPS at batch {lim['batch_size']}: {lim['ratio']:.2f}")
+    if "memory_1m_384_flat" in report:
+        m = report["memory_1m_384_flat"]
+        print(f"memory: 1M x 384 Flat = {m['index_bytes'] / 2**20:.0f} MiB; serving process RSS {m['rss'] / 2**20:.0f} MiB = {m['ratio']:.3f} x index bytes")
+    if "recall_tradeoff" in report:
+        t = report["recall_tradeoff"]
+        print(f"\nrecall trade-off on {t['n']:,} synthetic {t['d']}-d vectors (500 queries, vs exact inner product):")
+        print(f"{'index':22} {'params':10} {'recall@10':>9} {'bytes/vec':>9} {'build s':>7}")
+        for r in t["rows"]:
+            print(f"{r['index']:22} {r['params']:10} {r['recall@10']:>9.3f} {r['bytes/vector']:>9.1f} {r['build_s']:>7.1f}")
+
+
+if __name__ == "__main__":
+    main()
