@@ -167,11 +167,17 @@ def demo_command(
     from verl_evidence.eval.cache import ResultsCache
     from verl_evidence.eval.cli import RESULTS_FILE, policy_from_options
     from verl_evidence.eval.datasets import ROLLOUTS, bundled_rows, examples_from_rows
-    from verl_evidence.eval.progress import cancel_pending_tasks, metrics_rich_table, run_with_progress
+    from verl_evidence.eval.progress import (
+        cancel_pending_tasks,
+        metrics_rich_table,
+        quiet_library_logs,
+        run_with_progress,
+    )
     from verl_evidence.eval.report import write_report
     from verl_evidence.eval.session import RANDOM_JUDGE_NOTE, make_runner, open_session
 
     started = time.monotonic()
+    quiet_library_logs()
     policy = policy_from_options(trajectories, model, endpoint, served_model)
     if tokenizer is None and policy.kind == "hf":
         tokenizer = Path(policy.target)

@@ -77,10 +77,16 @@ def eval_command(
     from verl_evidence.eval import replay
     from verl_evidence.eval.cache import ResultsCache
     from verl_evidence.eval.datasets import ROLLOUTS, bundled_rows, examples_from_rows, load_rows
-    from verl_evidence.eval.progress import cancel_pending_tasks, metrics_rich_table, run_with_progress
+    from verl_evidence.eval.progress import (
+        cancel_pending_tasks,
+        metrics_rich_table,
+        quiet_library_logs,
+        run_with_progress,
+    )
     from verl_evidence.eval.report import write_report
     from verl_evidence.eval.session import make_runner, open_session
 
+    quiet_library_logs()
     policy = policy_from_options(trajectories, model, endpoint, served_model)
     wanted = [r.strip() for r in rollouts.split(",") if r.strip()]
     bad = sorted(set(wanted) - set(ROLLOUTS))

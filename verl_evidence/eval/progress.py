@@ -68,3 +68,18 @@ def cancel_pending_tasks() -> None:
         task.cancel()
     if pending:
         loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+
+
+def quiet_library_logs() -> None:
+    """Silence per-example noise of the libraries so the progress bars and tables stay readable.
+
+    verl warns once per agent-loop instance that the tokenizer has no
+    model-specific Continuous Token builder (a benign fallback for the offline
+    test tokenizer), and transformers draws a bar each time it loads weights.
+    """
+    import logging
+
+    logging.getLogger("verl.utils.tokenizer.continuous_token_wiring").setLevel(logging.ERROR)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
