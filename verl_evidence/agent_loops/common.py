@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from typing import Any
+import weakref
+from typing import Any, NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -36,6 +37,37 @@ def resolve_settings(settings_cls: type, rollout_config: Any, loop_name: str, ov
     if unknown:
         raise TypeError(f"unknown setting(s) {unknown} for agent loop {loop_name!r}; known: {sorted(known)}")
     return settings_cls(**merged)
+
+
+class LoopSetup(NamedTuple):
+    settings: Any
+    response_length: int
+    rollout_name: str | None
+
+
+_SETUP_CACHE: dict[tuple[int, str, str], tuple[weakref.ref, LoopSetup]] = {}
+
+
+def loop_setup(trainer_config: Any, settings_cls: type, loop_name: str, overrides: dict[str, Any]) -> LoopSetup:
+    """Settings and the rollout values a loop needs, resolved once per worker config.
+
+    verl builds a loop object per trajectory, and reading interpolated
+    OmegaConf values (``response_length`` is ``${oc.select:...}``) costs
+    milliseconds each time; the worker's config object never changes, so the
+    result is cached by its identity. Settings are frozen dataclasses, safe to share.
+    """
+    key = (id(trainer_config), loop_name, repr(sorted(overrides.items())))
+    hit = _SETUP_CACHE.get(key)
+    if hit is not None and hit[0]() is trainer_config:
+        return hit[1]
+    rollout = trainer_config.actor_rollout_ref.rollout
+    setup = LoopSetup(
+        settings=resolve_settings(settings_cls, rollout, loop_name, overrides),
+        response_length=int(rollout.response_length),
+        rollout_name=rollout.get("name"),
+    )
+    _SETUP_CACHE[key] = (weakref.ref(trainer_config), setup)
+    return setup
 
 
 def _plain(value: Any) -> Any:

@@ -31,7 +31,7 @@ from verl.utils.profiler import simple_timer
 from verl.utils.rollout_trace import rollout_trace_op
 
 from retrieval_server.client import RetrievalError
-from verl_evidence.agent_loops.common import encode, question_of, resolve_settings, row_passages, stop_sampling_params
+from verl_evidence.agent_loops.common import encode, loop_setup, question_of, row_passages, stop_sampling_params
 from verl_evidence.backends import cut_at_stop
 from verl_evidence.prompts import check_placeholders, load_prompt, render_prompt
 from verl_evidence.rewards.text import extract_last, strip_thinking
@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 LOOP_NAME = "eviomni"
 
 
-@dataclass
+@dataclass(frozen=True)
 class EviOmniLoopSettings:
     prompt: str = "eviomni_reason_extract"
     answer_prompt: str = "eviomni_answer"
@@ -78,12 +78,10 @@ class EviOmniAgentLoop(AgentLoopBase):
         super().__init__(
             trainer_config, server_manager, tokenizer, processor, dataset_cls, data_config, hf_model_type=hf_model_type
         )
-        self.settings: EviOmniLoopSettings = resolve_settings(
-            EviOmniLoopSettings, self.rollout_config, self.loop_name, settings
+        self.settings, self.response_length, self.rollout_name = loop_setup(
+            self.config, EviOmniLoopSettings, self.loop_name, settings
         )
         s = self.settings
-        self.response_length = int(self.rollout_config.response_length)
-        self.rollout_name = self.rollout_config.get("name")
         self.prompt_template = load_prompt(s.prompt)
         check_placeholders(self.prompt_template, ["question", "passages"], name=f"eviomni prompt {s.prompt!r}")
         self.answer_template = load_prompt(s.answer_prompt)

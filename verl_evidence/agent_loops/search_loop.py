@@ -39,8 +39,8 @@ from retrieval_server.client import RetrievalError
 from verl_evidence.agent_loops.common import (
     encode,
     encode_cached,
+    loop_setup,
     question_of,
-    resolve_settings,
     stop_sampling_params,
 )
 from verl_evidence.agent_loops.extractor import EvidenceExtractor
@@ -55,7 +55,7 @@ LOOP_NAME = "evidence_search"
 ACTION_STOPS = ["</search>", "</answer>"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class SearchLoopSettings:
     """Settings of ``evidence_search`` (see docs/rollouts.md for where to set them)."""
 
@@ -177,12 +177,10 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
         super().__init__(
             trainer_config, server_manager, tokenizer, processor, dataset_cls, data_config, hf_model_type=hf_model_type
         )
-        self.settings: SearchLoopSettings = resolve_settings(
-            SearchLoopSettings, self.rollout_config, self.loop_name, settings
+        self.settings, self.response_length, self.rollout_name = loop_setup(
+            self.config, SearchLoopSettings, self.loop_name, settings
         )
         s = self.settings
-        self.response_length = int(self.rollout_config.response_length)
-        self.rollout_name = self.rollout_config.get("name")
         self.search = SearchService(
             retrieval_url=s.retrieval_url,
             topk=s.topk,
