@@ -50,6 +50,26 @@ def build_manager(cfg) -> str:
     return type(load_reward_manager(cfg, tiny_tokenizer())).__name__
 
 
+def loop_settings_classes() -> dict[str, type]:
+    from verl_evidence.agent_loops.eviomni_loop import EviOmniLoopSettings
+    from verl_evidence.agent_loops.search_loop import SearchLoopSettings
+
+    return {"evidence_search": SearchLoopSettings, "eviomni": EviOmniLoopSettings}
+
+
+def check_loop_settings(rollout_config) -> list[str]:
+    """Build every `rollout.custom.<loop>` section as the loop does at its first rollout (unknown keys fail)."""
+    from verl_evidence.agent_loops.common import resolve_settings
+
+    classes = loop_settings_classes()
+    custom = rollout_config.get("custom") or {}
+    for loop_name in custom:
+        if loop_name not in classes:
+            raise KeyError(f"rollout.custom.{loop_name}: no such plugin agent loop ({sorted(classes)})")
+        resolve_settings(classes[loop_name], rollout_config, loop_name, {})
+    return sorted(custom)
+
+
 def check(argv: list[str]) -> dict:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
@@ -73,6 +93,7 @@ def check(argv: list[str]) -> dict:
     manager = resolve_reward_manager_cls(cfg)
     custom = get_custom_reward_fn(cfg)
     built = build_manager(cfg)
+    loop_sections = check_loop_settings(cfg.actor_rollout_ref.rollout)
     estimator = get_adv_estimator_fn(cfg.algorithm.adv_estimator)
     import verl.experimental.agent_loop  # noqa: F401  (registers verl's built-in loops)
 
@@ -90,6 +111,7 @@ def check(argv: list[str]) -> dict:
         "manager": f"{manager.__module__}.{manager.__qualname__}",
         "custom_reward_fn": bool(custom),
         "built": built,
+        "loop_settings": loop_sections,
         "estimator": getattr(estimator, "__name__", str(estimator)),
         "agent_loop": loop,
         "agent_loop_target": _agent_loop_registry[loop]["_target_"],

@@ -238,12 +238,20 @@ def test_switching_presets(composed: dict[str, dict]) -> None:
 
 
 def test_agent_loop_preset_file_names_real_loops() -> None:
-    import yaml
-
-    entries = yaml.safe_load((RECIPES / "presets" / "agent_loops.yaml").read_text())
-    script = "import importlib, json, sys\n" + "".join(
-        f"m, c = {e['_target_']!r}.rsplit('.', 1); getattr(importlib.import_module(m), c)\n" for e in entries
-    )
+    """Each entry's class imports and its extra keys are settings that loop accepts."""
+    path = RECIPES / "presets" / "agent_loops.yaml"
+    script = f"""
+import importlib, sys, yaml
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from compose_check import loop_settings_classes
+from verl_evidence.agent_loops.common import resolve_settings
+classes = loop_settings_classes()
+for entry in yaml.safe_load(open({str(path)!r})):
+    module, name = entry.pop("_target_").rsplit(".", 1)
+    loop_class = getattr(importlib.import_module(module), name)
+    entry.pop("name")
+    resolve_settings(classes[loop_class.loop_name], None, loop_class.loop_name, entry)
+"""
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr[-2000:]
 
@@ -375,3 +383,9 @@ def test_cfg_job_runs_the_real_entry_point() -> None:
     assert config["actor_rollout_ref"]["actor"]["clip_ratio_high"] == 0.28
     assert config["reward"]["reward_kwargs"]["max_resp_len"] == 3072
     assert config["trainer"]["total_training_steps"] == 7
+
+
+def test_loop_settings_are_checked(composed: dict[str, dict]) -> None:
+    assert composed["evinote_grpo.sh"]["loop_settings"] == ["evidence_search"]
+    assert composed["eviomni_grpo.sh"]["loop_settings"] == ["eviomni"]
+    assert composed["grace_dapo.sh"]["loop_settings"] == []
