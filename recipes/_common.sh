@@ -86,8 +86,10 @@ EOF
 ve_retrieval_server() {
   RETRIEVAL_URL="${RETRIEVAL_URL:-http://127.0.0.1:${RETRIEVAL_PORT:-8000}}"
   export VERL_EVIDENCE_RETRIEVAL_URL="$RETRIEVAL_URL"  # read by the search tool in every Ray worker
-  local port="${RETRIEVAL_URL##*:}"
-  port="${port%%/*}"
+  local hostport="${RETRIEVAL_URL#*://}"
+  hostport="${hostport%%/*}"
+  local host="${hostport%%:*}" port="${hostport##*:}"
+  [[ "$port" =~ ^[0-9]+$ ]] || port="${RETRIEVAL_PORT:-8000}"
   # shellcheck disable=SC2206  # SERVER_ARGS is a list of flags by design
   local serve=(verl-evidence serve --port "$port" ${SERVER_ARGS:-})
   echo "# retrieval server: $RETRIEVAL_URL"
@@ -98,6 +100,11 @@ ve_retrieval_server() {
     return 0
   fi
   if ve_server_healthy "$RETRIEVAL_URL"; then return 0; fi
+  case "$host" in
+    127.0.0.1|localhost) ;;
+    "$(hostname)") serve+=(--host 0.0.0.0) ;;  # reachable by name from the other nodes
+    *) echo "no retrieval server answers at $RETRIEVAL_URL and it is not this machine: start it there" >&2; exit 1 ;;
+  esac
   "${serve[@]}" &
   VE_SERVER_PID=$!
   trap 'kill "$VE_SERVER_PID" 2>/dev/null || true' EXIT

@@ -389,3 +389,17 @@ def test_loop_settings_are_checked(composed: dict[str, dict]) -> None:
     assert composed["evinote_grpo.sh"]["loop_settings"] == ["evidence_search"]
     assert composed["eviomni_grpo.sh"]["loop_settings"] == ["eviomni"]
     assert composed["grace_dapo.sh"]["loop_settings"] == []
+
+
+def test_unreachable_remote_server_fails_fast() -> None:
+    result = subprocess.run(
+        ["bash", str(RECIPES / "search_r1_baseline.sh")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        env={**os.environ, "PYTHON": sys.executable, "RETRIEVAL_URL": "http://127.0.0.2:9"},
+    )
+    assert result.returncode == 1
+    assert "no retrieval server answers at http://127.0.0.2:9 and it is not this machine" in result.stderr
+    assert "# trainer:" not in result.stdout  # the trainer never starts without its server
