@@ -296,3 +296,55 @@ def test_function_spec_forms(tmp_path):
     assert load_function(f"{module}:compute_score")("nq", "x", None) == {"score": 0.25, "length": 1.0}
     with pytest.raises(ValueError, match="no_such_function"):
         load_function("verl_evidence.rewards.grace:no_such_function")
+
+
+SEARCH_STATS = {
+    "question": "Who wrote the report?",
+    "num_searches": 3,
+    "summary_count": 2,
+    "context_tokens": 40,
+    "raw_context_tokens": 200,
+    "compression_ratio": 5.0,
+    "invalid_actions": 1,
+    "search_errors": 0,
+    "extractor_failures": 1,
+    "searches": ["a", "b", "c"],  # not numeric: never logged
+    "termination": "answer",
+}
+
+
+@pytest.mark.parametrize("manager", ["evinote", "eviomni", "composite"])
+def test_rollout_statistics_reach_reward_extra_info(make_config, tokenizer, nli_dir, manager):
+    from verl_evidence.reward_managers.managers import ROLLOUT_STAT_KEYS
+
+    judge = [f"+reward.reward_kwargs.nli_model={nli_dir}", "+reward.reward_kwargs.nli_in_process=true",
+             "+reward.reward_kwargs.nli_device=cpu"]
+    overrides = {
+        "evinote": judge,
+        "eviomni": [],
+        "composite": ["+reward.reward_kwargs.components=[{reward:evinote,weight:1},{reward:eviomni,weight:1}]", *judge],
+    }[manager]
+    config = make_config(f"reward.reward_manager.name={manager}", *overrides)
+    # stats present, stats absent (e.g. another loop's rows), odd values: the same keys for every sample
+    samples = [
+        {"response": EVINOTE_RESPONSES[0], "ground_truth": GOLD, "tool_extra_fields": SEARCH_STATS},
+        {"response": EVIOMNI_RESPONSES[0], "ground_truth": GOLD, "tool_extra_fields": EVIOMNI_FIELDS},
+        {"response": "", "ground_truth": GOLD, "tool_extra_fields": {"num_searches": "many", "context_tokens": None}},
+    ]
+    outputs = score_with_worker(config, make_batch(tokenizer, samples))
+    assert_same_keys(outputs)
+    infos = [o["reward_extra_info"] for o in outputs]
+    for key in ROLLOUT_STAT_KEYS:
+        assert infos[0][key] == float(SEARCH_STATS[key])
+        assert infos[1][key] == 0.0 and infos[2][key] == 0.0
+    assert infos[0]["num_searches"] == 3.0 and infos[0]["compression_ratio"] == 5.0
+    assert "searches" not in infos[0] and "termination" not in infos[0]
+    # verl's validation aggregation (``val-aux/<data_source>/<key>``) stacks every key as a numeric column
+    assert np.array([i["num_searches"] for i in infos]).mean() == pytest.approx(1.0)
+
+
+def test_grace_does_not_log_search_statistics(make_config, tokenizer):
+    config = make_config("reward.reward_manager.name=grace")
+    sample = {"response": GRACE_RESPONSES[0], "ground_truth": GOLD, "tool_extra_fields": SEARCH_STATS}
+    (output,) = score_with_worker(config, make_batch(tokenizer, [sample]))
+    assert "num_searches" not in output["reward_extra_info"]

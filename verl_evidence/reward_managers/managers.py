@@ -20,6 +20,44 @@ from verl_evidence.reward_managers.scorers import Scorer, build_composite, build
 
 logger = logging.getLogger(__name__)
 
+# Rollout statistics copied from ``tool_extra_fields`` into ``reward_extra_info``: verl's
+# AgentLoopMetrics drops custom keys, but its validation metrics aggregate every key of
+# ``reward_extra_info`` per data source (``val-aux/<data_source>/<key>/mean@N``). verl takes
+# the key list from the first sample, so every sample carries all of them (0.0 when absent).
+ROLLOUT_STAT_KEYS: tuple[str, ...] = (
+    "num_searches",
+    "summary_count",
+    "context_tokens",
+    "raw_context_tokens",
+    "compression_ratio",
+    "invalid_actions",
+    "search_errors",
+    "extractor_failures",
+)
+
+
+def rollout_stats(tool_extra_fields: Any) -> dict[str, float]:
+    """The :data:`ROLLOUT_STAT_KEYS` of a rollout's extra fields as floats (0.0 when absent or not numeric)."""
+    fields = tool_extra_fields if isinstance(tool_extra_fields, dict) else {}
+    stats = {}
+    for key in ROLLOUT_STAT_KEYS:
+        value = fields.get(key)
+        try:
+            stats[key] = float(value) if value is not None and not isinstance(value, (str, bytes)) else 0.0
+        except (TypeError, ValueError):
+            stats[key] = 0.0
+    return stats
+
+
+def with_rollout_stats(result: dict[str, float], stats: dict[str, float]) -> dict[str, float]:
+    """``result`` with ``stats`` inserted before ``reward_error`` (kept last, as for every manager)."""
+    error_key = "reward_error"
+    merged = {k: v for k, v in result.items() if k != error_key}
+    merged.update(stats)
+    if error_key in result:
+        merged[error_key] = result[error_key]
+    return merged
+
 
 def reward_kwargs_from(config: Any) -> dict[str, Any]:
     """``config.reward.reward_kwargs`` as a plain dict ({} when absent)."""
@@ -47,6 +85,8 @@ class EvidenceRewardManager(RewardManagerBase):
     """
 
     reward_name: ClassVar[str] = ""
+    # whether ``reward_extra_info`` also carries the search rollout's statistics (ROLLOUT_STAT_KEYS)
+    logs_rollout_stats: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -66,6 +106,10 @@ class EvidenceRewardManager(RewardManagerBase):
                 self.reward_name,
             )
         self.scorer: Scorer = self.build_scorer()
+        if self.logs_rollout_stats:
+            clash = sorted(set(ROLLOUT_STAT_KEYS) & set(self.scorer.keys))
+            if clash:
+                raise ValueError(f"{self.reward_name} reward keys {clash} clash with the rollout statistics keys")
         logger.info("%s reward manager ready, logged keys: %s", self.reward_name, list(self.scorer.keys))
 
     def build_scorer(self) -> Scorer:
@@ -78,8 +122,12 @@ class EvidenceRewardManager(RewardManagerBase):
             logger.warning("%s reward: could not read the trajectory (%s: %s); scoring 0",
                            self.reward_name, type(error).__name__, error)
             result = self.scorer.failure()
+            stats = dict.fromkeys(ROLLOUT_STAT_KEYS, 0.0)
         else:
             result = await self.scorer.score(sample)
+            stats = rollout_stats(sample.tool_extra_fields)
+        if self.logs_rollout_stats:
+            result = with_rollout_stats(result, stats)
         return {"reward_score": result["score"], "reward_extra_info": result}
 
 
@@ -88,6 +136,7 @@ class EviOmniRewardManager(EvidenceRewardManager):
     """EviOmni/LEAR reward (``variant``, ``l1``..``l3``, ``tau``, ``gamma``, ``omega`` in reward_kwargs)."""
 
     reward_name = "eviomni"
+    logs_rollout_stats = True
 
 
 @register("evinote")
@@ -95,6 +144,7 @@ class EviNoteRewardManager(EvidenceRewardManager):
     """EviNote reward with EQR from the shared NLI judge (``nli_model`` is required)."""
 
     reward_name = "evinote"
+    logs_rollout_stats = True
 
 
 @register("grace")
@@ -109,6 +159,7 @@ class CompositeRewardManager(EvidenceRewardManager):
     """Weighted sum of rewards listed in ``reward_kwargs.components``."""
 
     reward_name = "composite"
+    logs_rollout_stats = True
 
     def build_scorer(self) -> Scorer:
         if "components" not in self.reward_kwargs:
