@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Search-R1 baseline: multi-turn search, exact-match reward (recipes/search_r1_reward.py), GRPO.
+# Search-R1 baseline: multi-turn search, exact-match reward (verl_evidence.rewards.answer), GRPO.
 # Assumes 1 node x 8 GPUs of 80 GB for Qwen2.5-7B (MODEL=qwen2.5-3b: 8 x 40 GB). Starts the retrieval server first.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
@@ -18,7 +18,6 @@ ve_common_overrides
 ve_search_overrides
 ve_run --config-path="$VE_PRESETS" --config-name="${PRESET:-search_r1_baseline}" "${COMMON_ARGS[@]}" \
   algorithm.adv_estimator=grpo algorithm.use_kl_in_reward=false \
-  reward.custom_reward_function.path="$VE_RECIPES/search_r1_reward.py" \
   data.train_batch_size="$BATCH" data.max_prompt_length="$PROMPT_LEN" data.max_response_length="$RESPONSE_LEN" \
   actor_rollout_ref.actor.optim.lr="$LR" actor_rollout_ref.actor.ppo_mini_batch_size="$MINI_BATCH" \
   actor_rollout_ref.actor.clip_ratio="$CLIP" actor_rollout_ref.actor.use_kl_loss=true \

@@ -297,21 +297,6 @@ def test_slurm_dry_run(tmp_path: Path) -> None:
     assert no_search.returncode == 0 and "verl-evidence serve" not in no_search.stdout
 
 
-# ------------------------------------------------------------------ Search-R1 reward
-
-
-def test_search_r1_reward_file() -> None:
-    sys.path.insert(0, str(RECIPES))
-    try:
-        from search_r1_reward import compute_score
-    finally:
-        sys.path.remove(str(RECIPES))
-    gt = {"target": ["Paris"]}
-    assert compute_score("nq", "<think>x</think><answer> paris. </answer>", gt)["score"] == 1.0
-    assert compute_score("nq", "<answer>Lyon</answer>", gt)["score"] == 0.0
-    assert compute_score("nq", "Paris", gt) == {"score": 0.0, "em": 0.0, "has_answer": 0.0}
-
-
 # ------------------------------------------------------------------ starting the real retrieval server
 
 

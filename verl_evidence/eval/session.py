@@ -34,7 +34,7 @@ RANDOM_JUDGE_NOTE = (
 # the papers' code bases offers), scoring the search rollouts.
 COMPOSITE_COMPONENTS = [
     {"reward": "evinote", "weight": 1.0},
-    {"reward": "verl_evidence.eval.rewards:answer_f1", "weight": 0.5, "name": "answer_f1"},
+    {"reward": "verl_evidence.rewards.answer:answer_f1", "weight": 0.5, "name": "answer_f1"},
 ]
 
 
