@@ -1,0 +1,219 @@
+"""The docs' code is real: CLI examples parse against the CLI, YAML parses, Python runs, links resolve.
+
+Python blocks run unless the line right before their fence is ``<!-- not-run -->``
+(used for fragments that need a GPU, a model directory or surrounding code).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC_FILES = sorted(
+    [ROOT / "README.md", ROOT / "recipes" / "README.md", *(ROOT / "docs").rglob("*.md")],
+    key=lambda p: str(p),
+)
+NOT_RUN = "<!-- not-run -->"
+CLI_NAMES = ("verl-evidence", "retrieval-server")
+FENCE = re.compile(r"^```(\S*)\s*$")
+
+
+@dataclass
+class Block:
+    path: Path
+    line: int  # 1-based line of the opening fence
+    language: str
+    text: str
+    not_run: bool
+
+    @property
+    def where(self) -> str:
+        return f"{self.path.relative_to(ROOT)}:{self.line}"
+
+
+def code_blocks(path: Path) -> list[Block]:
+    blocks: list[Block] = []
+    lines = path.read_text().splitlines()
+    index = 0
+    while index < len(lines):
+        match = FENCE.match(lines[index])
+        if not match:
+            index += 1
+            continue
+        start, language = index, match.group(1)
+        body: list[str] = []
+        index += 1
+        while index < len(lines) and lines[index].strip() != "```":
+            body.append(lines[index])
+            index += 1
+        previous = lines[start - 1].strip() if start > 0 else ""
+        blocks.append(Block(path, start + 1, language, "\n".join(body) + "\n", previous == NOT_RUN))
+        index += 1
+    return blocks
+
+
+ALL_BLOCKS = [block for path in DOC_FILES for block in code_blocks(path)]
+
+
+def _expand_braces(words: list[str]) -> list[list[str]]:
+    """``{serve,build,recall}`` in a command stands for each alternative."""
+    for position, word in enumerate(words):
+        match = re.fullmatch(r"\{([\w-]+(?:,[\w-]+)+)\}", word)
+        if match:
+            return [
+                expanded
+                for alternative in match.group(1).split(",")
+                for expanded in _expand_braces([*words[:position], alternative, *words[position + 1 :]])
+            ]
+    return [words]
+
+
+def command_lines(block: Block) -> list[list[str]]:
+    """Every ``verl-evidence``/``retrieval-server`` invocation of a shell block, as argv lists."""
+    joined = re.sub(r"\\\n\s*", " ", block.text)
+    commands = []
+    for raw in joined.splitlines():
+        line = raw.strip().removeprefix("$ ")
+        if not re.match(r"^(?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*(?:verl-evidence|retrieval-server)\b", line):
+            continue
+        words = shlex.split(line, comments=True)  # a broken quote in a CLI example fails collection loudly
+        while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=\S*", words[0]):  # VAR=value prefixes
+            words = words[1:]
+        if not words or words[0] not in CLI_NAMES:
+            continue
+        for stop in ("&", "&&", "|", ";"):
+            if stop in words:
+                words = words[: words.index(stop)]
+        words = [w for w in words if w not in ("...", "…")]
+        commands.extend(_expand_braces(words))
+    return commands
+
+
+CLI_COMMANDS = [
+    pytest.param(words, id=f"{block.where}:{' '.join(words[:3])}")
+    for block in ALL_BLOCKS
+    if block.language in ("bash", "sh", "shell", "console", "")
+    for words in command_lines(block)
+]
+
+
+def test_the_docs_show_cli_commands() -> None:
+    shown = {tuple(words[:2]) for words in (p.values[0] for p in CLI_COMMANDS)}
+    for expected in [("verl-evidence", "serve"), ("verl-evidence", "eval"), ("verl-evidence", "demo"), ("verl-evidence", "data")]:
+        assert expected in shown, f"no docs example of {' '.join(expected)}"
+
+
+@pytest.mark.parametrize("words", CLI_COMMANDS)
+def test_cli_example_parses(words: list[str]) -> None:
+    """The subcommand exists and every option is known: the real CLI parses it with --help appended.
+
+    Click rejects an unknown option or subcommand even when --help follows, and
+    --help then stops before anything runs.
+    """
+    import typer.main
+    from click.testing import CliRunner
+
+    from retrieval_server.cli import app as server_app
+    from verl_evidence.cli import app as main_app
+
+    app = main_app if words[0] == "verl-evidence" else server_app
+    command = typer.main.get_command(app)
+    result = CliRunner().invoke(command, [*words[1:], "--help"], prog_name=words[0])
+    assert result.exit_code == 0 and "Usage" in result.output, (
+        f"`{shlex.join(words)}` does not parse against the CLI:\n{result.output}"
+    )
+
+
+def test_a_bad_cli_example_is_caught() -> None:
+    """The check above can fail: a misspelt option and an unknown subcommand are rejected."""
+    import typer.main
+    from click.testing import CliRunner
+
+    from verl_evidence.cli import app
+
+    command = typer.main.get_command(app)
+    assert CliRunner().invoke(command, ["serve", "--top-k", "3", "--help"]).exit_code != 0
+    assert CliRunner().invoke(command, ["index", "bulid", "--help"]).exit_code != 0
+
+
+YAML_BLOCKS = [pytest.param(b, id=b.where) for b in ALL_BLOCKS if b.language in ("yaml", "yml")]
+
+
+@pytest.mark.parametrize("block", YAML_BLOCKS)
+def test_yaml_block_parses(block: Block) -> None:
+    try:
+        document = yaml.safe_load(block.text)
+    except yaml.YAMLError as error:
+        pytest.fail(f"{block.where}: YAML does not parse: {error}")
+    assert isinstance(document, (dict, list)), f"{block.where}: not a mapping or list"
+
+
+PYTHON_BLOCKS = [b for b in ALL_BLOCKS if b.language in ("python", "py")]
+
+
+def test_every_python_block_compiles_or_is_marked() -> None:
+    assert PYTHON_BLOCKS, "no python blocks found: the parser is broken"
+    for block in PYTHON_BLOCKS:
+        if block.not_run:
+            continue
+        compile(block.text, block.where, "exec")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", [pytest.param(b, id=b.where) for b in PYTHON_BLOCKS if not b.not_run])
+def test_python_block_runs(block: Block, tmp_path: Path) -> None:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", block.text], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=540
+    )
+    assert result.returncode == 0, f"{block.where} failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+
+
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    return {_slug(m.group(1)) for m in re.finditer(r"^#{1,6}\s+(.*)$", text, flags=re.M)}
+
+
+def test_relative_links_resolve() -> None:
+    problems = []
+    checked = 0
+    for path in DOC_FILES:
+        text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+        for target in LINK.findall(text):
+            if re.match(r"[a-z]+://|mailto:", target):
+                continue
+            file_part, _, anchor = target.partition("#")
+            resolved = (path.parent / file_part).resolve() if file_part else path
+            checked += 1
+            if not resolved.exists():
+                problems.append(f"{path.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and resolved.suffix == ".md" and anchor not in _anchors(resolved):
+                problems.append(f"{path.relative_to(ROOT)}: {target} (no such heading)")
+    assert checked > 10, "too few links found: the parser is broken"
+    assert not problems, "broken links:\n" + "\n".join(problems)
+
+
+def test_index_lists_every_docs_page() -> None:
+    index = (ROOT / "docs" / "index.md").read_text()
+    linked = {(ROOT / "docs" / target.partition("#")[0]).resolve() for target in LINK.findall(index)}
+    pages = {p.resolve() for p in (ROOT / "docs").rglob("*.md") if p.name != "index.md"}
+    assert not pages - linked, f"docs/index.md misses {sorted(str(p.relative_to(ROOT)) for p in pages - linked)}"
