@@ -1,4 +1,6 @@
-"""Agentic evidence extraction (EviOmni Algorithm 2).
+"""Models that turn retrieved passages into an observation: the evidence extractor and the EviPath executor.
+
+Agentic evidence extraction (EviOmni Algorithm 2):
 
 After each retrieval the search loop can hand (question, last thought,
 sub-query, passages) to an extractor and append only the evidence it returns.
@@ -7,6 +9,12 @@ policy tokenizer and chat template) or a separate model behind an
 OpenAI-compatible endpoint (:class:`~verl_evidence.backends.OpenAIBackend.chat`).
 A failed extraction (no ``<extract>`` block, endpoint down) falls back to the
 raw passages, so the agent never loses what was retrieved.
+
+The EviPath executor (:class:`SubQuestionExecutor`) answers one planner
+sub-question over the retrieved passages, numbered as in EviPath's executor
+training rows, and only its one-sentence ``<answer>`` becomes the observation.
+Both run through the same plumbing (:class:`ObservationModel`): the policy or
+an OpenAI-compatible endpoint.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from uuid import uuid4
 
 from verl_evidence.agent_loops.common import stop_sampling_params
 from verl_evidence.prompts import check_placeholders, load_prompt, render_prompt
+from verl_evidence.evipath.protocol import executor_user, pool_item
 from verl_evidence.rewards.text import extract_last, strip_thinking
 
 logger = logging.getLogger(__name__)
@@ -33,17 +42,18 @@ class Extraction:
     reason: str = ""
 
 
-class EvidenceExtractor:
-    """Turns retrieved passages into extracted evidence.
+class ObservationModel:
+    """Generation plumbing shared by the extractor and the executor: the policy or a remote endpoint.
 
     ``build_prompt_ids`` renders chat messages to policy token ids (the loop's
     Continuous Token builder) and is used in policy mode only.
     """
 
+    role = "observation model"
+
     def __init__(
         self,
         mode: str,
-        prompt: str,
         max_tokens: int,
         tokenizer=None,
         server_manager=None,
@@ -53,14 +63,12 @@ class EvidenceExtractor:
         rollout_name: str | None = None,
     ) -> None:
         if mode not in ("policy", "openai"):
-            raise ValueError(f"extractor must be 'none', 'policy' or 'openai', got {mode!r}")
+            raise ValueError(f"{self.role} must be 'policy' or 'openai', got {mode!r}")
         if mode == "policy" and (server_manager is None or tokenizer is None or build_prompt_ids is None):
-            raise ValueError("policy extractor needs the loop's server_manager, tokenizer and prompt builder")
+            raise ValueError(f"policy {self.role} needs the loop's server_manager, tokenizer and prompt builder")
         if mode == "openai" and remote is None:
-            raise ValueError("openai extractor needs `extractor_url` and `extractor_model`")
+            raise ValueError(f"openai {self.role} needs `extractor_url` and `extractor_model`")
         self.mode = mode
-        self.template = load_prompt(prompt)
-        check_placeholders(self.template, EXTRACTOR_FIELDS, name=f"extractor prompt {prompt!r}")
         self.max_tokens = max_tokens
         self.tokenizer = tokenizer
         self.server_manager = server_manager
@@ -68,6 +76,33 @@ class EvidenceExtractor:
         self.remote = remote
         self.sampling_params = dict(sampling_params or {"temperature": 0.0})
         self.rollout_name = rollout_name
+
+    async def complete(self, messages: list[dict], stop: str) -> str:
+        """The model's reply to ``messages``, generated up to and including ``stop``. Raises on endpoint errors."""
+        if self.mode == "policy":
+            params = stop_sampling_params(self.sampling_params, self.rollout_name, [stop], self.max_tokens)
+            prompt_ids = await self.build_prompt_ids(messages)
+            output = await self.server_manager.generate(
+                request_id=uuid4().hex, prompt_ids=prompt_ids, sampling_params=params
+            )
+            return self.tokenizer.decode(output.token_ids, skip_special_tokens=True)
+        params = {**self.sampling_params, "stop": [stop], "max_tokens": self.max_tokens}
+        text = await self.remote.chat(messages, params)
+        opening = "<" + stop[2:]
+        if opening in text and stop not in text:
+            text += stop  # servers that trim the stop string
+        return text
+
+
+class EvidenceExtractor(ObservationModel):
+    """Turns retrieved passages into extracted evidence."""
+
+    role = "extractor"
+
+    def __init__(self, mode: str, prompt: str, max_tokens: int, **plumbing: Any) -> None:
+        super().__init__(mode, max_tokens, **plumbing)
+        self.template = load_prompt(prompt)
+        check_placeholders(self.template, EXTRACTOR_FIELDS, name=f"extractor prompt {prompt!r}")
 
     async def extract(self, question: str, thought: str, query: str, passages: str) -> Extraction:
         messages = [
@@ -79,18 +114,7 @@ class EvidenceExtractor:
             }
         ]
         try:
-            if self.mode == "policy":
-                params = stop_sampling_params(self.sampling_params, self.rollout_name, ["</extract>"], self.max_tokens)
-                prompt_ids = await self.build_prompt_ids(messages)
-                output = await self.server_manager.generate(
-                    request_id=uuid4().hex, prompt_ids=prompt_ids, sampling_params=params
-                )
-                text = self.tokenizer.decode(output.token_ids, skip_special_tokens=True)
-            else:
-                params = {**self.sampling_params, "stop": ["</extract>"], "max_tokens": self.max_tokens}
-                text = await self.remote.chat(messages, params)
-                if "<extract>" in text and "</extract>" not in text:
-                    text += "</extract>"  # servers that trim the stop string
+            text = await self.complete(messages, "</extract>")
         except Exception as err:  # noqa: BLE001  (any failure: the rollout goes on with the raw passages)
             logger.warning("evidence extractor (%s) failed: %s", self.mode, err)
             return Extraction(passages, ok=False, reason=f"error: {type(err).__name__}")
@@ -99,3 +123,45 @@ class EvidenceExtractor:
             logger.info("evidence extractor wrote no <extract> block; keeping the raw passages")
             return Extraction(passages, ok=False, reason="no_extract_block")
         return Extraction(evidence, ok=True)
+
+
+NO_INFORMATION = "No relevant information found."
+
+
+class SubQuestionExecutor(ObservationModel):
+    """EviPath's executor: answers a planner sub-question over the retrieved passages in one sentence.
+
+    Messages: system = the executor prompt, user = the sub-question and the passages
+    as a numbered pool (``[i] Title: text``), exactly the layout of EviPath's executor
+    SFT rows; generation stops at ``</answer>``. The observation is the answer sentence.
+    An executor that selects nothing ("No relevant information found.") yields that
+    sentence; anything else without an ``<answer>`` keeps the raw passages.
+    """
+
+    role = "executor"
+
+    def __init__(self, mode: str, prompt: str, max_tokens: int, **plumbing: Any) -> None:
+        super().__init__(mode, max_tokens, **plumbing)
+        self.system_prompt = load_prompt(prompt).strip()
+
+    def messages(self, query: str, contents: list[str]) -> list[dict]:
+        return [
+            {"role": "system", "content": self.system_prompt},
+            {"role": "user", "content": executor_user(query, [pool_item(c) for c in contents])},
+        ]
+
+    async def answer(self, query: str, contents: list[str], passages: str) -> Extraction:
+        """The observation for ``query``: the executor's sentence, or ``passages`` (formatted) on failure."""
+        try:
+            text = await self.complete(self.messages(query, contents), "</answer>")
+        except Exception as err:  # noqa: BLE001  (any failure: the planner sees the raw passages)
+            logger.warning("EviPath executor (%s) failed for %r: %s; observation = the passages", self.mode, query, err)
+            return Extraction(passages, ok=False, reason=f"error: {type(err).__name__}")
+        sentence = extract_last(strip_thinking(text), "answer")
+        sentence = " ".join(sentence.split()) if sentence else ""
+        if sentence:
+            return Extraction(sentence, ok=True)
+        if NO_INFORMATION.lower().rstrip(".") in text.lower():
+            return Extraction(NO_INFORMATION, ok=True, reason="no_information")
+        logger.warning("EviPath executor wrote no <answer> for %r; observation = the passages", query)
+        return Extraction(passages, ok=False, reason="no_answer_block")

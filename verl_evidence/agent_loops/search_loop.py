@@ -21,11 +21,20 @@ One trajectory, token by token::
 - Retrieval failures never raise: the observation says the search failed and
   the count goes to ``extra_fields["search_errors"]``.
 
+EviPath planners (``action_format: paper``, ``observation_role: user``,
+``observation: executor``; presets in :data:`EVIPATH_SETTINGS`) run in the
+token layout of their SFT data: each observation is a user chat turn rendered
+through the chat template (mask 0) followed by a fresh assistant header, and
+each ``Search("sub-question")`` is answered by the EviPath executor over the
+retrieved passages (its one-sentence ``<answer>`` is the observation).
+
 ``extra_fields`` follow docs/data-contracts.md.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -43,8 +52,15 @@ from verl_evidence.agent_loops.common import (
     question_of,
     stop_sampling_params,
 )
-from verl_evidence.agent_loops.extractor import EvidenceExtractor
+from verl_evidence.agent_loops.extractor import EvidenceExtractor, SubQuestionExecutor
 from verl_evidence.backends import cut_at_stop
+from verl_evidence.evipath.protocol import (
+    PAPER_QUESTION_PROMPT,
+    PLANNER_LAYOUTS,
+    information_text,
+    observation_text,
+    search_calls,
+)
 from verl_evidence.prompts import check_placeholders, load_prompt, render_prompt
 from verl_evidence.rewards.text import find_blocks
 from verl_evidence.tools.search_tool import SearchService, document_ids, format_documents
@@ -53,6 +69,34 @@ logger = logging.getLogger(__name__)
 
 LOOP_NAME = "evidence_search"
 ACTION_STOPS = ["</search>", "</answer>"]
+PAPER_ACTION_STOPS = ["</action>", "</answer>"]
+OBSERVATION_ROLES = ("inline", "user")
+OBSERVATIONS = ("passages", "extract", "executor")
+SEARCH_INVALID_ACTION_FEEDBACK = (
+    "\nThat was not a valid action. To search, write <search> query </search>. "
+    "To finish, write <answer> final answer </answer>.\n"
+)
+PAPER_INVALID_ACTION_FEEDBACK = (
+    '\nThat was not a valid action. To search, write <action> Search("a complete question") </action>. '
+    "To finish, write <answer> final answer </answer>.\n"
+)
+
+# Settings that run an EviPath SFT'd planner as it was trained (``planner_format`` of the writer).
+EVIPATH_SETTINGS: dict[str, dict[str, Any]] = {
+    "paper": {
+        "action_format": "paper",
+        "observation_role": "user",
+        "observation": "executor",
+        "system_prompt": "evipath_planner",
+        "prompt": PAPER_QUESTION_PROMPT,
+    },
+    "search": {
+        "action_format": "search",
+        "observation_role": "user",
+        "observation": "executor",
+        "prompt": "evipath_planner_search",
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -66,10 +110,15 @@ class SearchLoopSettings:
     max_obs_tokens: int = 512
     # None: use the row's chat prompt as is; a prompt name/path: rebuild the user turn from it ({question})
     prompt: str | None = None
-    invalid_action_feedback: str = (
-        "\nThat was not a valid action. To search, write <search> query </search>. "
-        "To finish, write <answer> final answer </answer>.\n"
-    )
+    # None: the row's system messages; a prompt name/path: the system message (replacing the row's)
+    system_prompt: str | None = None
+    # search: <search> q </search>; paper: <action> Search("q") ... </action> (EviPath's planner)
+    action_format: str = "search"
+    # inline: <information> inside the assistant turn; user: a user chat turn (EviPath's SFT layout)
+    observation_role: str = "inline"
+    # passages | extract | executor; None: extract if an extractor is set, else passages
+    observation: str | None = None
+    invalid_action_feedback: str = SEARCH_INVALID_ACTION_FEEDBACK
     final_turn_notice: str = "\nNo searches are left: give your final answer now inside <answer> and </answer>.\n"
     search_failed_text: str = "The search failed: the search engine is unavailable. Continue with what you know."
     search_timeout: float = 30.0
@@ -85,6 +134,30 @@ class SearchLoopSettings:
     extractor_model: str | None = None
     extractor_api_key: str = "EMPTY"
     extractor_temperature: float = 0.0
+    # EviPath executor (observation: executor); it runs on the extractor's model (policy or endpoint)
+    executor_prompt: str = "evipath_executor"
+    executor_max_tokens: int = 512
+
+    @property
+    def observation_mode(self) -> str:
+        if self.observation is not None:
+            return self.observation
+        return "extract" if self.extractor != "none" else "passages"
+
+    @property
+    def observation_model(self) -> str:
+        """Who runs the extractor/executor: ``policy`` unless an ``openai`` endpoint is configured."""
+        return "policy" if self.extractor == "none" else self.extractor
+
+    @property
+    def stops(self) -> list[str]:
+        return PAPER_ACTION_STOPS if self.action_format == "paper" else ACTION_STOPS
+
+    @property
+    def feedback(self) -> str:
+        if self.action_format == "paper" and self.invalid_action_feedback == SEARCH_INVALID_ACTION_FEEDBACK:
+            return PAPER_INVALID_ACTION_FEEDBACK
+        return self.invalid_action_feedback
 
     def __post_init__(self) -> None:
         if self.max_turns < 1:
@@ -93,12 +166,25 @@ class SearchLoopSettings:
             raise ValueError(f"max_obs_tokens must be >= 1, got {self.max_obs_tokens}")
         if self.extractor not in ("none", "policy", "openai"):
             raise ValueError(f"extractor must be none, policy or openai, got {self.extractor!r}")
+        if self.action_format not in PLANNER_LAYOUTS:
+            raise ValueError(f"action_format must be one of {PLANNER_LAYOUTS}, got {self.action_format!r}")
+        if self.observation_role not in OBSERVATION_ROLES:
+            raise ValueError(f"observation_role must be one of {OBSERVATION_ROLES}, got {self.observation_role!r}")
+        if self.observation is not None and self.observation not in OBSERVATIONS:
+            raise ValueError(f"observation must be one of {OBSERVATIONS}, got {self.observation!r}")
+        if self.observation == "passages" and self.extractor != "none":
+            raise ValueError(f"extractor {self.extractor!r} is only used with observation extract or executor")
 
 
 def first_action(text: str) -> tuple[str, str, int] | None:
     """``(kind, content, end offset)`` of the first complete ``<search>`` or ``<answer>`` block."""
+    return first_block(text, ("search", "answer"))
+
+
+def first_block(text: str, kinds: tuple[str, ...]) -> tuple[str, str, int] | None:
+    """``(kind, content, end offset)`` of the first complete block of one of ``kinds``."""
     best = None
-    for kind in ("search", "answer"):
+    for kind in kinds:
         close = text.find(f"</{kind}>")
         if close < 0:
             continue
@@ -109,6 +195,43 @@ def first_action(text: str) -> tuple[str, str, int] | None:
         if best is None or end < best[2]:
             best = (kind, text[opening + len(kind) + 2 : close].strip(), end)
     return best
+
+
+def planner_action(text: str, action_format: str = "search") -> tuple[str, list[str], int] | None:
+    """The turn's first complete action: ``("search", queries, end)`` or ``("answer", [answer], end)``.
+
+    ``search`` layout: one ``<search> q </search>``; ``paper`` layout: the ``Search("…")`` calls of
+    an ``<action>`` block (EviPath). A search without a (non-empty) query has ``queries == []``.
+    """
+    if action_format == "paper":
+        block = first_block(text, ("action", "answer"))
+        if block is None or block[0] == "answer":
+            return None if block is None else ("answer", [block[1]], block[2])
+        return "search", [q for q in search_calls(block[1]) if q], block[2]
+    block = first_action(text)
+    if block is None:
+        return None
+    if block[0] == "answer":
+        return "answer", [block[1]], block[2]
+    return "search", [block[1]] if block[1] else [], block[2]
+
+
+@functools.lru_cache(maxsize=16)
+def _turn_end_text(tokenizer, template_kwargs: tuple) -> str:
+    sentinel = "ZQXJ-END-OF-CONTENT"
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "q"}, {"role": "assistant", "content": sentinel}],
+        tokenize=False,
+        add_generation_prompt=False,
+        **dict(template_kwargs),
+    )
+    return rendered[rendered.rindex(sentinel) + len(sentinel) :]
+
+
+def assistant_turn_end_ids(tokenizer, chat_template_kwargs: dict | None = None) -> list[int]:
+    """Tokens the chat template puts after an assistant message's content (ChatML: ``<|im_end|>\n``)."""
+    kwargs = tuple(sorted((chat_template_kwargs or {}).items()))
+    return encode_cached(tokenizer, _turn_end_text(tokenizer, kwargs))
 
 
 def last_thought(turn_text: str) -> str:
@@ -142,6 +265,13 @@ class _Trajectory:
             self.logprobs.extend([0.0] * len(ids))
         self.ids.extend(ids)
         self.mask.extend([1] * len(ids))
+
+    def drop_last(self, n: int) -> None:
+        """Remove the last ``n`` tokens (a chat-template boundary the builder replaces)."""
+        if n > 0:
+            del self.ids[-n:], self.mask[-n:]
+            if self.has_logprobs:
+                del self.logprobs[-n:]
 
     def add_context(self, ids: list[int]) -> int:
         """Append tool/system tokens (mask 0) up to the budget; returns how many fit."""
@@ -195,16 +325,20 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
         if s.prompt:
             self.prompt_template = load_prompt(s.prompt)
             check_placeholders(self.prompt_template, ["question"], name=f"search prompt {s.prompt!r}")
-        self.extractor = None
-        if s.extractor != "none":
-            if s.extractor == "openai" and remote_extractor is None and (s.extractor_url and s.extractor_model):
+        self.system_text = load_prompt(s.system_prompt).strip() if s.system_prompt else None
+        self.turn_end_ids = (
+            assistant_turn_end_ids(self.tokenizer, self.apply_chat_template_kwargs)
+            if s.observation_role == "user"
+            else []
+        )
+        self.extractor: EvidenceExtractor | None = None
+        self.executor: SubQuestionExecutor | None = None
+        if s.observation_mode != "passages":
+            if s.observation_model == "openai" and remote_extractor is None and (s.extractor_url and s.extractor_model):
                 from verl_evidence.backends import OpenAIBackend
 
                 remote_extractor = OpenAIBackend(s.extractor_url, s.extractor_model, api_key=s.extractor_api_key)
-            self.extractor = EvidenceExtractor(
-                s.extractor,
-                s.extractor_prompt,
-                s.extractor_max_tokens,
+            plumbing = dict(
                 tokenizer=self.tokenizer,
                 server_manager=self.server_manager,
                 build_prompt_ids=self.ct_build_initial_tokens,
@@ -212,52 +346,102 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
                 sampling_params={"temperature": s.extractor_temperature},
                 rollout_name=self.rollout_name,
             )
+            if s.observation_mode == "extract":
+                self.extractor = EvidenceExtractor(
+                    s.observation_model, s.extractor_prompt, s.extractor_max_tokens, **plumbing
+                )
+            else:
+                self.executor = SubQuestionExecutor(
+                    s.observation_model, s.executor_prompt, s.executor_max_tokens, **plumbing
+                )
 
     # -- pieces -----------------------------------------------------------------
 
     def _messages(self, kwargs: dict[str, Any], question: str) -> list[dict]:
         messages = [dict(m) for m in kwargs["raw_prompt"]]
+        if self.system_text is not None:
+            messages = [{"role": "system", "content": self.system_text}] + [
+                m for m in messages if m.get("role") != "system"
+            ]
         if self.prompt_template is None:
             return messages
-        user = {"role": "user", "content": render_prompt(self.prompt_template, question=question)}
+        # stripped, as the data preparation and EviPath's writer store their rendered prompts
+        user = {"role": "user", "content": render_prompt(self.prompt_template.strip(), question=question)}
         kept = [m for m in messages if m.get("role") == "system"]
         return kept + [user]
 
     def _policy_turn(self, token_ids: list[int]) -> tuple[list[int], str]:
         """Drop anything generated after the first complete action; return kept ids and their text."""
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
-        action = first_action(text)
+        action = planner_action(text, self.settings.action_format)
         if action is not None and text[action[2] :].strip():
-            token_ids, _ = cut_at_stop(token_ids, self.tokenizer, ACTION_STOPS, set())
+            token_ids, _ = cut_at_stop(token_ids, self.tokenizer, self.settings.stops, set())
             text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
         return token_ids, text
 
-    async def _observe(self, query: str, question: str, turn_text: str, stats: dict) -> tuple[str, int]:
-        """The text inside <information> for one search, and the raw passages' token count."""
+    async def _observe(self, query: str, question: str, turn_text: str, stats: dict) -> tuple[str, int, list[str]]:
+        """The observation text for one search, the raw passages' token count and the document ids."""
         try:
             with simple_timer("tool_calls", stats["timing"]):
                 results = (await self.search.search([query]))[0]
         except RetrievalError as err:
             logger.warning("evidence_search: retrieval failed for %r: %s", query, err)
             stats["search_errors"] += 1
-            stats["retrieved_ids"].append([])
-            return self.settings.search_failed_text, 0
-        stats["retrieved_ids"].append(document_ids(results))
+            return self.settings.search_failed_text, 0, []
+        ids = document_ids(results)
         documents = format_documents(results)
         raw_tokens = len(encode(self.tokenizer, documents))
+        if self.executor is not None:
+            contents = [r["document"]["contents"] for r in results]
+            answer = await self.executor.answer(query, contents, documents)
+            if not answer.ok:
+                stats["extractor_failures"] += 1
+            return answer.evidence, raw_tokens, ids
         if self.extractor is None:
-            return documents, raw_tokens
+            return documents, raw_tokens, ids
         extraction = await self.extractor.extract(question, last_thought(turn_text), query, documents)
         if not extraction.ok:
             stats["extractor_failures"] += 1
-            return documents, raw_tokens
-        return f"<evidence>{extraction.evidence}</evidence>", raw_tokens
+            return documents, raw_tokens, ids
+        return f"<evidence>{extraction.evidence}</evidence>", raw_tokens, ids
+
+    def _user_turn(self, content: str, runtime_ids: list[int], turn_ids: list[int], traj: "_Trajectory") -> list[int]:
+        """Context tokens (mask 0) that close the assistant turn and add ``content`` as a user turn.
+
+        The layout of verl's multi-turn SFT data and of its ToolAgentLoop: the template's
+        end of the assistant message (what the policy did not generate of it), the user
+        message rendered by the chat template through verl's Continuous Token builder,
+        and the next assistant header. Builders that rewrite the boundary (drop tokens
+        before appending) are honoured by dropping those tokens from the trajectory.
+        """
+        closing = self.turn_end_ids
+        done = next((k for k in range(len(closing), 0, -1) if turn_ids[-k:] == closing[:k]), 0)
+        close = closing[done:]
+        base = runtime_ids + close
+        merge = self.continuous_token_builder.merge_context_tokens(
+            [], [{"role": "user", "content": content}], base
+        )
+        keep = len(base) - merge.removed_prefix_token_count
+        traj.drop_last(max(0, len(runtime_ids) - keep))
+        return close[: max(0, keep - len(runtime_ids))] + merge.token_ids[keep:]
+
+    def _notice_text(self, turn: int) -> str:
+        """The final-turn notice when the next turn is the last one, else ""."""
+        if turn + 1 == self.settings.max_turns - 1 and self.settings.final_turn_notice:
+            return self.settings.final_turn_notice
+        return ""
 
     def _notice(self, turn: int) -> list[int]:
-        """Tokens of the final-turn notice when the next turn is the last one, else none."""
-        if turn + 1 == self.settings.max_turns - 1 and self.settings.final_turn_notice:
-            return encode_cached(self.tokenizer, self.settings.final_turn_notice)
-        return []
+        notice = self._notice_text(turn)
+        return encode_cached(self.tokenizer, notice) if notice else []
+
+    def _context(self, user_content: str, inline_ids: list[int], turn: int, runtime_ids, turn_ids, traj) -> list[int]:
+        """What follows a turn: inline tokens (+ notice), or a user chat turn (+ notice inside it)."""
+        if self.settings.observation_role == "inline":
+            return inline_ids + self._notice(turn)
+        notice = self._notice_text(turn).strip()
+        content = f"{user_content}\n{notice}" if notice else user_content
+        return self._user_turn(content, runtime_ids, turn_ids, traj)
 
     # -- the loop ---------------------------------------------------------------
 
@@ -281,13 +465,14 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
         termination = "max_turns"
         turns = 0
 
+        observation_messages = 0
         for turn in range(s.max_turns):
             if traj.remaining <= 0:
                 termination = "response_length"
                 break
             last_turn = turn == s.max_turns - 1
             budget = traj.remaining if s.max_tokens_per_turn is None else min(traj.remaining, s.max_tokens_per_turn)
-            params = stop_sampling_params(sampling_params, self.rollout_name, ACTION_STOPS, budget)
+            params = stop_sampling_params(sampling_params, self.rollout_name, s.stops, budget)
             with simple_timer("generate_sequences", stats["timing"]):
                 output = await self.server_manager.generate(
                     request_id=request_id,
@@ -299,22 +484,41 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
             token_ids, turn_text = self._policy_turn(list(output.token_ids)[:budget])
             traj.add_policy(token_ids, output.log_probs[: len(token_ids)] if output.log_probs else None)
             policy_texts.append(turn_text)
-            action = first_action(turn_text)
+            action = planner_action(turn_text, s.action_format)
 
             if action is not None and action[0] == "answer":
                 termination = "answer"
                 break
-            if action is not None and action[0] == "search" and not action[1]:
-                action = None  # an empty query is not a search: correct it like any invalid action
-            if action is not None and action[0] == "search" and not last_turn:
-                query = action[1]
-                searches.append(query)
-                observation, raw_tokens = await self._observe(query, question, turn_text, stats)
-                body = encode(self.tokenizer, observation)[: s.max_obs_tokens]
-                pieces = encode_cached(self.tokenizer, "\n\n<information>") + body
-                pieces += encode_cached(self.tokenizer, "</information>\n\n") + self._notice(turn)
-                context_tokens += len(body)
-                raw_context_tokens += raw_tokens
+            if action is not None and not action[1]:
+                action = None  # a search without a query is not a search: correct it like any invalid action
+            if action is not None and not last_turn:
+                queries = action[1]
+                searches.extend(queries)
+                observed = await asyncio.gather(*(self._observe(q, question, turn_text, stats) for q in queries))
+                texts = []
+                inline_ids: list[int] = []
+                for text, raw_tokens, ids in observed:
+                    stats["retrieved_ids"].append(ids)
+                    body = encode(self.tokenizer, text)
+                    if len(body) > s.max_obs_tokens:
+                        body = body[: s.max_obs_tokens]
+                        text = self.tokenizer.decode(body)
+                    texts.append(text)
+                    context_tokens += len(body)
+                    raw_context_tokens += raw_tokens
+                    inline_ids = body
+                if s.action_format == "search":
+                    user_content = information_text(texts[0])
+                    inline_ids = (
+                        encode_cached(self.tokenizer, "\n\n<information>")
+                        + inline_ids
+                        + encode_cached(self.tokenizer, "</information>\n\n")
+                    )
+                else:
+                    user_content = observation_text(texts)
+                    inline_ids = encode(self.tokenizer, f"\n\n{user_content}\n\n")
+                observation_messages += 1
+                pieces = self._context(user_content, inline_ids, turn, prompt_ids + traj.ids, token_ids, traj)
                 if traj.add_context(pieces) < len(pieces):
                     termination = "response_length"
                     break
@@ -327,8 +531,11 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
                 break
             # no action: EOS without an answer, or the per-turn cap reached mid-thought
             invalid_actions += 1
-            feedback = encode_cached(self.tokenizer, s.invalid_action_feedback) + self._notice(turn)
-            if traj.add_context(feedback) < len(feedback):
+            feedback = s.feedback
+            pieces = self._context(
+                feedback.strip(), encode_cached(self.tokenizer, feedback), turn, prompt_ids + traj.ids, token_ids, traj
+            )
+            if traj.add_context(pieces) < len(pieces):
                 termination = "response_length"
                 break
 
@@ -360,10 +567,18 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
             response_ids=traj.ids[: self.response_length],
             response_mask=traj.mask[: self.response_length],
             response_logprobs=traj.logprobs[: self.response_length] if traj.has_logprobs else None,
-            num_turns=turns + len(searches) + invalid_actions + 1,
+            num_turns=turns + observation_messages + invalid_actions + 1,
             metrics=metrics,
             extra_fields=extra_fields,
         )
 
 
-__all__ = ["LOOP_NAME", "EvidenceSearchAgentLoop", "SearchLoopSettings", "first_action"]
+__all__ = [
+    "EVIPATH_SETTINGS",
+    "LOOP_NAME",
+    "EvidenceSearchAgentLoop",
+    "SearchLoopSettings",
+    "assistant_turn_end_ids",
+    "first_action",
+    "planner_action",
+]

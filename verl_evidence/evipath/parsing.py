@@ -8,17 +8,12 @@ the fine-tuning data does not inherit the teacher's formatting slips.
 
 from __future__ import annotations
 
-import ast
 import re
 from dataclasses import dataclass
 
+from verl_evidence.evipath.protocol import SEARCH_WORD, search_calls
 from verl_evidence.rewards.text import extract_last, find_blocks, strip_thinking
 
-# Search("..."), Search('...'), and the entity-tagged variant Search([0], "...").
-_SEARCH_RE = re.compile(
-    r"""Search\(\s*(?:\[[^\]]*\]\s*,\s*)?(?P<q>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')\s*\)""",
-)
-_SEARCH_WORD_RE = re.compile(r"\bSearch\s*\(")
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 
 
@@ -65,14 +60,6 @@ def _think_block(text: str) -> tuple[str | None, str]:
     return text[body_start : body_start + match.start()].strip(), rest
 
 
-def _unquote(literal: str) -> str:
-    try:
-        value = ast.literal_eval(literal)
-    except (ValueError, SyntaxError):
-        value = literal[1:-1]
-    return " ".join(str(value).split())
-
-
 def parse_planner_turn(text: str) -> PlannerTurn | Malformed:
     """One planner reply: ``<think>`` then either searches in ``<action>`` or a final ``<answer>``."""
     if not isinstance(text, str) or not text.strip():
@@ -87,7 +74,7 @@ def parse_planner_turn(text: str) -> PlannerTurn | Malformed:
     answer = extract_last(rest, "answer")
     actions = find_blocks(rest, "action")
     search_text = "\n".join(actions) if actions else rest
-    queries = [_unquote(m.group("q")) for m in _SEARCH_RE.finditer(search_text)]
+    queries = search_calls(search_text)
     if answer is not None and (queries or actions):
         return Malformed("planner_search_and_answer", rest[:200])
     if answer is not None:
@@ -95,7 +82,7 @@ def parse_planner_turn(text: str) -> PlannerTurn | Malformed:
             return Malformed("planner_empty_answer")
         return PlannerTurn(think=think, answer=answer.strip())
     if not queries:
-        if _SEARCH_WORD_RE.search(search_text) or actions:
+        if SEARCH_WORD.search(search_text) or actions:
             return Malformed("planner_bad_search_call", search_text[:200])
         return Malformed("planner_no_action", rest[:200])
     if any(not q for q in queries):

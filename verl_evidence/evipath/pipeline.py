@@ -36,6 +36,7 @@ from verl_evidence.evipath.parsing import (
     parse_planner_turn,
     render_planner_turn,
 )
+from verl_evidence.evipath.protocol import executor_user, observation_text  # noqa: F401  (re-exported)
 from verl_evidence.evipath.records import QARecord
 from verl_evidence.evipath.teacher import Teacher, TeacherError
 from verl_evidence.prompts import load_prompt
@@ -124,18 +125,9 @@ def executor_answer_user(question: str, golden: Sequence[str]) -> str:
     return f"Question: {question}\nEvidence:\n{_facts_block(golden, numbered=False)}"
 
 
-def executor_user(question: str, pool: Sequence[str]) -> str:
-    """The executor's input, as the fine-tuned executor will see it."""
-    return f"Question: {question}\nSupporting evidence:\n{_facts_block(pool, numbered=True)}"
-
-
 def executor_synth_user(question: str, pool: Sequence[str], answer: str, golden_positions: Sequence[int]) -> str:
     golden_lines = "\n".join(f"[{i}] {pool[i]}" for i in golden_positions)
     return f"{executor_user(question, pool)}\nAnswer: {answer}\nGolden evidence:\n{golden_lines}"
-
-
-def observation_text(sentences: Sequence[str]) -> str:
-    return "Observation:\n" + "\n".join(sentences)
 
 
 def _shuffled_pool(record: QARecord, question: str, seed: int) -> list[str]:

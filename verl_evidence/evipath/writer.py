@@ -32,12 +32,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from verl_evidence.evipath.parsing import render_executor_step
-from verl_evidence.evipath.pipeline import Rejection, Trajectory, executor_user, observation_text
-from verl_evidence.prompts import load_prompt, render_prompt
+from verl_evidence.evipath.pipeline import Rejection, Trajectory
+from verl_evidence.evipath.protocol import (
+    PAPER_QUESTION_PROMPT,
+    PLANNER_LAYOUTS,
+    executor_user,
+    information_text,
+    observation_text,
+    user_prompt,
+)
+from verl_evidence.prompts import load_prompt
 
 logger = logging.getLogger(__name__)
 
-PLANNER_FORMATS = ("paper", "search")
+PLANNER_FORMATS = PLANNER_LAYOUTS
 
 _MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
 SCHEMA = pa.schema(
@@ -59,7 +67,7 @@ def planner_messages(
     if fmt == "paper":
         messages = [
             {"role": "system", "content": load_prompt(prompt or "evipath_planner").strip()},
-            {"role": "user", "content": f"Question: {record.question}"},
+            {"role": "user", "content": user_prompt(PAPER_QUESTION_PROMPT, record.question)},
         ]
         for i, turn in enumerate(trajectory.turns):
             messages.append({"role": "assistant", "content": turn["text"]})
@@ -68,8 +76,7 @@ def planner_messages(
                 messages.append({"role": "user", "content": observation_text(observations)})
         return messages
     if fmt == "search":
-        template = load_prompt(prompt or "evipath_planner_search").strip()
-        messages = [{"role": "user", "content": render_prompt(template, question=record.question)}]
+        messages = [{"role": "user", "content": user_prompt(prompt or "evipath_planner_search", record.question)}]
         for i, turn in enumerate(trajectory.turns):
             thought = f"<think>\n{turn['think']}\n</think>\n"
             if turn["answer"] is not None:
@@ -79,7 +86,7 @@ def planner_messages(
             for j, sub in enumerate(trajectory.subquestions[i]):
                 head = thought if j == 0 else ""
                 messages.append({"role": "assistant", "content": f"{head}<search> {sub.question} </search>"})
-                messages.append({"role": "user", "content": f"<information> {sub.observation} </information>"})
+                messages.append({"role": "user", "content": information_text(sub.observation)})
         return messages
     raise ValueError(f"unknown planner format {fmt!r}; choose one of {', '.join(PLANNER_FORMATS)}")
 
