@@ -217,3 +217,17 @@ def test_index_lists_every_docs_page() -> None:
     linked = {(ROOT / "docs" / target.partition("#")[0]).resolve() for target in LINK.findall(index)}
     pages = {p.resolve() for p in (ROOT / "docs").rglob("*.md") if p.name != "index.md"}
     assert not pages - linked, f"docs/index.md misses {sorted(str(p.relative_to(ROOT)) for p in pages - linked)}"
+
+
+REPO_PATH = re.compile(r"`((?:verl_evidence|retrieval_server|recipes|docs|tests|benchmarks)/[^`\s*<>{}]*)`")
+
+
+def test_repository_paths_named_in_the_docs_exist() -> None:
+    """`verl_evidence/...`, `recipes/...` and the like, in prose or code spans, name real files or folders."""
+    missing = []
+    for path in [*DOC_FILES, ROOT / "verl_evidence" / "bundled" / "README.md", ROOT / "recipes" / "slurm" / "README.md"]:
+        for match in REPO_PATH.finditer(path.read_text()):
+            target = match.group(1).rstrip(".,:;)").split("::")[0]
+            if not (ROOT / target).exists():
+                missing.append(f"{path.relative_to(ROOT)}: {target}")
+    assert not missing, "paths that do not exist:\n" + "\n".join(missing)
