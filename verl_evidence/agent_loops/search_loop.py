@@ -338,14 +338,14 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
                 from verl_evidence.backends import OpenAIBackend
 
                 remote_extractor = OpenAIBackend(s.extractor_url, s.extractor_model, api_key=s.extractor_api_key)
-            plumbing = dict(
-                tokenizer=self.tokenizer,
-                server_manager=self.server_manager,
-                build_prompt_ids=self.ct_build_initial_tokens,
-                remote=remote_extractor,
-                sampling_params={"temperature": s.extractor_temperature},
-                rollout_name=self.rollout_name,
-            )
+            plumbing = {
+                "tokenizer": self.tokenizer,
+                "server_manager": self.server_manager,
+                "build_prompt_ids": self.ct_build_initial_tokens,
+                "remote": remote_extractor,
+                "sampling_params": {"temperature": s.extractor_temperature},
+                "rollout_name": self.rollout_name,
+            }
             if s.observation_mode == "extract":
                 self.extractor = EvidenceExtractor(
                     s.observation_model, s.extractor_prompt, s.extractor_max_tokens, **plumbing
@@ -405,7 +405,7 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
             return documents, raw_tokens, ids
         return f"<evidence>{extraction.evidence}</evidence>", raw_tokens, ids
 
-    def _user_turn(self, content: str, runtime_ids: list[int], turn_ids: list[int], traj: "_Trajectory") -> list[int]:
+    def _user_turn(self, content: str, runtime_ids: list[int], turn_ids: list[int], traj: _Trajectory) -> list[int]:
         """Context tokens (mask 0) that close the assistant turn and add ``content`` as a user turn.
 
         The layout of verl's multi-turn SFT data and of its ToolAgentLoop: the template's

@@ -36,7 +36,7 @@ from verl_evidence.evipath.parsing import (
     parse_planner_turn,
     render_planner_turn,
 )
-from verl_evidence.evipath.protocol import executor_user, observation_text  # noqa: F401  (re-exported)
+from verl_evidence.evipath.protocol import executor_user, observation_text
 from verl_evidence.evipath.records import QARecord
 from verl_evidence.evipath.teacher import Teacher, TeacherError
 from verl_evidence.prompts import load_prompt
