@@ -63,6 +63,12 @@ MEANINGS: dict[str, str] = {
     "search_loop.max_tokens_per_turn": "cap per generation (null: what is left of `rollout.response_length`)",
     "search_loop.max_obs_tokens": "tokens of one `<information>` body, truncated at the end",
     "search_loop.prompt": "null: the row's chat prompt as is; a prompt name/file: user turn rebuilt from `{question}`",
+    "search_loop.system_prompt": "null: the row's system messages; a prompt name/file: the system message (replaces the row's)",
+    "search_loop.action_format": "`search`: `<search> q </search>`; `paper`: `<action> Search(\"q\") </action>` (EviPath planner)",
+    "search_loop.observation_role": "`inline`: `<information>` inside the assistant turn; `user`: a user chat turn (EviPath SFT layout)",
+    "search_loop.observation": "`passages`, `extract` or `executor` (EviPath executor); null: `extract` with an extractor, else `passages`",
+    "search_loop.executor_prompt": "EviPath executor prompt (`observation: executor`); runs on the extractor's model",
+    "search_loop.executor_max_tokens": "executor generation length",
     "search_loop.invalid_action_feedback": "appended (mask 0) after a turn without a valid action",
     "search_loop.final_turn_notice": "appended before the last turn (`\"\"` disables)",
     "search_loop.search_failed_text": "`<information>` body when retrieval fails",
@@ -144,9 +150,8 @@ _used: set[str] = set()
 
 def meaning(section: str, name: str, code_description: str | None = None) -> str:
     key = f"{section}.{name}"
-    if code_description:
-        if key in MEANINGS:
-            raise SystemExit(f"{key}: described in the code already; drop it from MEANINGS")
+    if code_description:  # the code's own description wins
+        _used.add(key)
         return code_description
     if key not in MEANINGS:
         raise SystemExit(f"{key}: new setting without a meaning; add it to MEANINGS in {Path(__file__).name}")
@@ -230,7 +235,7 @@ def typer_rows(app: Any, path: list[str], section: str) -> list[tuple[str, ...]]
             default = f"`{param.opts[0] if param.default else param.secondary_opts[0]}`"
         else:
             default = value(param.default)
-        help_text = getattr(param, "help", None) or meaning(section, param.opts[0].lstrip("-"))
+        help_text = meaning(section, param.opts[0].lstrip("-"), getattr(param, "help", None))
         if getattr(param, "envvar", None):
             help_text = f"{help_text} (env `{param.envvar}`)".strip()
         rows.append((names, default, help_text))
@@ -269,8 +274,8 @@ def render() -> str:
     add("## Reward managers (`reward.reward_kwargs`)\n")
     add(
         "Select with `reward.reward_manager.source=register reward.reward_manager.name=<name>`, "
-        f"name one of {', '.join(f'`{n}`' for n in MANAGER_NAMES)}. `reward_kwargs` is not in verl's "
-        "schema, so on the command line every key needs `+` (`+reward.reward_kwargs.tau=0.2`), or `++` "
+        f"name one of {', '.join(f'`{n}`' for n in MANAGER_NAMES)}. `reward_kwargs` is not in verl's `ppo_trainer.yaml`, "
+        "so on the command line every key needs `+` (`+reward.reward_kwargs.tau=0.2`), or `++` "
         "when a preset already sets it. Bad values fail when the reward workers start.\n"
     )
     add("### `eviomni` (EviOmni / LEAR)\n")
