@@ -135,3 +135,41 @@ def test_eval_command_with_an_openai_compatible_endpoint(retrieval_server_url, t
     assert all(r["refused"] is True and r["prediction"] == "unknown" for r in records)
     for r in records:  # the <llm> path is right exactly on the unanswerable contexts
         assert r["rewards"]["grace"]["score"] == (1.5 if r["answerable"] is False else 0.5)
+
+
+def test_evipath_planner_evaluated_as_trained_through_an_endpoint(retrieval_server_url, tmp_path) -> None:
+    """`--evipath paper`: the EviPath system prompt, Search("…") actions, executor calls and user-turn observations."""
+    from verl_evidence.cli import app
+    from verl_evidence.prompts import load_prompt
+    from verl_evidence.testing import save_tiny_tokenizer, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    tokenizer_dir = save_tiny_tokenizer(tmp_path / "tok")
+    # the same text for planner and executor calls: the planner always searches, the executor never answers
+    server = _CompletionsServer(tokenizer, '<think> t </think>\n<action>\nSearch("Who wrote the report?")\n</action>')
+    try:
+        out = tmp_path / "eval"
+        result = CliRunner().invoke(
+            app,
+            [
+                "eval", "--endpoint", server.url, "--served-model", "planner", "--tokenizer", str(tokenizer_dir),
+                "--rollouts", "search", "--limit", "1", "--retrieval-url", retrieval_server_url, "--out", str(out),
+                "--evipath", "paper", "--search-setting", "max_turns=3", "--search-setting", "final_turn_notice=",
+            ],
+        )
+        bad = CliRunner().invoke(app, ["eval", "--evipath", "paper", "--search-setting", "max_turn=3"])
+    finally:
+        server.stop()
+    assert result.exit_code == 0, result.output
+    prompts = [tokenizer.decode(r["prompt"]) for r in server.requests]
+    planner = [p for p in prompts if p.startswith("<|im_start|>system\n" + load_prompt("evipath_planner").strip())]
+    executor = [p for p in prompts if p.startswith("<|im_start|>system\n" + load_prompt("evipath_executor").strip())]
+    assert len(planner) == 3 and len(executor) == 2  # max_turns 3: two searches, the last turn's is not run
+    assert "<|im_start|>user\nQuestion: " in planner[0]
+    assert "<|im_start|>user\nQuestion: Who wrote the report?\nSupporting evidence:\n[0] " in executor[0]
+    # the executor wrote no <answer>: the passages are the observation, in a user turn after the closed turn
+    assert '</action><|im_end|>\n<|im_start|>user\nObservation:\nDoc 1 (Title: ' in planner[1]
+    (record,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert record["policy"].startswith(f"endpoint:{server.url}#planner|evidence_search:")
+    assert record["num_searches"] == 2
+    assert bad.exit_code != 0 and "max_turn=3" in bad.output

@@ -44,6 +44,35 @@ def policy_from_options(
     return PolicySpec("replay", str(trajectories))
 
 
+def search_settings_from_options(evipath: str | None, settings: list[str] | None) -> dict:
+    """``evidence_search`` settings: the EviPath preset, then each ``KEY=VALUE`` (YAML value) over it."""
+    import dataclasses
+
+    import yaml
+
+    from verl_evidence.agent_loops.search_loop import EVIPATH_SETTINGS, SearchLoopSettings
+
+    merged: dict = {}
+    if evipath is not None:
+        if evipath not in EVIPATH_SETTINGS:
+            raise typer.BadParameter(f"--evipath must be one of {', '.join(EVIPATH_SETTINGS)}, got {evipath!r}")
+        merged.update(EVIPATH_SETTINGS[evipath])
+    known = {f.name for f in dataclasses.fields(SearchLoopSettings)}
+    for item in settings or []:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or key not in known:
+            raise typer.BadParameter(
+                f"--search-setting {item!r}: expected KEY=VALUE with KEY one of {', '.join(sorted(known))}"
+            )
+        merged[key] = yaml.safe_load(value) if value.strip() else None
+    try:
+        SearchLoopSettings(**merged)
+    except (TypeError, ValueError) as err:
+        raise typer.BadParameter(f"evidence_search settings {merged}: {err}") from err
+    return merged
+
+
 def eval_command(
     data: list[Path] = typer.Option(
         None, "--data", help="verl rows to evaluate (parquet from `verl-evidence data`, or JSONL); repeatable. "
@@ -65,6 +94,15 @@ def eval_command(
     out: Path = typer.Option(Path("outputs/eval"), help="report, plots and results cache go here"),
     limit: int = typer.Option(None, help="only the first N questions (bundled) or rows (--data)"),
     concurrency: int = typer.Option(4, help="examples in flight at once"),
+    evipath: str = typer.Option(
+        None, help="run the search rollouts as an EviPath SFT'd planner, exactly as trained: 'paper' or 'search' "
+        "(its --planner-format); observations are user turns answered by the executor (the policy itself, or "
+        "an endpoint via --search-setting extractor=openai ...)"
+    ),
+    search_setting: list[str] = typer.Option(
+        None, "--search-setting", help="an evidence_search loop setting KEY=VALUE (docs/rollouts.md), e.g. "
+        "observation_role=user; repeatable; applied after --evipath"
+    ),
     fresh: bool = typer.Option(False, help="ignore the results cache and start over"),
 ) -> None:
     """Evaluate a policy (replayed trajectories, HF model dir or endpoint) and write a Markdown report.
@@ -88,6 +126,10 @@ def eval_command(
 
     quiet_library_logs()
     policy = policy_from_options(trajectories, model, endpoint, served_model)
+    search_settings = search_settings_from_options(evipath, search_setting)
+    if search_settings and policy.kind == "replay":
+        raise typer.BadParameter("--evipath / --search-setting need a live policy (--model or --endpoint); "
+                                 "replayed trajectories follow the default search protocol")
     wanted = [r.strip() for r in rollouts.split(",") if r.strip()]
     bad = sorted(set(wanted) - set(ROLLOUTS))
     if bad:
@@ -108,7 +150,7 @@ def eval_command(
 
     with open_session(
         out / "work", tokenizer_dir=tokenizer, retrieval_url=retrieval_url, nli_model=nli_model, nli_device=nli_device,
-        response_length=max_response_tokens, max_tokens_per_turn=max_turn_tokens,
+        response_length=max_response_tokens, max_tokens_per_turn=max_turn_tokens, search_settings=search_settings,
     ) as session:
         if policy.kind == "replay":
             examples = replay.replay_examples(
@@ -127,6 +169,10 @@ def eval_command(
             raise typer.BadParameter("nothing to evaluate: no rows (check --data / --rollouts / --limit)")
         console.print(f"[bold]evaluating[/] {policy.policy_id} on {len(examples)} examples; cache {cache_path}")
         runner = make_runner(session, policy, concurrency=concurrency)
+        if search_settings:  # results of another loop protocol must not come from the cache
+            import json
+
+            runner.policy_id += f"|evidence_search:{json.dumps(search_settings, sort_keys=True)}"
         records = run_with_progress(runner, examples, cache, console)
         cancel_pending_tasks()
         report = write_report(records, out, title=f"Evaluation of {policy.policy_id}", notes=session.notes)

@@ -67,8 +67,12 @@ def _set_loop_settings(
     max_turns: int,
     response_length: int,
     max_tokens_per_turn: int,
+    search_settings: Mapping[str, Any] | None = None,
 ) -> None:
-    """Point both agent loops at the server (``actor_rollout_ref.rollout.custom.<loop>``)."""
+    """Point both agent loops at the server (``actor_rollout_ref.rollout.custom.<loop>``).
+
+    ``search_settings`` are further ``evidence_search`` settings (e.g. an EviPath planner's layout).
+    """
     with open_dict(config):
         rollout = config.actor_rollout_ref.rollout
         custom = OmegaConf.to_container(rollout.custom, resolve=True) if rollout.get("custom") else {}
@@ -79,6 +83,7 @@ def _set_loop_settings(
             "topk": search_topk,
             "max_turns": max_turns,
             "max_tokens_per_turn": max_tokens_per_turn,
+            **dict(search_settings or {}),
         }
         custom["eviomni"] = {**custom.get("eviomni", {}), "retrieval_url": retrieval_url}
         rollout.custom = OmegaConf.create(custom)
@@ -103,6 +108,7 @@ def open_session(
     score: bool = True,
     config_overrides: Sequence[str] = (),
     managers: Mapping[str, tuple[str, Mapping[str, Any]]] | None = None,
+    search_settings: Mapping[str, Any] | None = None,
 ) -> Iterator[EvalSession]:
     """Set up server, tokenizer, verl config and reward workers; stop the server we started on exit.
 
@@ -111,7 +117,8 @@ def open_session(
     server (bundled corpus, packaged MiniLM) on 127.0.0.1; ``nli_model`` None
     builds a tiny random NLI judge and adds :data:`RANDOM_JUDGE_NOTE` to the notes.
     ``response_length`` caps a whole trajectory (all turns and observations),
-    ``max_tokens_per_turn`` one generation of the search loop.
+    ``max_tokens_per_turn`` one generation of the search loop; ``search_settings``
+    are further ``evidence_search`` settings (:data:`~verl_evidence.agent_loops.search_loop.EVIPATH_SETTINGS`).
     """
     from transformers import AutoTokenizer
 
@@ -141,7 +148,9 @@ def open_session(
         notes.append(f"Retrieval: server at {retrieval_url}.")
     try:
         config = compose_trainer_config(tokenizer_dir, config_overrides)
-        _set_loop_settings(config, retrieval_url, search_topk, max_turns, response_length, max_tokens_per_turn)
+        _set_loop_settings(
+            config, retrieval_url, search_topk, max_turns, response_length, max_tokens_per_turn, search_settings
+        )
         scorer = None
         if score:
             scorer = RewardScorer(tokenizer_dir, managers or reward_managers(nli_model, nli_device), base_config=config)
