@@ -78,8 +78,9 @@ def naive_deployment():
 
 
 # ---------------------------------------------------------------- load generation
-async def run_load(url: str, questions: list[str], clients: int, queries_per_request: int, requests_per_client: int) -> dict:
+async def run_load(url: str, questions: list[str], clients: int, queries_per_request: int, requests_per_client: int, probe_in_flight: bool = False) -> dict:
     latencies: list[float] = []
+    in_flight: list[float] = []
     errors = 0
     limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as http:
@@ -98,9 +99,21 @@ async def run_load(url: str, questions: list[str], clients: int, queries_per_req
                 latencies.append(time.perf_counter() - t0)
                 errors += 0 if ok else 1
 
+        async def probe(done: asyncio.Event) -> None:
+            # Requests inside the replica while the load runs: tells replica-side queuing from proxy-side queuing.
+            while not done.is_set():
+                text = (await http.get("/metrics")).text
+                in_flight.append(float(re.search(r"^retrieval_requests_in_flight (\S+)$", text, re.M).group(1)))
+                await asyncio.sleep(0.25)
+
+        done = asyncio.Event()
+        prober = asyncio.create_task(probe(done)) if probe_in_flight else None
         started = time.perf_counter()
         await asyncio.gather(*(client(n) for n in range(clients)))
         elapsed = time.perf_counter() - started
+        done.set()
+        if prober is not None:
+            await prober
     lat = np.asarray(latencies) * 1000
     total_queries = clients * requests_per_client * queries_per_request
     return {
@@ -112,6 +125,7 @@ async def run_load(url: str, questions: list[str], clients: int, queries_per_req
         "p95_ms": float(np.percentile(lat, 95)),
         "p99_ms": float(np.percentile(lat, 99)),
         "errors": errors,
+        **({"replica_in_flight_mean": float(np.mean(in_flight)), "replica_in_flight_max": float(np.max(in_flight))} if in_flight else {}),
     }
 
 
@@ -255,7 +269,7 @@ def main() -> None:
     levels = [(1, 1, 60), (8, 1, 40), (32, 1, 16), (64, 1, 10), (4, 32, 10)]  # clients, queries/request, requests/client
 
     ours = start_server(
-        ServerConfig(index_dir=index_dir, port=0, num_cpus_per_replica=CPUS_PER_REPLICA, max_batch_size=64, batch_wait_timeout_s=0.002),
+        ServerConfig(index_dir=index_dir, port=0, num_cpus_per_replica=CPUS_PER_REPLICA, max_batch_size=64, batch_wait_timeout_s=0.04),
         ray_num_cpus=4,
     )
     naive_url = f"{ours.url}/naive"
@@ -270,7 +284,7 @@ def main() -> None:
         for name, url in (("batched", ours.url), ("naive", naive_url)):
             asyncio.run(run_load(url, questions, 4, 1, 5))  # warm-up
             for clients, qpr, per_client in levels:
-                row = asyncio.run(run_load(url, questions, clients, qpr, max(2, int(per_client * scale))))
+                row = asyncio.run(run_load(url, questions, clients, qpr, max(2, int(per_client * scale)), probe_in_flight=name == "batched"))
                 row["server"] = name
                 row["rss_mb"] = replica_rss_mb(url)
                 if name == "batched" and clients == 64 and qpr == 1:
@@ -321,6 +335,9 @@ def print_report(report: dict) -> None:
         print(f"{clients} clients x {qpr} q/req: QPS ratio {b['qps'] / n['qps']:.2f}x, p99 ratio {b['p99_ms'] / n['p99_ms']:.2f}")
     same = report["identical_topk"]
     print(f"identical top-3: {same['same_ids']}/{same['questions']} questions, max |score diff| {same['max_score_diff']:.2e}")
+    for r in report["load"]:
+        if "replica_in_flight_mean" in r:
+            print(f"batched, {r['clients']} clients x {r['q_per_req']}: requests inside the replica mean {r['replica_in_flight_mean']:.1f}, max {r['replica_in_flight_max']:.0f}")
     lim = report["limit"]
     print(f"limit: served {lim['served_qps_at_64']:.1f} QPS at 64 clients vs in-process {lim['in_process_qps']:.1f} QPS at batch {lim['batch_size']}: {lim['ratio']:.2f}")
     if "memory_1m_384_flat" in report:

@@ -118,10 +118,13 @@ class ServerMetrics:
     """Prometheus metrics of one replica (own registry: replicas never share counters)."""
 
     def __init__(self) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry()
         self.requests = Counter("retrieval_requests", "HTTP requests by endpoint and status", ["endpoint", "status"], registry=self.registry)
+        # Requests inside this replica (parsing, queued for a batch, or in one): if it stays near 1 under
+        # heavy client concurrency, requests are queuing upstream (proxy), not in the batch queue.
+        self.in_flight = Gauge("retrieval_requests_in_flight", "Requests being handled by this replica", registry=self.registry)
         self.queries = Counter("retrieval_queries", "Queries answered", registry=self.registry)
         size_buckets = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
         self.batch_requests = Histogram("retrieval_batch_requests", "Requests merged into one batch", buckets=size_buckets, registry=self.registry)
@@ -157,20 +160,28 @@ class RetrievalServer:
 
     @fastapi_app.post("/retrieve")
     async def retrieve(self, request: Request) -> JSONResponse:
+        with self.metrics.in_flight.track_inprogress():
+            return await self._retrieve(request)
+
+    async def _retrieve(self, request: Request) -> JSONResponse:
         started = time.perf_counter()
         if (denied := self._unauthorized(request)) is not None:
             self.metrics.requests.labels("retrieve", "401").inc()
             return denied
-        # 1. parse + 2. validate
+        # 1. parse + 2. validate (behind Serve's proxy, reading the body is a round trip to the proxy: timed)
+        raw = await request.body()
+        self.metrics.stage.labels("receive_body").observe(time.perf_counter() - started)
         try:
-            body = parse_and_validate(await request.body(), self.config)
+            body = parse_and_validate(raw, self.config)
         except BadRequest as err:
             self.metrics.requests.labels("retrieve", "422").inc()
             return _problem(422, err.message)
         topk = body.topk or self.config.default_topk
         # 3. batch -> 4. encode -> 5. search -> 6. look up (all in _retrieve_batch, shared with concurrent requests)
         try:
+            queued = time.perf_counter()
             documents, scores = await self._retrieve_batch((body.queries, topk))
+            self.metrics.stage.labels("batch_wait_and_run").observe(time.perf_counter() - queued)
         except Exception as err:  # a failure of the batch must not surface as a 500
             logger.exception("batch failed")
             self.metrics.requests.labels("retrieve", "503").inc()

@@ -122,7 +122,7 @@ class ServerConfig(BaseModel):
 
     # Dynamic batching across concurrent requests (unit: one HTTP request).
     max_batch_size: int = Field(default=64, ge=1)
-    batch_wait_timeout_s: float = Field(default=0.005, ge=0)
+    batch_wait_timeout_s: float = Field(default=0.04, ge=0, description="Ray Serve closes a batch after this wait even when a backlog is queued behind it")
     max_ongoing_requests: int | None = Field(default=None, description="Default: 2 x max_batch_size")
 
     # Placement.
