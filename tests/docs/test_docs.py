@@ -112,37 +112,71 @@ def test_the_docs_show_cli_commands() -> None:
         assert expected in shown, f"no docs example of {' '.join(expected)}"
 
 
-@pytest.mark.parametrize("words", CLI_COMMANDS)
-def test_cli_example_parses(words: list[str]) -> None:
-    """The subcommand exists and every option is known: the real CLI parses it with --help appended.
-
-    Click rejects an unknown option or subcommand even when --help follows, and
-    --help then stops before anything runs.
-    """
+def resolve(words: list[str]):
+    """(click command, number of words naming it) for an argv starting with the program name."""
     import typer.main
-    from click.testing import CliRunner
 
     from retrieval_server.cli import app as server_app
     from verl_evidence.cli import app as main_app
 
-    app = main_app if words[0] == "verl-evidence" else server_app
-    command = typer.main.get_command(app)
-    result = CliRunner().invoke(command, [*words[1:], "--help"], prog_name=words[0])
+    command = typer.main.get_command(main_app if words[0] == "verl-evidence" else server_app)
+    used = 1
+    while hasattr(command, "commands") and used < len(words) and words[used] in command.commands:
+        command = command.commands[words[used]]
+        used += 1
+    return command, used
+
+
+@pytest.mark.parametrize("words", CLI_COMMANDS)
+def test_cli_example_parses(words: list[str]) -> None:
+    """The subcommand exists and every option is known: the real CLI parses it with --help.
+
+    --help goes right after the subcommand, so it can never be taken as an
+    option's value; click still rejects an unknown option or subcommand, and
+    --help stops before anything runs.
+    """
+    from click.testing import CliRunner
+
+    command, used = resolve(words)
+    root, _ = resolve(words[:1])
+    result = CliRunner().invoke(root, [*words[1:used], "--help", *words[used:]], prog_name=words[0])
     assert result.exit_code == 0 and "Usage" in result.output, (
         f"`{shlex.join(words)}` does not parse against the CLI:\n{result.output}"
     )
 
 
+INLINE_COMMAND = re.compile(r"`((?:verl-evidence|retrieval-server) [^`]*)`")
+
+
+def test_inline_cli_mentions_name_real_commands_and_options() -> None:
+    """`verl-evidence ...` in prose: the subcommand path exists and every --option belongs to it."""
+    problems, checked = [], 0
+    for path in DOC_FILES:
+        for match in INLINE_COMMAND.finditer(path.read_text()):
+            for words in _expand_braces(match.group(1).split()):
+                checked += 1
+                command, used = resolve(words)
+                rest = words[used:]
+                if rest and hasattr(command, "commands") and rest[0] not in ("…", "...") and not rest[0].startswith("-"):
+                    problems.append(f"{path.relative_to(ROOT)}: `{match.group(1)}` (no subcommand {rest[0]!r})")
+                    continue
+                known = {opt for param in command.params for opt in [*param.opts, *getattr(param, "secondary_opts", [])]}
+                unknown = sorted({w.split("=")[0] for w in rest if w.startswith("--")} - known)
+                if unknown:
+                    problems.append(f"{path.relative_to(ROOT)}: `{match.group(1)}` (unknown {unknown})")
+    assert checked > 5
+    assert not problems, "\n".join(problems)
+
+
 def test_a_bad_cli_example_is_caught() -> None:
     """The check above can fail: a misspelt option and an unknown subcommand are rejected."""
-    import typer.main
     from click.testing import CliRunner
 
-    from verl_evidence.cli import app
-
-    command = typer.main.get_command(app)
-    assert CliRunner().invoke(command, ["serve", "--top-k", "3", "--help"]).exit_code != 0
-    assert CliRunner().invoke(command, ["index", "bulid", "--help"]).exit_code != 0
+    root, _ = resolve(["verl-evidence"])
+    misspelt = CliRunner().invoke(root, ["serve", "--help", "--top-k", "3"])
+    assert misspelt.exit_code != 0 and "No such option" in misspelt.output
+    unknown = CliRunner().invoke(root, ["index", "bulid", "--help"])
+    assert unknown.exit_code != 0 and "No such command" in unknown.output
 
 
 YAML_BLOCKS = [pytest.param(b, id=b.where) for b in ALL_BLOCKS if b.language in ("yaml", "yml")]
