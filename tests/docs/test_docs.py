@@ -264,4 +264,8 @@ def test_repository_paths_named_in_the_docs_exist() -> None:
             target = match.group(1).rstrip(".,:;)").split("::")[0]
             if not (ROOT / target).exists():
                 missing.append(f"{path.relative_to(ROOT)}: {target}")
+    for block in ALL_BLOCKS:  # scripts run in shell examples
+        for script in re.findall(r"(?<![\w/.])((?:recipes|benchmarks|docs)/[\w/.-]+\.(?:sh|sbatch|py))", block.text):
+            if not (ROOT / script).exists():
+                missing.append(f"{block.where}: {script}")
     assert not missing, "paths that do not exist:\n" + "\n".join(missing)
