@@ -55,12 +55,12 @@ def serve(
     handle = start_server(config, address=address)
     typer.echo(f"retrieval server ready at {handle.url}  (POST /retrieve, GET /health, GET /metrics); Ctrl-C to stop")
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # Both explicitly: a shell starting us in the background ignores SIGINT, and schedulers send SIGTERM.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
     try:
         while not stop.wait(1.0):
             pass
-    except KeyboardInterrupt:
-        pass
     finally:
         handle.shutdown()
 
