@@ -35,7 +35,7 @@ MEANINGS: dict[str, str] = {
     "eviomni.tau": "temperature of the rationale-length sigmoid (> 0)",
     "eviomni.gamma": "exponent of the evidence-length reward below `omega` (>= 0)",
     # verl_evidence.rewards.evinote.EviNoteConfig
-    "evinote.markers": "SEN annotation markers (key, uncertain); the released code used `[\"*\", \"#\"]`",
+    "evinote.markers": 'SEN annotation markers (key, uncertain); the released code used `["*", "#"]`',
     "evinote.claim_template": "NLI hypothesis; only `{answer}` (first gold answer) and `{question}`",
     "evinote.correct_reward": "gate value for a well-formatted, exact-match answer",
     "evinote.note_reward": "gate value for a wrong answer with well-formed notes",
@@ -64,13 +64,13 @@ MEANINGS: dict[str, str] = {
     "search_loop.max_obs_tokens": "tokens of one `<information>` body, truncated at the end",
     "search_loop.prompt": "null: the row's chat prompt as is; a prompt name/file: user turn rebuilt from `{question}`",
     "search_loop.system_prompt": "null: the row's system messages; a prompt name/file: the system message (replaces the row's)",
-    "search_loop.action_format": "`search`: `<search> q </search>`; `paper`: `<action> Search(\"q\") </action>` (EviPath planner)",
+    "search_loop.action_format": '`search`: `<search> q </search>`; `paper`: `<action> Search("q") </action>` (EviPath planner)',
     "search_loop.observation_role": "`inline`: `<information>` inside the assistant turn; `user`: a user chat turn (EviPath SFT layout)",
     "search_loop.observation": "`passages`, `extract` or `executor` (EviPath executor); null: `extract` with an extractor, else `passages`",
     "search_loop.executor_prompt": "EviPath executor prompt (`observation: executor`); runs on the extractor's model",
     "search_loop.executor_max_tokens": "executor generation length",
     "search_loop.invalid_action_feedback": "appended (mask 0) after a turn without a valid action",
-    "search_loop.final_turn_notice": "appended before the last turn (`\"\"` disables)",
+    "search_loop.final_turn_notice": 'appended before the last turn (`""` disables)',
     "search_loop.search_failed_text": "`<information>` body when retrieval fails",
     "search_loop.search_timeout": "seconds per retrieval request",
     "search_loop.search_max_retries": "retries of a failed request (5xx, connection errors)",
@@ -167,7 +167,11 @@ def value(default: Any) -> str:
         text = str(default).lower()
     elif isinstance(default, str):
         shown = default if len(default) <= 48 else default[:45] + "…"
-        text = '"' + shown.replace("\n", "\\n") + '"' if (shown != shown.strip() or not shown or "\n" in shown or len(default) > 48) else shown
+        text = (
+            '"' + shown.replace("\n", "\\n") + '"'
+            if (shown != shown.strip() or not shown or "\n" in shown or len(default) > 48)
+            else shown
+        )
     elif isinstance(default, (tuple, list)):
         text = json.dumps(list(default))
     elif isinstance(default, Path):
@@ -295,14 +299,27 @@ def render() -> str:
     add("### `grace` (GRACE)\n")
     train, validation = grace.GRACE_TRAIN, grace.GRACE_VALIDATION
     rows = [
-        ("`mode`", "str", "null", "`train` or `validation` forces one mode for every sample; null: "
-         "validation for rows whose `extra_info.split` is in `validation_splits`"),
-        ("`validation_splits`", "list[str]", value(scorers.DEFAULT_VALIDATION_SPLITS),
-         "splits scored with the validation defaults (unless `extra_info.validate` is set)"),
+        (
+            "`mode`",
+            "str",
+            value(None),
+            (
+                "`train` or `validation` forces one mode for every sample; null: "
+                "validation for rows whose `extra_info.split` is in `validation_splits`"
+            ),
+        ),
+        (
+            "`validation_splits`",
+            "list[str]",
+            value(scorers.DEFAULT_VALIDATION_SPLITS),
+            "splits scored with the validation defaults (unless `extra_info.validate` is set)",
+        ),
     ]
     for field in dataclasses.fields(grace.GraceConfig):
         train_value, val_value = getattr(train, field.name), getattr(validation, field.name)
-        shown = value(train_value) if train_value == val_value else f"{value(train_value)} (validation {value(val_value)})"
+        shown = (
+            value(train_value) if train_value == val_value else f"{value(train_value)} (validation {value(val_value)})"
+        )
         rows.append((f"`{field.name}`", type_name(field.type), shown, meaning("grace", field.name)))
     add(table(header, rows) + "\n")
     add(f"Logged keys: {', '.join(f'`{k}`' for k in grace.RESULT_KEYS)}, `{scorers.ERROR_KEY}`.\n")
@@ -328,7 +345,11 @@ def render() -> str:
         table(
             ("key", "default", "meaning"),
             [
-                ("`algorithm.adv_estimator`", "", f"`{advantage.ESTIMATOR_NAME}`: GRPO with the group std floored at `eps_std`"),
+                (
+                    "`algorithm.adv_estimator`",
+                    "",
+                    f"`{advantage.ESTIMATOR_NAME}`: GRPO with the group std floored at `eps_std`",
+                ),
                 ("`+algorithm.eps_std`", value(advantage.DEFAULT_EPS_STD), "std floor, must be > 0"),
             ],
         )
@@ -405,12 +426,28 @@ def render() -> str:
         table(
             ("variable", "read by", "meaning"),
             [
-                (f"`{RETRIEVAL_URL_ENV}`", "search loop, `search` tool", "retrieval server URL when the config gives none"),
+                (
+                    f"`{RETRIEVAL_URL_ENV}`",
+                    "search loop, `search` tool",
+                    "retrieval server URL when the config gives none",
+                ),
                 ("`VERL_EVIDENCE_RETRIEVAL_TOKEN`", "search loop, `search` tool", "bearer token sent to the server"),
                 ("`RETRIEVAL_SERVER_TOKEN`", "`serve`", "same as `--token`"),
-                ("`VERL_EVIDENCE_CACHE`", "`serve`, `index`, demo", "cache directory (default `~/.cache/verl-evidence`)"),
-                ("`VERL_USE_EXTERNAL_MODULES`", "verl", "`verl_evidence.plugin` registers the plugin without its entry point"),
-                ("`VERL_USE_EXTERNAL_PLUGINS`", "verl", "`none` disables entry-point plugins; a comma list loads only those"),
+                (
+                    "`VERL_EVIDENCE_CACHE`",
+                    "`serve`, `index`, demo",
+                    "cache directory (default `~/.cache/verl-evidence`)",
+                ),
+                (
+                    "`VERL_USE_EXTERNAL_MODULES`",
+                    "verl",
+                    "`verl_evidence.plugin` registers the plugin without its entry point",
+                ),
+                (
+                    "`VERL_USE_EXTERNAL_PLUGINS`",
+                    "verl",
+                    "`none` disables entry-point plugins; a comma list loads only those",
+                ),
             ],
         )
         + "\n"

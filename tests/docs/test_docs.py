@@ -108,7 +108,12 @@ CLI_COMMANDS = [
 
 def test_the_docs_show_cli_commands() -> None:
     shown = {tuple(words[:2]) for words in (p.values[0] for p in CLI_COMMANDS)}
-    for expected in [("verl-evidence", "serve"), ("verl-evidence", "eval"), ("verl-evidence", "demo"), ("verl-evidence", "data")]:
+    for expected in [
+        ("verl-evidence", "serve"),
+        ("verl-evidence", "eval"),
+        ("verl-evidence", "demo"),
+        ("verl-evidence", "data"),
+    ]:
         assert expected in shown, f"no docs example of {' '.join(expected)}"
 
 
@@ -137,7 +142,7 @@ def test_cli_example_parses(words: list[str]) -> None:
     """
     from click.testing import CliRunner
 
-    command, used = resolve(words)
+    _, used = resolve(words)
     root, _ = resolve(words[:1])
     result = CliRunner().invoke(root, [*words[1:used], "--help", *words[used:]], prog_name=words[0])
     assert result.exit_code == 0 and "Usage" in result.output, (
@@ -157,10 +162,17 @@ def test_inline_cli_mentions_name_real_commands_and_options() -> None:
                 checked += 1
                 command, used = resolve(words)
                 rest = words[used:]
-                if rest and hasattr(command, "commands") and rest[0] not in ("…", "...") and not rest[0].startswith("-"):
+                if (
+                    rest
+                    and hasattr(command, "commands")
+                    and rest[0] not in ("…", "...")
+                    and not rest[0].startswith("-")
+                ):
                     problems.append(f"{path.relative_to(ROOT)}: `{match.group(1)}` (no subcommand {rest[0]!r})")
                     continue
-                known = {opt for param in command.params for opt in [*param.opts, *getattr(param, "secondary_opts", [])]}
+                known = {
+                    opt for param in command.params for opt in [*param.opts, *getattr(param, "secondary_opts", [])]
+                }
                 unknown = sorted({w.split("=")[0] for w in rest if w.startswith("--")} - known)
                 if unknown:
                     problems.append(f"{path.relative_to(ROOT)}: `{match.group(1)}` (unknown {unknown})")
@@ -207,7 +219,13 @@ def test_every_python_block_compiles_or_is_marked() -> None:
 def test_python_block_runs(block: Block, tmp_path: Path) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     result = subprocess.run(
-        [sys.executable, "-c", block.text], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=540
+        [sys.executable, "-c", block.text],
+        check=False,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
     )
     assert result.returncode == 0, f"{block.where} failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
 
@@ -223,15 +241,15 @@ def _slug(heading: str) -> str:
 
 
 def _anchors(path: Path) -> set[str]:
-    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
-    return {_slug(m.group(1)) for m in re.finditer(r"^#{1,6}\s+(.*)$", text, flags=re.M)}
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.DOTALL)
+    return {_slug(m.group(1)) for m in re.finditer(r"^#{1,6}\s+(.*)$", text, flags=re.MULTILINE)}
 
 
 def test_relative_links_resolve() -> None:
     problems = []
     checked = 0
     for path in DOC_FILES:
-        text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+        text = re.sub(r"```.*?```", "", path.read_text(), flags=re.DOTALL)
         for target in LINK.findall(text):
             if re.match(r"[a-z]+://|mailto:", target):
                 continue
@@ -259,7 +277,11 @@ REPO_PATH = re.compile(r"`((?:verl_evidence|retrieval_server|recipes|docs|tests|
 def test_repository_paths_named_in_the_docs_exist() -> None:
     """`verl_evidence/...`, `recipes/...` and the like, in prose or code spans, name real files or folders."""
     missing = []
-    for path in [*DOC_FILES, ROOT / "verl_evidence" / "bundled" / "README.md", ROOT / "recipes" / "slurm" / "README.md"]:
+    for path in [
+        *DOC_FILES,
+        ROOT / "verl_evidence" / "bundled" / "README.md",
+        ROOT / "recipes" / "slurm" / "README.md",
+    ]:
         for match in REPO_PATH.finditer(path.read_text()):
             target = match.group(1).rstrip(".,:;)").split("::")[0]
             if not (ROOT / target).exists():
