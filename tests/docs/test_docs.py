@@ -291,3 +291,59 @@ def test_repository_paths_named_in_the_docs_exist() -> None:
             if not (ROOT / script).exists():
                 missing.append(f"{block.where}: {script}")
     assert not missing, "paths that do not exist:\n" + "\n".join(missing)
+
+
+HYDRA_OVERRIDE = re.compile(r"^\+{0,2}[a-z_]+(?:\.[A-Za-z_0-9]+)+=")
+
+
+def hydra_overrides(block: Block) -> list[str]:
+    """The dotted ``key=value`` Hydra overrides of a shell block, as the shell would pass them."""
+    overrides = []
+    for line in re.sub(r"\\\n\s*", " ", block.text).splitlines():
+        overrides += [word for word in shlex.split(line, comments=True) if HYDRA_OVERRIDE.match(word)]
+    return overrides
+
+
+OVERRIDE_BLOCKS = [
+    pytest.param(hydra_overrides(b), id=b.where) for b in ALL_BLOCKS if b.language == "bash" and hydra_overrides(b)
+]
+
+
+@pytest.fixture(scope="module")
+def compose_ppo_trainer():
+    """Compose verl's own ppo_trainer.yaml with overrides, as ``main_ppo`` does."""
+    import verl
+    from hydra import compose, initialize_config_dir
+
+    config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
+
+    def run(overrides: list[str]):
+        with initialize_config_dir(config_dir=config_dir, version_base=None):
+            return compose(config_name="ppo_trainer", overrides=overrides)
+
+    return run
+
+
+def test_the_docs_show_hydra_overrides() -> None:
+    assert len(OVERRIDE_BLOCKS) >= 5
+
+
+@pytest.mark.parametrize("overrides", OVERRIDE_BLOCKS)
+def test_hydra_overrides_compose_with_verls_config(overrides: list[str], compose_ppo_trainer) -> None:
+    """Every key without ``+`` exists in verl 0.9's config, every ``+`` key is new, values parse."""
+    config = compose_ppo_trainer(overrides)
+    for override in overrides:
+        key = override.lstrip("+").split("=", 1)[0]
+        assert key.split(".")[-1] in config_keys(config, key), override
+
+
+def config_keys(config, dotted: str) -> set[str]:
+    from omegaconf import OmegaConf
+
+    parent = OmegaConf.select(config, dotted.rsplit(".", 1)[0])
+    return set(parent.keys()) if parent is not None else set()
+
+
+def test_a_misspelt_override_fails_to_compose(compose_ppo_trainer) -> None:
+    with pytest.raises(Exception, match="reward_kwarg"):
+        compose_ppo_trainer(["reward.reward_kwarg.alpha=2.0"])
