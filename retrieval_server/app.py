@@ -145,7 +145,10 @@ class RetrievalServer:
     def __init__(self, config: dict[str, Any]) -> None:
         from retrieval_server.search import Retriever
 
+        import torch
+
         self.config = ServerConfig.model_validate(config)
+        torch.set_num_threads(self.config.torch_threads)  # explicit: Ray's OMP_NUM_THREADS follows num_cpus instead
         self.retriever = Retriever(self.config)
         self.metrics = ServerMetrics()
         self.started = time.time()
@@ -236,6 +239,8 @@ class RetrievalServer:
 
     @fastapi_app.get("/health")
     async def health(self) -> dict:
+        import torch
+
         self.metrics.requests.labels("health", "200").inc()
         manifest = self.retriever.manifest
         return {
@@ -248,6 +253,7 @@ class RetrievalServer:
             "reranker": self.config.rerank_model,
             "uptime_s": round(time.time() - self.started, 3),
             "replica_pid": os.getpid(),
+            "torch_threads": torch.get_num_threads(),
         }
 
     @fastapi_app.get("/metrics")
