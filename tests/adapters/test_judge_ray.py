@@ -23,6 +23,11 @@ PAIRS = [
 
 @pytest.fixture(scope="module")
 def local_ray():
+    # In a combined run the session's retrieval server (tests/conftest.py) may already have started
+    # Ray in this process: use that cluster and leave it to its owner.
+    if ray.is_initialized():
+        yield
+        return
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
