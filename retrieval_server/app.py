@@ -13,7 +13,8 @@ import json
 import logging
 import os
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -138,6 +139,57 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
 
+# ---------------------------------------------------------------- batching
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+class BacklogBatcher(Generic[Item, Result]):
+    """One batch at a time; each batch is what queued while the previous one ran.
+
+    An idle replica runs a lone request at once (no timer to wait out); under load
+    every request that arrived during a batch joins the next one, up to
+    ``max_batch_size``. Ray Serve 2.60's ``@serve.batch`` cannot do this: it closes a
+    batch on its timer *before* waiting for the running batch (ray/serve/batching.py,
+    ``_process_batches``), so a backlog is cut into timer-sized slivers.
+    ``max_wait_s`` > 0 adds a wait for company before each batch (fewer, larger
+    batches at the cost of latency).
+    """
+
+    def __init__(self, run_batch: Callable[[list[Item]], Awaitable[list[Result]]], max_batch_size: int, max_wait_s: float = 0.0) -> None:
+        self._run_batch = run_batch
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_s
+        self._queue: asyncio.Queue[tuple[Item, asyncio.Future[Result]]] = asyncio.Queue()
+        self._worker: asyncio.Task[None] | None = None
+
+    async def submit(self, item: Item) -> Result:
+        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait((item, future))
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        while not self._queue.empty():
+            if self.max_wait_s > 0 and self._queue.qsize() < self.max_batch_size:
+                await asyncio.sleep(self.max_wait_s)
+            taken = [self._queue.get_nowait() for _ in range(min(self._queue.qsize(), self.max_batch_size))]
+            live = [(item, future) for item, future in taken if not future.done()]  # skip requests whose client left
+            if not live:
+                continue
+            try:
+                results = await self._run_batch([item for item, _ in live])
+            except Exception as err:  # every request of the batch sees the failure (its handler answers 503)
+                for _, future in live:
+                    if not future.done():
+                        future.set_exception(err)
+                continue
+            for (_, future), result in zip(live, results):
+                if not future.done():
+                    future.set_result(result)
+
+
 # ---------------------------------------------------------------- deployment
 @serve.deployment(name="RetrievalServer")
 @serve.ingress(fastapi_app)
@@ -152,8 +204,7 @@ class RetrievalServer:
         self.retriever = Retriever(self.config)
         self.metrics = ServerMetrics()
         self.started = time.time()
-        self._retrieve_batch.set_max_batch_size(self.config.max_batch_size)
-        self._retrieve_batch.set_batch_wait_timeout_s(self.config.batch_wait_timeout_s)
+        self.batcher = BacklogBatcher(self._retrieve_batch, self.config.max_batch_size, self.config.batch_wait_timeout_s)
         logger.info("retrieval replica ready: %d passages, method=%s", self.retriever.size, self.config.method)
 
     def _unauthorized(self, request: Request) -> JSONResponse | None:
@@ -183,7 +234,7 @@ class RetrievalServer:
         # 3. batch -> 4. encode -> 5. search -> 6. look up (all in _retrieve_batch, shared with concurrent requests)
         try:
             queued = time.perf_counter()
-            documents, scores = await self._retrieve_batch((body.queries, topk))
+            documents, scores = await self.batcher.submit((body.queries, topk))
             self.metrics.stage.labels("batch_wait_and_run").observe(time.perf_counter() - queued)
         except Exception as err:  # a failure of the batch must not surface as a 500
             logger.exception("batch failed")
@@ -202,14 +253,13 @@ class RetrievalServer:
         self.metrics.latency.observe(time.perf_counter() - started)
         return JSONResponse({"result": result})
 
-    @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.005)
     async def _retrieve_batch(self, items: list[tuple[list[str], int]]) -> list[tuple[list[list[dict]], list[list[float]]]]:
         """One encoder pass, one index search and one store lookup for every query of every waiting request."""
         queries = [q for request_queries, _ in items for q in request_queries]
         depth = max(k for _, k in items)
         self.metrics.batch_requests.observe(len(items))
         self.metrics.batch_queries.observe(len(queries))
-        # The heavy work runs in a thread so the event loop keeps queueing the next batch meanwhile.
+        # The heavy work runs in a thread so the event loop keeps receiving requests for the next batch meanwhile.
         rows, scores, documents = await asyncio.to_thread(self._encode_search_lookup, queries, depth)
         out = []
         offset = 0

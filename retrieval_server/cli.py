@@ -33,7 +33,7 @@ def serve(
     cpus_per_replica: float = typer.Option(1.0),
     gpus_per_replica: float = typer.Option(0.0),
     max_batch_size: int = typer.Option(64),
-    batch_wait_ms: float = typer.Option(40.0, help="Max wait to fill a batch; Serve forms batches on this timer, not on backlog"),
+    batch_wait_ms: float = typer.Option(0.0, help="Extra wait for company before each batch; 0: a batch is what queued while the previous one ran"),
     max_queries_per_request: int = typer.Option(512),
     max_topk: int = typer.Option(100),
     max_query_chars: int = typer.Option(2048),

@@ -122,7 +122,11 @@ class ServerConfig(BaseModel):
 
     # Dynamic batching across concurrent requests (unit: one HTTP request).
     max_batch_size: int = Field(default=64, ge=1)
-    batch_wait_timeout_s: float = Field(default=0.04, ge=0, description="Ray Serve closes a batch after this wait even when a backlog is queued behind it")
+    batch_wait_timeout_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="Extra wait for company before each batch; 0: a batch is whatever queued while the previous one ran",
+    )
     max_ongoing_requests: int | None = Field(default=None, description="Default: 2 x max_batch_size")
 
     # Placement.
@@ -144,7 +148,7 @@ class ServerConfig(BaseModel):
     @model_validator(mode="after")
     def _check_batching(self) -> ServerConfig:
         if self.max_ongoing_requests is not None and self.max_ongoing_requests < self.max_batch_size:
-            # serve.batch can only fill a batch if the replica accepts that many requests at once.
+            # A batch can only fill up if the replica accepts that many requests at once.
             raise ValueError(
                 f"max_ongoing_requests ({self.max_ongoing_requests}) must be >= max_batch_size ({self.max_batch_size})"
             )
