@@ -32,6 +32,7 @@ def serve(
     replicas: int = typer.Option(1),
     cpus_per_replica: float = typer.Option(1.0),
     gpus_per_replica: float = typer.Option(0.0),
+    torch_threads: int = typer.Option(1, help="torch threads per replica (set explicitly; Ray would derive them from --cpus-per-replica)"),
     max_batch_size: int = typer.Option(64),
     batch_wait_ms: float = typer.Option(0.0, help="Extra wait for company before each batch; 0: a batch is what queued while the previous one ran"),
     max_queries_per_request: int = typer.Option(512),
@@ -49,6 +50,7 @@ def serve(
         index_dir=resolved_index, corpus=corpus, encoder_model=model, method=method, default_topk=topk,
         rerank_model=rerank_model, rerank_top_n=rerank_top_n, search_params=search_params, host=host, port=port,
         num_replicas=replicas, num_cpus_per_replica=cpus_per_replica, num_gpus_per_replica=gpus_per_replica,
+        torch_threads=torch_threads,
         max_batch_size=max_batch_size, batch_wait_timeout_s=batch_wait_ms / 1000.0,
         max_queries_per_request=max_queries_per_request, max_topk=max_topk, max_query_chars=max_query_chars, token=token,
     )  # fmt: skip
