@@ -417,7 +417,7 @@ def render() -> str:
     add(table(header, pydantic_rows(ServerConfig, "server")) + "\n")
     add(
         f"`BuildConfig` adds `train_sample` (default `{BuildConfig.model_fields['train_sample'].default}`): "
-        "vectors used to train IVF/PQ indexes (not a CLI option).\n"
+        "vectors used to train IVF/PQ indexes (`index build --train-sample`).\n"
     )
 
     # ---- environment

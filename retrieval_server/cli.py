@@ -77,6 +77,9 @@ def build(
     max_length: int = typer.Option(256),
     factory: str = typer.Option("Flat", help="FAISS index factory string: Flat, HNSW32,Flat, IVF4096,PQ64, ..."),
     shard_size: int = typer.Option(4096, help="Passages per encoded shard (resumption unit)"),
+    train_sample: int = typer.Option(
+        262_144, min=1, help="Vectors sampled to train IVF/PQ indexes (about 40 per IVF list: IVF65536 wants ~2.6M)"
+    ),
     batch_size: int = typer.Option(64, help="Encoder batch size"),
     bm25: bool = typer.Option(True, help="Also build a BM25 index"),
     device: Optional[str] = typer.Option(None),
@@ -93,7 +96,7 @@ def build(
         encoder = EncoderConfig.for_model(model, max_length=max_length, **overrides)
     config = BuildConfig(
         corpus=corpus or bundled_corpus_path(), output_dir=output or default_index_dir(), encoder=encoder,
-        index_factory=factory, shard_size=shard_size, encode_batch_size=batch_size, bm25=bm25, device=device,
+        index_factory=factory, shard_size=shard_size, train_sample=train_sample, encode_batch_size=batch_size, bm25=bm25, device=device,
     )  # fmt: skip
     manifest = build_index(config)
     typer.echo(json.dumps({k: manifest[k] for k in ("count", "dim", "index", "encoder")}, indent=2))

@@ -111,3 +111,24 @@ def test_recall_command_reports_recall_at_3(bundled_index_dir):
     assert result.exit_code == 0, result.output
     expected = recall_at_k(bundled_index_dir, bundled_qa_path(), [3])
     assert f"{expected['recall'][3]:.3f}" in result.output and "questions" in result.output
+
+
+def test_build_command_passes_train_sample_and_factory(monkeypatch, tmp_path):
+    """`index build --train-sample` reaches BuildConfig (IVF65536 needs ~2.6M training vectors)."""
+    import retrieval_server.index as index_module
+    from verl_evidence.cli import app
+
+    seen = {}
+
+    def fake_build_index(config, *args, **kwargs):
+        seen["config"] = config
+        return {"count": 0, "dim": 0, "index": {}, "encoder": {}}
+
+    monkeypatch.setattr(index_module, "build_index", fake_build_index)
+    result = CliRunner().invoke(
+        app, ["index", "build", "-o", str(tmp_path), "--factory", "IVF65536,PQ96", "--train-sample", "2600000"]
+    )
+    assert result.exit_code == 0, result.output
+    assert seen["config"].train_sample == 2_600_000 and seen["config"].index_factory == "IVF65536,PQ96"
+    bad = CliRunner().invoke(app, ["index", "build", "-o", str(tmp_path), "--train-sample", "0"])
+    assert bad.exit_code != 0
