@@ -9,6 +9,7 @@ reused by later sessions while the corpus is unchanged.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# `make test` runs .venv/bin/python without activating the venv: put its bin first so that
+# subprocesses (recipes, `verl-evidence`, shellcheck) use this interpreter's installation.
+os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
 
 
 @pytest.fixture(scope="session")

@@ -333,7 +333,9 @@ PY
         timeout=600,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "SERVER_WAIT": "300"},
     )
-    pid = int(next(line for line in result.stdout.splitlines() if line.startswith("pid="))[4:])
+    pid_lines = [line for line in result.stdout.splitlines() if line.startswith("pid=")]
+    assert pid_lines, f"the server step did not start a server:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+    pid = int(pid_lines[0][4:])
     try:
         assert result.returncode == 0, result.stderr[-3000:]
         assert f"# retrieval server: http://127.0.0.1:{port}" in result.stdout
