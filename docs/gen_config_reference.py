@@ -56,6 +56,7 @@ MEANINGS: dict[str, str] = {
     "judge.max_wait_ms": "how long a batch waits for more requests",
     "judge.actor_name": "name of the shared actor (null: derived from model, device, max length)",
     "judge.detached": "detached actor, outlives the worker that created it",
+    "judge.torch_threads": "torch threads of a CPU judge (null: the actor uses its `num_cpus`, in-process leaves torch's setting)",
     # verl_evidence.agent_loops.search_loop.SearchLoopSettings
     "search_loop.retrieval_url": "retrieval server (null: env `VERL_EVIDENCE_RETRIEVAL_URL`)",
     "search_loop.topk": "passages per search",

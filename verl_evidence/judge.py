@@ -62,6 +62,12 @@ def _resolve_device(device: str) -> str:
     return device
 
 
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 class NLIJudge:
     """Entailment probabilities from an HF ``AutoModelForSequenceClassification``.
 
@@ -72,6 +78,10 @@ class NLIJudge:
         max_length: token limit of a (premise, hypothesis) pair; default is the
             tokenizer's ``model_max_length`` capped by the model's position limit.
         fp16_on_gpu: run the model in float16 when on a GPU.
+        torch_threads: torch intra-op threads when on CPU (process-wide); None
+            leaves torch's setting. Batched scoring gains most from a small,
+            explicit count: on a shared CPU, extra spinning threads slow every
+            forward pass.
     """
 
     def __init__(
@@ -81,15 +91,20 @@ class NLIJudge:
         batch_size: int = 32,
         max_length: int | None = None,
         fp16_on_gpu: bool = True,
+        torch_threads: int | None = None,
     ) -> None:
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         if batch_size < 1:
             raise ValueError(f"NLI judge batch_size must be >= 1, got {batch_size}")
+        if torch_threads is not None and int(torch_threads) < 1:
+            raise ValueError(f"NLI judge torch_threads must be >= 1 or None, got {torch_threads}")
         self.model_name = str(model_name_or_path)
         self.batch_size = int(batch_size)
         self.device = _resolve_device(device)
+        if torch_threads is not None and self.device == "cpu":
+            torch.set_num_threads(int(torch_threads))
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_name)
             dtype = torch.float16 if (fp16_on_gpu and self.device.startswith("cuda")) else torch.float32
@@ -121,6 +136,7 @@ class NLIJudge:
             "entailment_label": self.entailment_label,
             "max_length": self.max_length,
             "batch_size": self.batch_size,
+            "torch_threads": _torch_threads(),
         }
 
     def _encode(self, premises: list[str], hypotheses: list[str]) -> dict[str, Any]:
@@ -280,8 +296,9 @@ class NLIJudgeActor:
         max_length: int | None = None,
         fp16_on_gpu: bool = True,
         max_wait_ms: float = 5.0,
+        torch_threads: int | None = None,
     ) -> None:
-        self._judge = NLIJudge(model_name_or_path, device, batch_size, max_length, fp16_on_gpu)
+        self._judge = NLIJudge(model_name_or_path, device, batch_size, max_length, fp16_on_gpu, torch_threads)
         self._batcher = BatchingJudge(self._judge, batch_size, max_wait_ms)
 
     async def entailment_probs(self, premises: list[str], hypotheses: list[str]) -> list[float]:
@@ -306,6 +323,7 @@ class JudgeConfig:
     max_wait_ms: float = 5.0
     actor_name: str | None = None
     detached: bool = False
+    torch_threads: int | None = None
 
     PREFIX = "nli_"
 
@@ -327,6 +345,13 @@ class JudgeConfig:
         return cls(**values)
 
     @property
+    def actor_torch_threads(self) -> int:
+        """CPU threads of the shared actor: as set, else the CPUs it reserves."""
+        if self.torch_threads is not None:
+            return int(self.torch_threads)
+        return max(1, int(self.num_cpus))
+
+    @property
     def resolved_actor_name(self) -> str:
         if self.actor_name:
             return self.actor_name
@@ -343,7 +368,9 @@ class InProcessJudgeClient:
 
     def __init__(self, config: JudgeConfig) -> None:
         self.config = config
-        judge = NLIJudge(config.model, config.device, config.batch_size, config.max_length, config.fp16_on_gpu)
+        judge = NLIJudge(
+            config.model, config.device, config.batch_size, config.max_length, config.fp16_on_gpu, config.torch_threads
+        )
         self.batcher = BatchingJudge(judge, config.batch_size, config.max_wait_ms)
 
     async def entailment_probs(self, premises: Sequence[str], hypotheses: Sequence[str]) -> list[float]:
@@ -384,6 +411,7 @@ class RayJudgeClient:
                 config.max_length,
                 config.fp16_on_gpu,
                 config.max_wait_ms,
+                config.actor_torch_threads,
             )
         )
         try:

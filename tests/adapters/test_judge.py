@@ -118,6 +118,30 @@ def test_overlong_hypothesis_still_scored(nli_dir):
     assert 0.0 <= probability <= 1.0
 
 
+def test_torch_threads_pinned_on_cpu_and_reported(nli_dir):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        judge = NLIJudge(str(nli_dir), device="cpu", torch_threads=1)
+        assert torch.get_num_threads() == 1
+        assert judge.describe()["torch_threads"] == 1
+        NLIJudge(str(nli_dir), device="cpu")  # None leaves the process setting alone
+        assert torch.get_num_threads() == 1
+        with pytest.raises(ValueError, match="torch_threads"):
+            NLIJudge(str(nli_dir), device="cpu", torch_threads=0)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_judge_config_reads_torch_threads_and_defaults_the_actor_to_its_cpus():
+    config = JudgeConfig.from_reward_kwargs({"nli_model": "m", "nli_torch_threads": 3, "nli_num_cpus": 1})
+    assert config.torch_threads == 3 and config.actor_torch_threads == 3
+    assert JudgeConfig(model="m", num_cpus=2).actor_torch_threads == 2
+    assert JudgeConfig(model="m", num_cpus=0.5).actor_torch_threads == 1
+
+
 def test_length_mismatch_rejected(nli_dir):
     judge = NLIJudge(str(nli_dir), device="cpu")
     with pytest.raises(ValueError, match="premises"):

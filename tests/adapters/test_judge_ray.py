@@ -52,6 +52,7 @@ def test_actor_scores_like_the_in_process_judge_and_is_shared(actor_config, firs
     second = RayJudgeClient(actor_config)  # another reward worker: same named actor, no second model
     assert first.handle._actor_id == second.handle._actor_id
     assert first.info["entailment_index"] == 1 and first.info["model"] == str(nli_dir)
+    assert first.info["torch_threads"] == 1  # pinned to the actor's one reserved CPU
 
     reference = NLIJudge(str(nli_dir), device="cpu").entailment_probs([p for p, _ in PAIRS], [h for _, h in PAIRS])
 
