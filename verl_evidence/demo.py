@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from verl_evidence.eval import metrics
+from verl_evidence.eval import metrics, options
 from verl_evidence.eval.records import EvalRecord
 from verl_evidence.eval.report import format_value, markdown_table
 
@@ -147,16 +147,16 @@ def rewards_rich_tables(records: Sequence[EvalRecord]) -> list[Table]:
 
 
 def demo_command(
-    model: Path = typer.Option(None, help="a local HF causal LM directory as the policy instead of the reference trajectories"),
-    endpoint: str = typer.Option(None, help="an OpenAI-compatible server (e.g. vLLM) as the policy"),
-    served_model: str = typer.Option(None, help="model name at --endpoint"),
-    tokenizer: Path = typer.Option(None, help="policy tokenizer dir (needed with --endpoint)"),
-    trajectories: Path = typer.Option(None, help="replay these trajectories instead of the bundled ones"),
-    qa: Path = typer.Option(None, help="QA set (FlashRAG JSONL with gold annotations) instead of the bundled one"),
-    nli_model: str = typer.Option(None, help="NLI judge for EviNote's EQR (default: a tiny RANDOM model, flagged)"),
-    max_response_tokens: int = typer.Option(4096, help="token budget of one trajectory (all turns and observations)"),
-    max_turn_tokens: int = typer.Option(512, help="token budget of one search-loop generation"),
-    retrieval_url: str = typer.Option(None, help="use this retrieval server instead of starting the embedded one"),
+    model: options.Model = None,
+    endpoint: options.Endpoint = None,
+    served_model: options.ServedModel = None,
+    tokenizer: options.Tokenizer = None,
+    trajectories: options.Trajectories = None,
+    qa: options.QA = None,
+    nli_model: options.NliModel = None,
+    max_response_tokens: options.MaxResponseTokens = 4096,
+    max_turn_tokens: options.MaxTurnTokens = 512,
+    retrieval_url: options.RetrievalUrl = None,
     out: Path = typer.Option(Path("outputs/demo"), help="where report.md, the PNGs and results.jsonl go"),
     quick: bool = typer.Option(False, help=f"CI size: {QUICK_PER_CASE} trajectory per (rollout, case), 2 questions for a model"),
     per_case: int = typer.Option(None, help="at most N reference trajectories per (rollout, case)"),
@@ -165,7 +165,7 @@ def demo_command(
     """Serve the bundled corpus, roll out every method, score with every reward manager, write the report."""
     from verl_evidence.eval import replay
     from verl_evidence.eval.cache import ResultsCache
-    from verl_evidence.eval.cli import RESULTS_FILE, policy_from_options
+    from verl_evidence.eval.cli import RESULTS_FILE
     from verl_evidence.eval.datasets import ROLLOUTS, bundled_rows, examples_from_rows
     from verl_evidence.eval.progress import (
         cancel_pending_tasks,
@@ -178,11 +178,7 @@ def demo_command(
 
     started = time.monotonic()
     quiet_library_logs()
-    policy = policy_from_options(trajectories, model, endpoint, served_model)
-    if tokenizer is None and policy.kind == "hf":
-        tokenizer = Path(policy.target)
-    if policy.kind == "endpoint" and tokenizer is None:
-        raise typer.BadParameter("--endpoint needs --tokenizer: the served model's tokenizer directory")
+    policy, tokenizer = options.policy_and_tokenizer(trajectories, model, endpoint, served_model, tokenizer)
     console.print(
         Panel.fit(
             "verl-evidence demo: retrieval server (bundled corpus, packaged MiniLM) -> search / EviOmni / GRACE "

@@ -135,3 +135,75 @@ def tiny_nli_model(directory: str | Path, seed: int = 0, id2label: dict[int, str
     tok_copy.model_max_length = 128
     tok_copy.save_pretrained(directory)
     return directory
+
+
+class OpenAICompatibleServer:
+    """A scripted stand-in for a vLLM server, for CPU tests and examples.
+
+    Speaks vLLM's OpenAI protocol on 127.0.0.1 (uvicorn, a background thread):
+    ``/v1/completions`` with token-id prompts and vLLM's ``token_ids`` in each
+    choice, and ``/v1/chat/completions``. The "model" always writes
+    ``completion_text`` / ``chat_reply``, cut at the first requested stop
+    string as vLLM does. Every request body is kept in ``requests``.
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        completion_text: str = "<answer> Nile </answer> after",
+        chat_reply: str = "<reason> r </reason><extract> The Nile is the longest river. </extract> more",
+        return_token_ids: bool = True,
+    ) -> None:
+        import threading
+        import time
+
+        import uvicorn
+        from fastapi import FastAPI
+
+        from retrieval_server.launch import free_port
+
+        app = FastAPI()
+        self.requests: list[dict] = []
+        self.completion_text = completion_text
+        self.chat_reply = chat_reply
+
+        def cut(text: str, body: dict) -> tuple[str, str | None]:
+            for stop in body.get("stop") or []:
+                if stop in text:
+                    keep = text.index(stop) + (len(stop) if body.get("include_stop_str_in_output") else 0)
+                    return text[:keep], stop
+            return text, None
+
+        @app.post("/v1/completions")
+        async def completions(body: dict):
+            self.requests.append(body)
+            text, stop = cut(self.completion_text, body)
+            choice = {"index": 0, "text": text, "finish_reason": "stop", "stop_reason": stop, "logprobs": None}
+            if return_token_ids:
+                choice["token_ids"] = tokenizer.encode(text, add_special_tokens=False)
+            return {"id": "c", "object": "text_completion", "created": 0, "model": body["model"], "choices": [choice]}
+
+        @app.post("/v1/chat/completions")
+        async def chat(body: dict):
+            self.requests.append(body)
+            text, _ = cut(self.chat_reply, body)
+            message = {"role": "assistant", "content": text}
+            return {
+                "id": "c",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body["model"],
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            }
+
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)

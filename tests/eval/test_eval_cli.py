@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from verl_evidence.testing import OpenAICompatibleServer
+
 pytestmark = pytest.mark.slow
 
 DATA = Path(__file__).parent / "data"
@@ -73,49 +75,14 @@ def test_a_local_hf_model_directory_runs_as_the_policy(retrieval_server_url, tmp
     assert record.rewards["evinote"]["format_ok"] == 0.0  # random tokens are not the protocol
 
 
-class _CompletionsServer:
-    """A minimal OpenAI-compatible ``/v1/completions`` server (vLLM's wire format) answering one fixed text."""
-
-    def __init__(self, tokenizer, text: str) -> None:
-        import threading
-        import time
-
-        import uvicorn
-        from fastapi import FastAPI
-
-        from retrieval_server.launch import free_port
-
-        app = FastAPI()
-        self.requests: list[dict] = []
-
-        @app.post("/v1/completions")
-        async def completions(body: dict):
-            self.requests.append(body)
-            choice = {
-                "index": 0, "text": text, "finish_reason": "stop", "stop_reason": None, "logprobs": None,
-                "token_ids": tokenizer.encode(text, add_special_tokens=False),
-            }
-            return {"id": "c", "object": "text_completion", "created": 0, "model": body["model"], "choices": [choice]}
-
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-
-
 def test_eval_command_with_an_openai_compatible_endpoint(retrieval_server_url, tmp_path) -> None:
     from verl_evidence.cli import app
     from verl_evidence.testing import save_tiny_tokenizer, tiny_tokenizer
 
     tokenizer_dir = save_tiny_tokenizer(tmp_path / "tok")
-    server = _CompletionsServer(tiny_tokenizer(), "<llm>I cannot find it in the context.</llm>\n<answer>unknown</answer>")
+    server = OpenAICompatibleServer(
+        tiny_tokenizer(), "<llm>I cannot find it in the context.</llm>\n<answer>unknown</answer>"
+    )
     try:
         out = tmp_path / "eval"
         result = CliRunner().invoke(
@@ -146,7 +113,9 @@ def test_evipath_planner_evaluated_as_trained_through_an_endpoint(retrieval_serv
     tokenizer = tiny_tokenizer()
     tokenizer_dir = save_tiny_tokenizer(tmp_path / "tok")
     # the same text for planner and executor calls: the planner always searches, the executor never answers
-    server = _CompletionsServer(tokenizer, '<think> t </think>\n<action>\nSearch("Who wrote the report?")\n</action>')
+    server = OpenAICompatibleServer(
+        tokenizer, '<think> t </think>\n<action>\nSearch("Who wrote the report?")\n</action>'
+    )
     try:
         out = tmp_path / "eval"
         result = CliRunner().invoke(

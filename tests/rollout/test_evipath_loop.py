@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 from omegaconf import OmegaConf
-from rollout_helpers import OpenAICompatibleServer, make_row, run_worker, unpad, with_settings
+from rollout_helpers import make_row, run_worker, unpad, with_settings
 from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
 
 from retrieval_server.client import RetrievalClient
@@ -27,6 +27,7 @@ from verl_evidence.evipath.protocol import pool_item
 from verl_evidence.evipath.records import QARecord
 from verl_evidence.evipath.writer import _row, planner_messages, write_parquet
 from verl_evidence.prompts import load_prompt
+from verl_evidence.testing import OpenAICompatibleServer
 from verl_evidence.tools.search_tool import format_documents
 
 pytestmark = pytest.mark.slow

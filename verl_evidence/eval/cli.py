@@ -8,6 +8,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from verl_evidence.eval import options
+
 logger = logging.getLogger(__name__)
 console = Console(stderr=True)
 
@@ -16,32 +18,6 @@ RESULTS_FILE = "results.jsonl"
 
 def register(app: typer.Typer) -> None:
     app.command(name="eval")(eval_command)
-
-
-def policy_from_options(
-    trajectories: Path | None, model: Path | None, endpoint: str | None, served_model: str | None
-):
-    """Exactly one policy; the bundled reference trajectories when none is given."""
-    from verl_evidence.eval.runner import PolicySpec
-
-    given = [x for x in (trajectories, model, endpoint) if x is not None]
-    if len(given) > 1:
-        raise typer.BadParameter("give at most one policy: --trajectories, --model or --endpoint")
-    if model is not None:
-        if not model.is_dir():
-            raise typer.BadParameter(f"--model {model} is not a directory")
-        return PolicySpec("hf", str(model))
-    if endpoint is not None:
-        if not served_model:
-            raise typer.BadParameter("--endpoint needs --served-model (the model name the server serves)")
-        return PolicySpec("endpoint", endpoint, served_model)
-    if trajectories is None:
-        from verl_evidence import bundled
-
-        trajectories = bundled.trajectories_path()
-    if not Path(trajectories).is_file():
-        raise typer.BadParameter(f"--trajectories {trajectories} is not a file")
-    return PolicySpec("replay", str(trajectories))
 
 
 def search_settings_from_options(evipath: str | None, settings: list[str] | None) -> dict:
@@ -79,17 +55,17 @@ def eval_command(
         "Default: the bundled QA set."
     ),
     rollouts: str = typer.Option("search,eviomni,grace", help="rollout families for the bundled set"),
-    qa: Path = typer.Option(None, help="FlashRAG QA JSONL with gold annotations instead of the bundled QA set"),
+    qa: options.QA = None,
     corpus: Path = typer.Option(None, help="corpus JSONL of --qa (the retrieval server must serve it)"),
-    trajectories: Path = typer.Option(None, help="replay recorded trajectories (JSONL) through the live server"),
-    model: Path = typer.Option(None, help="a local Hugging Face model directory as the policy (CPU or GPU)"),
-    endpoint: str = typer.Option(None, help="an OpenAI-compatible server (e.g. vLLM) as the policy"),
-    served_model: str = typer.Option(None, help="model name at --endpoint"),
-    tokenizer: Path = typer.Option(None, help="policy tokenizer dir (default: --model, or the offline test tokenizer)"),
-    retrieval_url: str = typer.Option(None, help="retrieval server; default: start the embedded one"),
-    nli_model: str = typer.Option(None, help="NLI judge for EviNote's EQR (default: a tiny RANDOM model, flagged)"),
-    max_response_tokens: int = typer.Option(4096, help="token budget of one trajectory (all turns and observations)"),
-    max_turn_tokens: int = typer.Option(512, help="token budget of one search-loop generation"),
+    trajectories: options.Trajectories = None,
+    model: options.Model = None,
+    endpoint: options.Endpoint = None,
+    served_model: options.ServedModel = None,
+    tokenizer: options.Tokenizer = None,
+    retrieval_url: options.RetrievalUrl = None,
+    nli_model: options.NliModel = None,
+    max_response_tokens: options.MaxResponseTokens = 4096,
+    max_turn_tokens: options.MaxTurnTokens = 512,
     nli_device: str = typer.Option("cpu", help="device of the NLI judge"),
     out: Path = typer.Option(Path("outputs/eval"), help="report, plots and results cache go here"),
     limit: int = typer.Option(None, help="only the first N questions (bundled) or rows (--data)"),
@@ -125,7 +101,7 @@ def eval_command(
     from verl_evidence.eval.session import make_runner, open_session
 
     quiet_library_logs()
-    policy = policy_from_options(trajectories, model, endpoint, served_model)
+    policy, tokenizer = options.policy_and_tokenizer(trajectories, model, endpoint, served_model, tokenizer)
     search_settings = search_settings_from_options(evipath, search_setting)
     if search_settings and policy.kind == "replay":
         raise typer.BadParameter("--evipath / --search-setting need a live policy (--model or --endpoint); "
@@ -134,10 +110,6 @@ def eval_command(
     bad = sorted(set(wanted) - set(ROLLOUTS))
     if bad:
         raise typer.BadParameter(f"unknown rollout(s) {bad}; choose from {', '.join(ROLLOUTS)}")
-    if tokenizer is None and policy.kind == "hf":
-        tokenizer = Path(policy.target)
-    if policy.kind == "endpoint" and tokenizer is None:
-        raise typer.BadParameter("--endpoint needs --tokenizer: the served model's tokenizer directory")
     if nli_model is None:
         from verl_evidence.eval.session import RANDOM_JUDGE_NOTE
 
