@@ -106,11 +106,15 @@ def trivial_deployment():
 
 # ---------------------------------------------------------------- load generation
 async def run_load(url: str, questions: list[str], clients: int, queries_per_request: int, requests_per_client: int, probe_in_flight: bool = False) -> dict:
+    # aiohttp, not httpx: httpx's AsyncClient itself tops out near 170 requests/s at 64 concurrent
+    # connections on this machine (aiohttp: ~4,900 against a bare uvicorn app), which would cap every server alike.
+    import aiohttp
+
     latencies: list[float] = []
     in_flight: list[float] = []
     errors = 0
-    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
-    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as http:
+    connector = aiohttp.TCPConnector(limit=clients + 4)
+    async with aiohttp.ClientSession(base_url=url.rstrip("/") + "/", connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as http:
 
         async def client(n: int) -> None:
             nonlocal errors
@@ -119,9 +123,9 @@ async def run_load(url: str, questions: list[str], clients: int, queries_per_req
                 batch = [questions[(start + j) % len(questions)] for j in range(queries_per_request)]
                 t0 = time.perf_counter()
                 try:
-                    response = await http.post("/retrieve", json={"queries": batch, "topk": 3, "return_scores": True})
-                    ok = response.status_code == 200 and len(response.json()["result"]) == len(batch)
-                except httpx.HTTPError:
+                    async with http.post("retrieve", json={"queries": batch, "topk": 3, "return_scores": True}) as response:
+                        ok = response.status == 200 and len((await response.json())["result"]) == len(batch)
+                except (aiohttp.ClientError, asyncio.TimeoutError):
                     ok = False
                 latencies.append(time.perf_counter() - t0)
                 errors += 0 if ok else 1
@@ -129,7 +133,8 @@ async def run_load(url: str, questions: list[str], clients: int, queries_per_req
         async def probe(done: asyncio.Event) -> None:
             # Requests inside the replica while the load runs: tells replica-side queuing from proxy-side queuing.
             while not done.is_set():
-                text = (await http.get("/metrics")).text
+                async with http.get("metrics") as response:
+                    text = await response.text()
                 in_flight.append(float(re.search(r"^retrieval_requests_in_flight (\S+)$", text, re.M).group(1)))
                 await asyncio.sleep(0.25)
 
@@ -165,11 +170,12 @@ def replica_rss_mb(url: str) -> float:
     return psutil.Process(pid).memory_info().rss / 2**20
 
 
-def mean_batch_queries(url: str) -> float:
+def batch_queries_totals(url: str) -> tuple[float, float]:
+    """(queries, batches) the replica has run so far, from its /metrics histogram."""
     text = httpx.get(f"{url}/metrics", timeout=30).text
     total = float(re.search(r"^retrieval_batch_queries_sum (\S+)$", text, re.M).group(1))
     count = float(re.search(r"^retrieval_batch_queries_count (\S+)$", text, re.M).group(1))
-    return total / max(count, 1.0)
+    return total, count
 
 
 def top_k_ids(url: str, questions: list[str], k: int = 3) -> tuple[list[list[str]], list[list[float]]]:
@@ -284,6 +290,7 @@ def main() -> None:
     parser.add_argument("--recall-n", type=int, default=50_000)
     parser.add_argument("--json-out", type=Path, default=None)
     parser.add_argument("--batch-wait", type=float, default=ServerConfigDefaults.model_fields["batch_wait_timeout_s"].default, help="batched server's batch_wait_timeout_s")
+    parser.add_argument("--ingress", choices=["auto", "haproxy", "proxy"], default="auto", help="HTTP front of both servers")
     parser.add_argument("--max-load", type=float, default=1.5, help="wait (up to 5 min) for the 1-minute load average to drop below this")
     args = parser.parse_args()
 
@@ -312,6 +319,7 @@ def main() -> None:
             torch_threads=TORCH_THREADS,
             max_batch_size=64,
             batch_wait_timeout_s=args.batch_wait,
+            ingress=args.ingress,
         ),
         ray_num_cpus=4,
     )
@@ -321,6 +329,7 @@ def main() -> None:
         "index": {"dir": str(index_dir), "passages": health["index_size"]},
         "load_at_start": load_at_start,
         "batch_wait_s": args.batch_wait,
+        "ingress": ours.ingress,
     }
     try:
         serve.run(
@@ -340,11 +349,13 @@ def main() -> None:
         for name, url in (("batched", ours.url), ("naive", naive_url)):
             asyncio.run(run_load(url, questions, 4, 1, 5))  # warm-up
             for clients, qpr, per_client in levels:
+                before = batch_queries_totals(url) if name == "batched" else (0.0, 0.0)
                 row = asyncio.run(run_load(url, questions, clients, qpr, max(2, int(per_client * scale)), probe_in_flight=name == "batched"))
                 row["server"] = name
                 row["rss_mb"] = replica_rss_mb(url)
-                if name == "batched" and clients == 64 and qpr == 1:
-                    row["mean_batch_queries"] = mean_batch_queries(url)
+                if name == "batched":  # mean batch of this level alone (the histogram is cumulative)
+                    after = batch_queries_totals(url)
+                    row["mean_batch_queries"] = (after[0] - before[0]) / max(after[1] - before[1], 1.0)
                 table.append(row)
                 print(json.dumps(row), flush=True)
         report["load"] = table
@@ -383,13 +394,15 @@ def print_report(report: dict) -> None:
     print(f"\nload average (1/5/15 min) at start {report.get('load_at_start')}, at end {report.get('loadavg')} (2 cores, shared)")
     print(
         f"index: {report['index']['passages']} passages (bundled corpus), MiniLM-L6 384-d, Flat; {CPUS_PER_REPLICA:g} CPUs per replica, "
-        f"torch threads {report.get('torch_threads')}, batch wait {report.get('batch_wait_s', 0) * 1000:g} ms\n"
+        f"torch threads {report.get('torch_threads')}, batch wait {report.get('batch_wait_s', 0) * 1000:g} ms, "
+        f"ingress {report.get('ingress')}\n"
     )
-    print(f"{'server':8} {'clients':>7} {'q/req':>5} {'QPS':>8} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'errors':>6} {'RSS MB':>7} {'loadgen CPU':>11}")
+    print(f"{'server':8} {'clients':>7} {'q/req':>5} {'QPS':>8} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'errors':>6} {'RSS MB':>7} {'loadgen CPU':>11} {'batch':>6}")
     for r in report["load"]:
         print(
             f"{r['server']:8} {r['clients']:>7} {r['q_per_req']:>5} {r['qps']:>8.1f} {r['p50_ms']:>8.1f} {r['p95_ms']:>8.1f} "
-            f"{r['p99_ms']:>8.1f} {r['errors']:>6} {r['rss_mb']:>7.0f} {r['loadgen_cpu']:>10.2f}c"
+            f"{r['p99_ms']:>8.1f} {r['errors']:>6} {r['rss_mb']:>7.0f} {r['loadgen_cpu']:>10.2f}c "
+            f"{r.get('mean_batch_queries', float('nan')):>6.1f}"
         )
     if "trivial_64" in report:
         t = report["trivial_64"]

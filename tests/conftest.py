@@ -34,7 +34,6 @@ def bundled_index_dir() -> Path:
 def retrieval_server(bundled_index_dir: Path) -> Iterator[object]:
     """A running retrieval app (``retrieval_server.launch.ServerHandle``); torn down at session end."""
     import ray
-    from ray import serve
 
     from retrieval_server.config import ServerConfig
     from retrieval_server.launch import start_server
@@ -51,7 +50,7 @@ def retrieval_server(bundled_index_dir: Path) -> Iterator[object]:
     try:
         yield handle
     finally:
-        serve.shutdown()
+        handle.shutdown()  # Serve and Ray (it started both) and the HAProxy work directory
         ray.shutdown()
 
 

