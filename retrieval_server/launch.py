@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import shutil
 import socket
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,14 @@ from retrieval_server.config import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+def _check_port_free(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as err:
+            raise RuntimeError(f"cannot serve on {host}:{port}: {err.strerror}; choose another --port") from err
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -185,8 +192,14 @@ def start_server(config: ServerConfig, address: str | None = None, ray_num_cpus:
             ingress = resolve_ingress(config)
             env_vars = {}
             if ingress == "haproxy":
-                # Short on purpose: Ray nests a 56-character hash under it and HAProxy caps socket paths at 97.
-                workdir = Path(tempfile.mkdtemp(prefix="rs-haproxy-", dir="/tmp"))
+                port = config.port or free_port(config.host)
+                _check_port_free(config.host, port)
+                config = config.model_copy(update={"port": port})
+                # One directory per front port (so a leftover of a killed server on this free port is ours to
+                # replace), short on purpose: Ray nests a 56-character hash in it, HAProxy caps socket paths at 97.
+                workdir = Path(f"/tmp/rs-haproxy-{port}")
+                shutil.rmtree(workdir, ignore_errors=True)
+                workdir.mkdir(mode=0o700, parents=True)
                 env_vars = haproxy_environment(workdir, config.host)
             ray.init(
                 num_cpus=ray_num_cpus, include_dashboard=False, log_to_driver=False,

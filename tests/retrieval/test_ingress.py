@@ -24,11 +24,11 @@ HAPROXY_SOCKET_PATH_LIMIT = 97
 
 
 def test_haproxy_environment_is_private_to_one_server(tmp_path):
-    first = haproxy_environment(Path("/tmp/rs-haproxy-abcdefgh"), "127.0.0.1")
-    second = haproxy_environment(Path("/tmp/rs-haproxy-ijklmnop"), "127.0.0.1")
+    first = haproxy_environment(Path("/tmp/rs-haproxy-65535"), "127.0.0.1")
+    second = haproxy_environment(Path("/tmp/rs-haproxy-65534"), "127.0.0.1")
     assert first["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
     for key in ("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", "RAY_SERVE_HAPROXY_SOCKET_PATH", "RAY_SERVE_HAPROXY_SERVER_STATE_BASE"):
-        assert first[key].startswith("/tmp/rs-haproxy-abcdefgh") and first[key] != second[key]
+        assert first[key].startswith("/tmp/rs-haproxy-65535") and first[key] != second[key]
     ports = {int(first[k]) for k in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")}
     assert len(ports) == 2 and not ports & {8404, 9101}  # not Ray's fixed defaults: two servers on a node coexist
     nested_socket = Path(first["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"]) / RAY_HASH_DIR / "admin.sock"
@@ -59,6 +59,7 @@ def test_session_server_runs_behind_its_own_haproxy(retrieval_server):
         if "haproxy" in (p.info["name"] or "") and str(retrieval_server.workdir) in " ".join(p.info["cmdline"] or [])
     ]
     assert owners, f"no haproxy process using {retrieval_server.workdir}"
+    assert retrieval_server.workdir == Path(f"/tmp/rs-haproxy-{retrieval_server.config.port}")
     listening = {c.laddr.port for p in owners for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
     assert retrieval_server.config.port in listening
     # the front binds the configured host only
@@ -97,3 +98,17 @@ def test_python_proxy_ingress_from_the_command_line(bundled_index_dir):
         server.wait(timeout=60)
         reader.join(timeout=10)
     assert server.returncode == 0, "".join(lines)
+
+
+def test_a_port_in_use_fails_before_anything_is_touched():
+    import socket
+
+    from retrieval_server.launch import _check_port_free
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(RuntimeError, match=f"127.0.0.1:{port}"):
+            _check_port_free("127.0.0.1", port)
+    _check_port_free("127.0.0.1", port)  # free again once closed
