@@ -122,6 +122,11 @@ class ServerHandle:
             # would add nothing but a wait: with the HAProxy ingress, Ray 2.60's controller never reports its
             # shutdown done and serve.shutdown() returns after its 30 s timeout.
             ray.shutdown()
+            # serve.shutdown() would also have dropped Serve's cached controller handle. A later local Ray
+            # instance reuses the same job id, so a stale handle would pass for a live Serve there.
+            disconnect = getattr(serve.context, "_disconnect", None)
+            if disconnect is not None:
+                disconnect()
         elif self.owns_serve:
             serve.shutdown()
         else:

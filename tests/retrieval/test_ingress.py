@@ -112,3 +112,29 @@ def test_a_port_in_use_fails_before_anything_is_touched():
         with pytest.raises(RuntimeError, match=f"127.0.0.1:{port}"):
             _check_port_free("127.0.0.1", port)
     _check_port_free("127.0.0.1", port)  # free again once closed
+
+
+RESTART_SCRIPT = """
+import sys, httpx
+from pathlib import Path
+from retrieval_server.config import ServerConfig
+from retrieval_server.launch import start_server
+for _ in range(2):
+    handle = start_server(ServerConfig(index_dir=Path(sys.argv[1]), port=0), ray_num_cpus=2)
+    print(handle.url, handle.ingress, httpx.get(handle.url + "/health").status_code, flush=True)
+    handle.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_servers_started_one_after_another_in_one_process(bundled_index_dir):
+    """A stopped server leaves no stale Serve handle: the next one in the same process gets its own port."""
+    result = subprocess.run(
+        [sys.executable, "-c", RESTART_SCRIPT, str(bundled_index_dir)],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line.split() for line in result.stdout.splitlines() if line.startswith("http://")]
+    assert len(lines) == 2 and lines[0][0] != lines[1][0]
+    assert all(status == "200" for _, _, status in lines)
+    assert not list(Path("/tmp").glob(f"rs-haproxy-{lines[0][0].rsplit(':', 1)[1]}"))  # work dir removed
