@@ -98,6 +98,37 @@ def haproxy_environment(workdir: Path, host: str) -> dict[str, str]:
     }
 
 
+def _shutdown_own_ray() -> None:
+    """Stop a Ray instance this process started; Serve, its replicas and HAProxy go with it."""
+    import ray
+    from ray import serve
+
+    # No serve.shutdown() first: with the HAProxy ingress, Ray 2.60's controller never reports its
+    # shutdown done and serve.shutdown() returns only after its 30 s timeout.
+    ray.shutdown()
+    # serve.shutdown() would also have dropped Serve's cached controller handle. A later local Ray
+    # instance reuses the same job id, so a stale handle would pass for a live Serve there.
+    disconnect = getattr(serve.context, "_disconnect", None)
+    if disconnect is not None:
+        disconnect()
+
+
+def _clean_up_failed_start(owns_ray: bool, owns_serve: bool, workdir: Path | None) -> None:
+    """Undo what a failed ``start_server`` set up; a Serve instance it only joined is left alone."""
+    from ray import serve
+
+    try:
+        if owns_ray:
+            _shutdown_own_ray()
+        elif owns_serve:
+            serve.shutdown()
+    except Exception:  # the start-up error matters more than this one
+        logger.exception("cleaning up after a failed server start")
+    finally:
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
 @dataclass
 class ServerHandle:
     """A running application; ``shutdown()`` removes it (and Serve/Ray, if this handle started them)."""
@@ -113,20 +144,11 @@ class ServerHandle:
     def shutdown(self) -> None:
         if self._stopped:
             return
-        import ray
         from ray import serve
 
         self._stopped = True
         if self.owns_ray:
-            # Our own Ray instance takes Serve, its replicas and HAProxy down with it. serve.shutdown() first
-            # would add nothing but a wait: with the HAProxy ingress, Ray 2.60's controller never reports its
-            # shutdown done and serve.shutdown() returns after its 30 s timeout.
-            ray.shutdown()
-            # serve.shutdown() would also have dropped Serve's cached controller handle. A later local Ray
-            # instance reuses the same job id, so a stale handle would pass for a live Serve there.
-            disconnect = getattr(serve.context, "_disconnect", None)
-            if disconnect is not None:
-                disconnect()
+            _shutdown_own_ray()
         elif self.owns_serve:
             serve.shutdown()
         else:
@@ -191,47 +213,51 @@ def start_server(config: ServerConfig, address: str | None = None, ray_num_cpus:
     check_server_config(config)
     owns_ray = False
     ingress, workdir = "cluster", None
-    if not ray.is_initialized():
-        if address:
-            ray.init(address=address, include_dashboard=False, log_to_driver=False)
-        else:
-            # The ingress is chosen when Serve's controller starts, from its environment: only a cluster
-            # started here can be given one (an existing cluster keeps the one it was started with).
-            ingress = resolve_ingress(config)
-            env_vars = {}
-            if ingress == "haproxy":
-                port = config.port or free_port(config.host)
-                _check_port_free(config.host, port)
-                config = config.model_copy(update={"port": port})
-                # One directory per front port (so a leftover of a killed server on this free port is ours to
-                # replace), short on purpose: Ray nests a 56-character hash in it, HAProxy caps socket paths at 97.
-                workdir = Path(f"/tmp/rs-haproxy-{port}")
-                shutil.rmtree(workdir, ignore_errors=True)
-                workdir.mkdir(mode=0o700, parents=True)
-                env_vars = haproxy_environment(workdir, config.host)
-            ray.init(
-                num_cpus=ray_num_cpus, include_dashboard=False, log_to_driver=False,
-                runtime_env={"env_vars": env_vars} if env_vars else None,
-            )
-        owns_ray = True
     owns_serve = False
-    if not _serve_is_running():
-        port = config.port or free_port(config.host)
-        config = config.model_copy(update={"port": port})
-        serve.start(http_options={"host": config.host, "port": port})
-        owns_serve = True
-    else:
-        http = serve.context._get_global_client().http_config
-        config = config.model_copy(update={"host": http.host, "port": http.port})
-    serve.run(build_application(config), name=config.app_name, route_prefix=config.route_prefix, blocking=False)
-    prefix = "" if config.route_prefix == "/" else config.route_prefix.rstrip("/")
-    handle = ServerHandle(
-        config=config, url=f"http://{config.host}:{config.port}{prefix}", owns_serve=owns_serve, owns_ray=owns_ray,
-        ingress=ingress, workdir=workdir,
-    )
-    if wait_ready:
-        _wait_healthy(handle.url)
-    return handle
+    try:
+        if not ray.is_initialized():
+            if address:
+                ray.init(address=address, include_dashboard=False, log_to_driver=False)
+            else:
+                # The ingress is chosen when Serve's controller starts, from its environment: only a cluster
+                # started here can be given one (an existing cluster keeps the one it was started with).
+                ingress = resolve_ingress(config)
+                env_vars = {}
+                if ingress == "haproxy":
+                    port = config.port or free_port(config.host)
+                    _check_port_free(config.host, port)
+                    config = config.model_copy(update={"port": port})
+                    # One directory per front port (so a leftover of a killed server on this free port is ours to
+                    # replace), short on purpose: Ray nests a 56-character hash in it, HAProxy caps socket paths at 97.
+                    workdir = Path(f"/tmp/rs-haproxy-{port}")
+                    shutil.rmtree(workdir, ignore_errors=True)
+                    workdir.mkdir(mode=0o700, parents=True)
+                    env_vars = haproxy_environment(workdir, config.host)
+                ray.init(
+                    num_cpus=ray_num_cpus, include_dashboard=False, log_to_driver=False,
+                    runtime_env={"env_vars": env_vars} if env_vars else None,
+                )
+            owns_ray = True
+        if not _serve_is_running():
+            port = config.port or free_port(config.host)
+            config = config.model_copy(update={"port": port})
+            serve.start(http_options={"host": config.host, "port": port})
+            owns_serve = True
+        else:
+            http = serve.context._get_global_client().http_config
+            config = config.model_copy(update={"host": http.host, "port": http.port})
+        serve.run(build_application(config), name=config.app_name, route_prefix=config.route_prefix, blocking=False)
+        prefix = "" if config.route_prefix == "/" else config.route_prefix.rstrip("/")
+        handle = ServerHandle(
+            config=config, url=f"http://{config.host}:{config.port}{prefix}", owns_serve=owns_serve, owns_ray=owns_ray,
+            ingress=ingress, workdir=workdir,
+        )
+        if wait_ready:
+            _wait_healthy(handle.url)
+        return handle
+    except BaseException:
+        _clean_up_failed_start(owns_ray, owns_serve, workdir)
+        raise
 
 
 def _wait_healthy(url: str, timeout_s: float = 120.0) -> None:

@@ -115,10 +115,22 @@ def test_a_port_in_use_fails_before_anything_is_touched():
 
 
 RESTART_SCRIPT = """
-import sys, httpx
+import sys, httpx, ray
 from pathlib import Path
+from retrieval_server import launch
 from retrieval_server.config import ServerConfig
-from retrieval_server.launch import start_server
+from retrieval_server.launch import free_port, start_server
+
+# a start that fails once everything is up (here: the health wait) leaves nothing behind
+real_wait, port = launch._wait_healthy, free_port()
+def never_healthy(url, timeout_s=120.0):
+    raise TimeoutError("scripted: never healthy")
+launch._wait_healthy = never_healthy
+try:
+    start_server(ServerConfig(index_dir=Path(sys.argv[1]), port=port), ray_num_cpus=2)
+except TimeoutError:
+    print("failed-start", port, ray.is_initialized(), Path(f"/tmp/rs-haproxy-{port}").exists(), flush=True)
+launch._wait_healthy = real_wait
 for _ in range(2):
     handle = start_server(ServerConfig(index_dir=Path(sys.argv[1]), port=0), ray_num_cpus=2)
     print(handle.url, handle.ingress, httpx.get(handle.url + "/health").status_code, flush=True)
@@ -128,7 +140,8 @@ for _ in range(2):
 
 @pytest.mark.slow
 def test_servers_started_one_after_another_in_one_process(bundled_index_dir):
-    """A stopped server leaves no stale Serve handle: the next one in the same process gets its own port."""
+    """A failed start leaves nothing behind, and a stopped server no stale Serve handle: the next one in the
+    same process gets its own port."""
     result = subprocess.run(
         [sys.executable, "-c", RESTART_SCRIPT, str(bundled_index_dir)],
         capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
@@ -138,3 +151,5 @@ def test_servers_started_one_after_another_in_one_process(bundled_index_dir):
     assert len(lines) == 2 and lines[0][0] != lines[1][0]
     assert all(status == "200" for _, _, status in lines)
     assert not list(Path("/tmp").glob(f"rs-haproxy-{lines[0][0].rsplit(':', 1)[1]}"))  # work dir removed
+    (failed,) = [line.split() for line in result.stdout.splitlines() if line.startswith("failed-start")]
+    assert failed[2:] == ["False", "False"]  # Ray stopped, HAProxy directory removed
