@@ -113,8 +113,8 @@ def _shutdown_own_ray() -> None:
         disconnect()
 
 
-def _clean_up_failed_start(owns_ray: bool, owns_serve: bool, workdir: Path | None) -> None:
-    """Undo what a failed ``start_server`` set up; a Serve instance it only joined is left alone."""
+def _release(owns_ray: bool, owns_serve: bool, workdir: Path | None) -> None:
+    """Stop what a server started: its own Ray instance, else its own Serve instance; HAProxy's directory."""
     from ray import serve
 
     try:
@@ -122,8 +122,6 @@ def _clean_up_failed_start(owns_ray: bool, owns_serve: bool, workdir: Path | Non
             _shutdown_own_ray()
         elif owns_serve:
             serve.shutdown()
-    except Exception:  # the start-up error matters more than this one
-        logger.exception("cleaning up after a failed server start")
     finally:
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -147,14 +145,9 @@ class ServerHandle:
         from ray import serve
 
         self._stopped = True
-        if self.owns_ray:
-            _shutdown_own_ray()
-        elif self.owns_serve:
-            serve.shutdown()
-        else:
-            serve.delete(self.config.app_name)
-        if self.workdir is not None:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+        if not (self.owns_ray or self.owns_serve):
+            serve.delete(self.config.app_name)  # our app on a Serve instance we only joined
+        _release(self.owns_ray, self.owns_serve, self.workdir)
 
     def __enter__(self) -> ServerHandle:
         return self
@@ -256,7 +249,11 @@ def start_server(config: ServerConfig, address: str | None = None, ray_num_cpus:
             _wait_healthy(handle.url)
         return handle
     except BaseException:
-        _clean_up_failed_start(owns_ray, owns_serve, workdir)
+        # Leave nothing behind; a Serve instance we only joined is left alone.
+        try:
+            _release(owns_ray, owns_serve, workdir)
+        except Exception:  # the start-up error matters more than this one
+            logger.exception("cleaning up after a failed server start")
         raise
 
 

@@ -62,12 +62,6 @@ def _resolve_device(device: str) -> str:
     return device
 
 
-def _torch_threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
-
-
 class NLIJudge:
     """Entailment probabilities from an HF ``AutoModelForSequenceClassification``.
 
@@ -129,6 +123,8 @@ class NLIJudge:
         return min(limits)
 
     def describe(self) -> dict[str, Any]:
+        import torch
+
         return {
             "model": self.model_name,
             "device": self.device,
@@ -136,7 +132,7 @@ class NLIJudge:
             "entailment_label": self.entailment_label,
             "max_length": self.max_length,
             "batch_size": self.batch_size,
-            "torch_threads": _torch_threads(),
+            "torch_threads": torch.get_num_threads(),
         }
 
     def _encode(self, premises: list[str], hypotheses: list[str]) -> dict[str, Any]:
