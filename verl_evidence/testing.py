@@ -137,6 +137,53 @@ def tiny_nli_model(directory: str | Path, seed: int = 0, id2label: dict[int, str
     return directory
 
 
+class ThreadedUvicorn:
+    """A FastAPI app served by uvicorn in a daemon thread on 127.0.0.1, for tests and stand-ins.
+
+    The listening socket is bound here, before the thread starts, and handed to
+    uvicorn: there is no window between choosing a port and binding it in which
+    another server can take it (``free_port()`` then ``bind`` had one). Start-up
+    waits at most ``start_timeout`` seconds and raises if uvicorn never serves
+    (its thread dies on an error, e.g. a bad app).
+    """
+
+    def __init__(self, app, host: str = "127.0.0.1", start_timeout: float = 30.0) -> None:
+        import socket
+        import threading
+        import time
+
+        import uvicorn
+
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind((host, 0))
+        self.port = self.socket.getsockname()[1]
+        self.url = f"http://{host}:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + start_timeout
+        while not self.server.started:
+            if not self.thread.is_alive():
+                self.socket.close()
+                raise RuntimeError(f"uvicorn on {self.url} exited during start-up (see the log above)")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"uvicorn on {self.url} did not start within {start_timeout:.0f} s")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.socket.close()
+
+    def __enter__(self) -> ThreadedUvicorn:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
 class OpenAICompatibleServer:
     """A scripted stand-in for a vLLM server, for CPU tests and examples.
 
@@ -154,13 +201,7 @@ class OpenAICompatibleServer:
         chat_reply: str = "<reason> r </reason><extract> The Nile is the longest river. </extract> more",
         return_token_ids: bool = True,
     ) -> None:
-        import threading
-        import time
-
-        import uvicorn
         from fastapi import FastAPI
-
-        from retrieval_server.launch import free_port
 
         app = FastAPI()
         self.requests: list[dict] = []
@@ -196,14 +237,8 @@ class OpenAICompatibleServer:
                 "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
             }
 
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.05)
+        self._http = ThreadedUvicorn(app)
+        self.url = self._http.url
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+        self._http.stop()

@@ -3,36 +3,42 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Iterator
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from retrieval_server.client import AsyncRetrievalClient, RetrievalClient, RetrievalRequestError, RetrievalUnavailableError
 from retrieval_server.launch import free_port
+from verl_evidence.testing import ThreadedUvicorn
 
 HIT = {"document": {"id": "p1", "contents": "Title\ntext"}, "score": 0.5}
 
 
 class FlakyServer:
-    """Answers /retrieve with the next scripted status (then 200); counts every attempt."""
+    """Answers /retrieve with the next scripted status (then 200); counts every attempt.
 
-    def __init__(self) -> None:
-        self.script: list[int] = []
+    Each attempt takes its scripted status the moment it arrives, before any
+    scripted delay, so a slow handler still sleeping when its client gave up
+    cannot consume a status meant for a later attempt. Every test gets its own
+    server (function-scoped fixture): handlers left sleeping by one test never
+    touch another's counts.
+    """
+
+    def __init__(self, script: list[int] | None = None, slow_seconds: float = 0.0) -> None:
+        self.script: list[int] = list(script or [])
         self.attempts = 0
-        self.slow_seconds = 0.0
+        self.slow_seconds = slow_seconds
         app = FastAPI()
 
         @app.post("/retrieve")
         async def retrieve(body: dict) -> JSONResponse:
             self.attempts += 1
+            status = self.script.pop(0) if self.script else 200
             if self.slow_seconds:
                 await asyncio.sleep(self.slow_seconds)
-            status = self.script.pop(0) if self.script else 200
             if status != 200:
                 return JSONResponse(status_code=status, content={"detail": f"scripted {status}"})
             return JSONResponse({"result": [[HIT] for _ in body["queries"]]})
@@ -41,27 +47,19 @@ class FlakyServer:
         async def health() -> dict:
             return {"status": "ok"}
 
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        self.http = ThreadedUvicorn(app)
+        self.url = self.http.url
 
     def reset(self, script: list[int], slow_seconds: float = 0.0) -> None:
+        # Only between requests of one test: the event loop is idle, nothing is in flight.
         self.script, self.attempts, self.slow_seconds = list(script), 0, slow_seconds
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def flaky() -> Iterator[FlakyServer]:
     server = FlakyServer()
-    server.thread.start()
-    while not server.server.started:
-        time.sleep(0.02)
     yield server
-    server.server.should_exit = True
-    server.thread.join(timeout=10)
+    server.http.stop()
 
 
 def test_retries_5xx_then_succeeds(flaky):
@@ -92,6 +90,11 @@ def test_timeouts_are_retried(flaky):
     flaky.reset([], slow_seconds=0.5)
     with RetrievalClient(flaky.url, timeout=0.1, max_retries=1, backoff=0.01) as client, pytest.raises(RetrievalUnavailableError, match="Timeout"):
         client.retrieve(["q"])
+    # A loaded server may read a timed-out attempt's request only after the client gave up on it.
+    deadline = time.monotonic() + 10
+    while flaky.attempts < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.2)  # room for a third attempt to show up, were the client to send one
     assert flaky.attempts == 2
 
 
@@ -110,19 +113,9 @@ def test_bearer_token_is_sent():
         received["auth"] = request.headers.get("authorization")
         return {"status": "ok"}
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    try:
-        with RetrievalClient(f"http://127.0.0.1:{port}", token="s3cret") as client:
-            assert client.health() == {"status": "ok"}
-        assert received["auth"] == "Bearer s3cret"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with ThreadedUvicorn(app) as server, RetrievalClient(server.url, token="s3cret") as client:
+        assert client.health() == {"status": "ok"}
+    assert received["auth"] == "Bearer s3cret"
 
 
 def test_async_client_retries_and_4xx(flaky):
