@@ -16,7 +16,8 @@ from retrieval_server.launch import free_port
 from verl_evidence.backends import ScriptedBackend
 from verl_evidence.tools.search_tool import RateLimiter, SearchTool, shared_rate_limiter
 
-pytestmark = pytest.mark.slow
+# Tests that use `search_url` (the session's Ray Serve retrieval server) or verl's agent loop are `slow`;
+# the rate limiter and a down server need neither.
 
 PACKAGED_YAML = Path(verl_evidence.__file__).parent / "configs" / "search_tool.yaml"
 
@@ -46,6 +47,7 @@ def execute(tool: SearchTool, parameters) -> tuple[str, dict]:
     return asyncio.run(go())
 
 
+@pytest.mark.slow
 def test_formats_documents_of_the_real_server(search_url):
     tool = tool_from_packaged_yaml(search_url)
     assert tool.name == "search"
@@ -59,6 +61,7 @@ def test_formats_documents_of_the_real_server(search_url):
     assert metrics["retrieved_ids"] == [[d["document"]["id"] for d in direct]]
 
 
+@pytest.mark.slow
 def test_several_queries_get_one_block_each(search_url):
     text, metrics = execute(tool_from_packaged_yaml(search_url), {"query_list": ["Nile", "Mount Everest"]})
     assert text.startswith("Results for 'Nile':\nDoc 1 (Title: ")
@@ -66,6 +69,7 @@ def test_several_queries_get_one_block_each(search_url):
     assert metrics["num_queries"] == 2 and len(metrics["retrieved_ids"]) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "parameters, message",
     [
@@ -82,6 +86,7 @@ def test_malformed_arguments_return_an_error_text(search_url, parameters, messag
     assert metrics == {"error": "bad_arguments"}
 
 
+@pytest.mark.slow
 def test_request_rejected_by_the_server_is_reported(search_url):
     text, metrics = execute(tool_from_packaged_yaml(search_url), {"query_list": ["x" * 5000]})
     assert text.startswith("Search error: the request was rejected (")
@@ -118,21 +123,78 @@ def test_rate_limiter_is_shared_per_url_and_bounds_concurrency():
     assert asyncio.run(go()) == 2
 
 
-def test_token_bucket_spends_and_refills():
+class FakeClock:
+    """A monotonic clock that only moves when the limiter sleeps on it (or the test advances it)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_token_bucket_spends_the_burst_then_waits_exactly_for_a_refill():
+    clock = FakeClock()
+
     async def go():
-        limiter = RateLimiter(max_concurrency=8, rate=1000.0, burst=2)
+        limiter = RateLimiter(max_concurrency=8, rate=2.0, burst=2, clock=clock, sleep=clock.sleep)
+        for _ in range(2):  # the burst: no wait
+            async with limiter:
+                pass
+        assert clock.sleeps == [] and limiter.tokens == 0.0
+        async with limiter:  # empty bucket: one token takes 1 / rate = 0.5 s
+            pass
+        assert clock.sleeps == [0.5] and limiter.tokens == 0.0
+        clock.now += 0.25  # half a token refilled while idle: the next caller waits only for the rest
         async with limiter:
             pass
-        async with limiter:
-            pass
-        spent = limiter.tokens
-        async with limiter:  # bucket empty: waits for a refill instead of failing
-            pass
-        return spent
+        assert clock.sleeps == [0.5, 0.25]
+        clock.now += 60.0  # a long idle refills to the burst, never beyond it
+        for _ in range(3):
+            async with limiter:
+                pass
+        assert clock.sleeps == [0.5, 0.25, 0.5]
 
-    assert asyncio.run(go()) < 1.0
+    asyncio.run(go())
 
 
+def test_token_bucket_spaces_concurrent_callers_at_the_rate():
+    clock = FakeClock()
+    entered: list[float] = []
+
+    async def go():
+        limiter = RateLimiter(max_concurrency=8, rate=4.0, burst=1, clock=clock, sleep=clock.sleep)
+
+        async def request():
+            async with limiter:
+                entered.append(clock.now - 100.0)
+
+        await asyncio.gather(*(request() for _ in range(4)))
+
+    asyncio.run(go())
+    assert entered == [0.0, 0.25, 0.5, 0.75]
+    assert clock.sleeps == [0.25, 0.25, 0.25]
+
+
+def test_unlimited_rate_never_waits():
+    clock = FakeClock()
+
+    async def go():
+        limiter = RateLimiter(max_concurrency=8, rate=None, clock=clock, sleep=clock.sleep)
+        for _ in range(100):
+            async with limiter:
+                pass
+
+    asyncio.run(go())
+    assert clock.sleeps == []
+
+
+@pytest.mark.slow
 def test_verl_tool_agent_loop_drives_the_search_tool(base_config, search_url, tokenizer, tmp_path):
     spec = OmegaConf.load(PACKAGED_YAML)
     spec.tools[0].config.retrieval_url = search_url

@@ -21,7 +21,7 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from verl.tools.base_tool import BaseTool
@@ -106,7 +106,16 @@ def document_ids(results: Sequence[dict]) -> list[str]:
 class RateLimiter:
     """At most ``max_concurrency`` requests in flight and ``rate`` requests per second (burst ``burst``)."""
 
-    def __init__(self, max_concurrency: int, rate: float | None, burst: int | None = None) -> None:
+    def __init__(
+        self,
+        max_concurrency: int,
+        rate: float | None,
+        burst: int | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+    ) -> None:
+        # clock/sleep are injectable so that the bucket's waits can be checked exactly, without real time.
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         if rate is not None and rate <= 0:
@@ -115,7 +124,8 @@ class RateLimiter:
         self.rate = rate
         self.capacity = float(burst if burst is not None else max(1, int(rate or 1)))
         self.tokens = self.capacity
-        self.updated = time.monotonic()
+        self._clock, self._sleep = clock, sleep
+        self.updated = clock()
         self._bucket_lock = asyncio.Lock()
 
     async def _take_token(self) -> None:
@@ -123,13 +133,13 @@ class RateLimiter:
             return
         async with self._bucket_lock:
             while True:
-                now = time.monotonic()
+                now = self._clock()
                 self.tokens = min(self.capacity, self.tokens + (now - self.updated) * self.rate)
                 self.updated = now
                 if self.tokens >= 1.0:
                     self.tokens -= 1.0
                     return
-                await asyncio.sleep((1.0 - self.tokens) / self.rate)
+                await self._sleep((1.0 - self.tokens) / self.rate)
 
     async def __aenter__(self) -> RateLimiter:  # noqa: PYI034  (final class; py3.10 has no typing.Self)
         await self.semaphore.acquire()
