@@ -83,6 +83,13 @@ class _OwnRoutingClient(LLMServerClient):
         super().__init__(config=config, load_balancer_handle=None)
         self.calls: list[dict[str, Any]] = []
         self.record_calls = False
+        # The weight version the "engine" generates with. verl's rollout servers report it in
+        # every TokenOutput and its client adds min/max_global_steps; the trainer needs all three.
+        self.global_steps: int = 0
+
+    def _engine_fields(self) -> dict[str, Any]:
+        steps = self.global_steps
+        return {"global_steps": steps, "min_global_steps": steps, "max_global_steps": steps}
 
     def _record(self, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any]) -> None:
         if self.record_calls:
@@ -152,7 +159,9 @@ class ScriptedBackend(_OwnRoutingClient):
         )
         token_ids = token_ids[: _max_tokens(sampling_params, DEFAULT_MAX_TOKENS)]
         log_probs = [0.0] * len(token_ids) if sampling_params.get("logprobs") else None
-        return TokenOutput(token_ids=token_ids, log_probs=log_probs, stop_reason="completed")
+        return TokenOutput(
+            token_ids=token_ids, log_probs=log_probs, stop_reason="completed", extra_fields=self._engine_fields()
+        )
 
 
 class _GeneratedTextStop(StoppingCriteria):
@@ -238,7 +247,9 @@ class HFGenerationBackend(_OwnRoutingClient):
                 float(torch.log_softmax(score[0].float(), dim=-1)[token_id])
                 for score, token_id in zip(out.scores, kept, strict=False)
             ]
-        return TokenOutput(token_ids=kept, log_probs=log_probs, stop_reason="completed")
+        return TokenOutput(
+            token_ids=kept, log_probs=log_probs, stop_reason="completed", extra_fields=self._engine_fields()
+        )
 
     async def generate(
         self,
@@ -354,7 +365,9 @@ class OpenAIBackend(_OwnRoutingClient):
         if want_logprobs and choice.logprobs is not None and choice.logprobs.token_logprobs:
             log_probs = [float(x or 0.0) for x in choice.logprobs.token_logprobs][: len(token_ids)]
             log_probs += [0.0] * (len(token_ids) - len(log_probs))
-        return TokenOutput(token_ids=list(token_ids), log_probs=log_probs, stop_reason="completed")
+        return TokenOutput(
+            token_ids=list(token_ids), log_probs=log_probs, stop_reason="completed", extra_fields=self._engine_fields()
+        )
 
     async def chat(self, messages: list[dict[str, str]], sampling_params: dict[str, Any] | None = None) -> str:
         """One chat completion, text in and text out (the server applies its own template)."""

@@ -148,3 +148,44 @@ def stop_sampling_params(
     else:
         params["include_stop_str_in_output"] = True
     return params
+
+
+# Keys verl's rollout servers and server client put in each generation's ``extra_fields``
+# that the trainer reads back per trajectory (verl/workers/rollout/llm_server.py; the v1
+# trainer casts min/max_global_steps to int, so a trajectory without them ends the run).
+WEIGHT_VERSION_KEYS = ("global_steps", "min_global_steps", "max_global_steps")
+SPEC_DECODE_KEYS = ("spec_num_draft_tokens", "spec_num_accepted_tokens", "spec_num_verify_steps")
+
+
+class EngineFields:
+    """The engine's per-generation ``extra_fields``, merged over every generation of one trajectory.
+
+    As verl's own ToolAgentLoop does: the first generation's fields are kept as
+    they are; later generations widen the weight-version range (the smallest
+    ``min_global_steps``, the largest ``max_global_steps``; our loops may run
+    generations concurrently, so first is not always oldest) and add up
+    speculative-decoding counters. The loop's own fields go on top.
+    """
+
+    def __init__(self) -> None:
+        self.fields: dict[str, Any] = {}
+
+    def add(self, output: Any) -> None:
+        new = dict(getattr(output, "extra_fields", None) or {})
+        if not self.fields:
+            self.fields = new
+            return
+        low, high = new.get("min_global_steps"), new.get("max_global_steps")
+        if low is not None:
+            current = self.fields.get("min_global_steps")
+            self.fields["min_global_steps"] = low if current is None else min(current, low)
+        if high is not None:
+            current = self.fields.get("max_global_steps")
+            self.fields["max_global_steps"] = high if current is None else max(current, high)
+            self.fields["global_steps"] = self.fields["max_global_steps"]
+        for key in SPEC_DECODE_KEYS:
+            if key in new and key in self.fields:
+                self.fields[key] = int(self.fields[key]) + int(new[key])
+
+    def merged_with(self, own: dict[str, Any]) -> dict[str, Any]:
+        return {**self.fields, **own}

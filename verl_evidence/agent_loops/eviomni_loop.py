@@ -31,7 +31,14 @@ from verl.utils.profiler import simple_timer
 from verl.utils.rollout_trace import rollout_trace_op
 
 from retrieval_server.client import RetrievalError
-from verl_evidence.agent_loops.common import encode, loop_setup, question_of, row_passages, stop_sampling_params
+from verl_evidence.agent_loops.common import (
+    EngineFields,
+    encode,
+    loop_setup,
+    question_of,
+    row_passages,
+    stop_sampling_params,
+)
 from verl_evidence.backends import cut_at_stop
 from verl_evidence.prompts import check_placeholders, load_prompt, render_prompt
 from verl_evidence.rewards.text import extract_last, strip_thinking
@@ -119,17 +126,18 @@ class EviOmniAgentLoop(AgentLoopBase):
         return [dict(m) for m in kwargs.get("raw_prompt", []) if dict(m).get("role") == "system"]
 
     async def _generate(
-        self, prompt_ids: list[int], params: dict[str, Any], stop: str, priority: int
+        self, prompt_ids: list[int], params: dict[str, Any], stop: str, priority: int, engine: EngineFields
     ) -> tuple[list[int], list[float] | None]:
         output = await self.server_manager.generate(
             request_id=uuid4().hex, prompt_ids=prompt_ids, sampling_params=params, priority=priority
         )
+        engine.add(output)
         token_ids = list(output.token_ids)[: params["max_tokens"]]
         kept, _ = cut_at_stop(token_ids, self.tokenizer, [stop], set())
         return kept, (output.log_probs[: len(kept)] if output.log_probs else None)
 
     async def _masked_answer(
-        self, system: list[dict], sampling_params: dict[str, Any], priority: int, **fields: str
+        self, system: list[dict], sampling_params: dict[str, Any], priority: int, engine: EngineFields, **fields: str
     ) -> str:
         prompt_ids = await self.ct_build_initial_tokens(
             system + [{"role": "user", "content": render_prompt(self.answer_template, **fields)}]
@@ -139,7 +147,7 @@ class EviOmniAgentLoop(AgentLoopBase):
         )
         if self.settings.masked_answer_temperature is not None:
             params["temperature"] = float(self.settings.masked_answer_temperature)
-        token_ids, _ = await self._generate(prompt_ids, params, "</answer>", priority)
+        token_ids, _ = await self._generate(prompt_ids, params, "</answer>", priority, engine)
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     @rollout_trace_op
@@ -147,6 +155,7 @@ class EviOmniAgentLoop(AgentLoopBase):
         s = self.settings
         priority = int(priority)
         timing: dict[str, float] = {}
+        engine = EngineFields()  # weight versions etc. from every generation, as verl's trainer expects
         question = question_of(kwargs)
         with simple_timer("tool_calls", timing):
             passages, retrieval_error = await self._passages(kwargs, question)
@@ -165,7 +174,7 @@ class EviOmniAgentLoop(AgentLoopBase):
         # 1. <reason> r </reason> <extract> e </extract>
         params = stop_sampling_params(sampling_params, self.rollout_name, ["</extract>"], self.response_length)
         with simple_timer("generate_sequences", timing):
-            first_ids, first_logprobs = await self._generate(prompt_ids, params, "</extract>", priority)
+            first_ids, first_logprobs = await self._generate(prompt_ids, params, "</extract>", priority, engine)
         first_text = self.tokenizer.decode(first_ids, skip_special_tokens=True)
         body = strip_thinking(first_text)
         rationale = extract_last(body, "reason") or ""
@@ -181,6 +190,7 @@ class EviOmniAgentLoop(AgentLoopBase):
                 system,
                 sampling_params,
                 priority,
+                engine,
                 question=question,
                 passages=passages_text,
                 rationale=rationale,
@@ -190,6 +200,7 @@ class EviOmniAgentLoop(AgentLoopBase):
                 system,
                 sampling_params,
                 priority,
+                engine,
                 question=question,
                 passages=hidden,
                 rationale=hidden,
@@ -198,7 +209,7 @@ class EviOmniAgentLoop(AgentLoopBase):
         ]
         if continue_answer:
             answer_params = stop_sampling_params(sampling_params, self.rollout_name, ["</answer>"], remaining)
-            jobs.append(self._generate(prompt_ids + response_ids, answer_params, "</answer>", priority))
+            jobs.append(self._generate(prompt_ids + response_ids, answer_params, "</answer>", priority, engine))
         with simple_timer("generate_sequences", timing):
             results = await asyncio.gather(*jobs)
         answer_r, answer_e = results[0], results[1]
@@ -209,7 +220,7 @@ class EviOmniAgentLoop(AgentLoopBase):
             response_ids += answer_ids
 
         response_ids = response_ids[: self.response_length]
-        extra_fields = {
+        extra_fields = engine.merged_with({
             "question": question,
             "retrieved_ids": document_ids(passages),
             "eviomni_answer_r": answer_r,
@@ -220,7 +231,7 @@ class EviOmniAgentLoop(AgentLoopBase):
             "retrieval_error": retrieval_error,
             "turn_scores": [],
             "tool_rewards": [],
-        }
+        })
         return AgentLoopOutput(
             prompt_ids=prompt_ids,
             response_ids=response_ids,

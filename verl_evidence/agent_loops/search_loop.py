@@ -46,6 +46,7 @@ from verl.utils.rollout_trace import rollout_trace_op
 
 from retrieval_server.client import RetrievalError
 from verl_evidence.agent_loops.common import (
+    EngineFields,
     encode,
     encode_cached,
     loop_setup,
@@ -466,6 +467,7 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
         turns = 0
 
         observation_messages = 0
+        engine = EngineFields()  # weight versions etc. from every policy turn, as verl's trainer expects
         for turn in range(s.max_turns):
             if traj.remaining <= 0:
                 termination = "response_length"
@@ -480,6 +482,7 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
                     sampling_params=params,
                     priority=int(priority),
                 )
+            engine.add(output)
             turns += 1
             token_ids, turn_text = self._policy_turn(list(output.token_ids)[:budget])
             traj.add_policy(token_ids, output.log_probs[: len(token_ids)] if output.log_probs else None)
@@ -541,7 +544,7 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
 
         policy_text = "".join(policy_texts)
         summaries = find_blocks(policy_text, "summary")
-        extra_fields = {
+        extra_fields = engine.merged_with({
             "question": question,
             "summary_count": len(summaries),
             "last_summary": summaries[-1] if summaries else "",
@@ -557,7 +560,7 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
             "termination": termination,
             "turn_scores": [],
             "tool_rewards": [],
-        }
+        })
         metrics = {
             "generate_sequences": stats["timing"].get("generate_sequences", 0.0),
             "tool_calls": stats["timing"].get("tool_calls", 0.0),
