@@ -125,15 +125,40 @@ def test_gate_values_by_hand() -> None:
     assert result["score"] == 0.0 and result["eqr"] == 0.0 and result["has_summary"] == 0.0
 
 
-def test_note_criterion_applies_to_every_summary() -> None:
-    golds = ["Paris"]
-    # the last note is good, an earlier one has an unclosed marker: note-taking fails
-    result = score(rollout(["*unclosed note", GOOD_NOTE], answer="Lyon"), golds, 0.5)
-    assert result["notes_ok"] == 0.0 and result["score"] == 0.0
-    # all notes good
-    result = score(rollout(["-maybe- first", GOOD_NOTE], answer="Lyon"), golds, 0.5)
-    assert result["notes_ok"] == 1.0 and result["num_summaries"] == 2.0
-    assert result["score"] == pytest.approx(0.6, abs=1e-12)
+@pytest.mark.parametrize(
+    ("notes", "expected"),
+    [
+        # the spec: at least one annotation in the notes, every marker closed
+        (["plain first note", GOOD_NOTE], True),  # a plain note beside an annotated one
+        ([GOOD_NOTE, "plain last note"], True),
+        (["", GOOD_NOTE], True),  # an empty note beside an annotated one
+        (["-maybe- first", GOOD_NOTE], True),
+        (["plain", "also plain"], False),  # no annotation anywhere
+        (["", ""], False),
+        (["*unclosed note", GOOD_NOTE], False),  # an unclosed marker in any note fails
+        ([GOOD_NOTE, "plain but -dangling"], False),
+        (["*key starts here", "and ends here*"], False),  # a pair never spans two notes
+        (["well-known plain note", "*Paris*"], True),  # word-internal hyphens are not markers
+        (["Paris - France - Europe", "*Paris*"], True),  # free-standing dashes are not markers
+        (["* *", "plain"], False),  # a pair around blank text is not an annotation
+    ],
+)
+def test_note_taking_criterion_over_all_summaries(notes: list[str], expected: bool) -> None:
+    assert evinote.note_taking_ok(notes) is expected
+    result = score(rollout(notes, answer="Lyon"), ["Paris"], 0.5)
+    assert result["num_summaries"] == float(len(notes))
+    assert result["notes_ok"] == float(expected)
+    # wrong answer: 0.1 + EQR when note-taking holds, else 0
+    assert result["score"] == pytest.approx(0.6 if expected else 0.0, abs=1e-12)
+
+
+def test_upper_case_tags_are_not_summaries() -> None:
+    response = rollout(["plain note"], answer="Lyon").replace(
+        "<think>done</think>", "<SUMMARY>*Paris*</SUMMARY><think>done</think>"
+    )
+    result = score(response, ["Paris"], 0.5)
+    assert result["num_summaries"] == 1.0 and result["notes_ok"] == 0.0 and result["score"] == 0.0
+    assert last_summary(response) == "plain note"
 
 
 def test_eqr_is_clamped_and_sanitized() -> None:

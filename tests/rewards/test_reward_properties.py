@@ -166,3 +166,28 @@ def test_tag_extraction_consistent(response, tag) -> None:
 def test_rouge_l_in_unit_interval(prediction, references) -> None:
     value = rouge_l(prediction, references)
     assert 0.0 <= value <= 1.0
+
+
+NOTE_PIECES = ["*", "-", "**", " ", "\n", "Paris", "key", "well-known", "2-3", " - ", "maybe"]
+notes = st.lists(st.sampled_from(NOTE_PIECES), max_size=12).map("".join)
+plain_notes = st.from_regex(r"[A-Za-z0-9 ,.]{0,30}", fullmatch=True)
+
+
+def evinote_rollout(summaries: list[str]) -> str:
+    body = "".join(f"<search>q</search><information>d</information><summary>{s}</summary>" for s in summaries)
+    return body + "<answer>a wrong answer</answer>"
+
+
+@SETTINGS
+@given(st.lists(notes, min_size=1, max_size=4), plain_notes, st.integers(0, 4))
+def test_evinote_plain_notes_never_change_note_taking(summaries, plain, position) -> None:
+    """The criterion is over all notes together: a marker-free (or empty) note added anywhere changes nothing,
+    and neither does the order of the notes."""
+    before = evinote.score(evinote_rollout(summaries), ["Paris"], 0.5)
+    with_plain = summaries[:position] + [plain] + summaries[position:]
+    after = evinote.score(evinote_rollout(with_plain), ["Paris"], 0.5)
+    assert after["notes_ok"] == before["notes_ok"]
+    assert after["gate"] == before["gate"]
+    assert evinote.note_taking_ok(summaries[::-1]) is evinote.note_taking_ok(summaries)
+    # one note alone is judged as before: notes_ok of that note
+    assert evinote.note_taking_ok(summaries[:1]) is (bool(summaries[0].strip()) and evinote.notes_ok(summaries[0]))

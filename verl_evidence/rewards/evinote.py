@@ -16,14 +16,16 @@ reward manager computes it with the NLI judge and passes it as
 Decisions (docs/methods/evinote.md):
 - Content of ``<information>`` blocks is the system's, not the policy's: it is
   removed before any format, note or answer check.
-- Note-taking holds when the response has at least one ``<summary>`` and EVERY
-  summary passes :func:`notes_ok` (each note the policy chose to write must be
-  a proper annotated note).
+- Note-taking (:func:`note_taking_ok`, the spec's criterion) holds when the
+  notes hold at least one annotation and every marker is closed. The notes are
+  all of the response's ``<summary>`` blocks: the annotation may be in any of
+  them (a plain or empty summary beside an annotated one is fine), but markers
+  pair up within one summary, never across two.
 - A marker is a run of one marker string (``**`` counts once). A run flanked by
   letters/digits on both sides is part of a word (``well-known``, ``2-3``,
   ``5*3``) and a run with whitespace (or the text edge) on both sides is free
   punctuation (``Paris - France``, list bullets): neither counts. The remaining
-  runs of each marker must pair up, and at least one pair must enclose
+  runs of each marker must pair up; an annotation is a pair enclosing
   non-blank text.
 """
 
@@ -48,6 +50,7 @@ __all__ = [
     "config_from_kwargs",
     "format_ok",
     "last_summary",
+    "note_taking_ok",
     "notes_ok",
     "policy_text",
     "score",
@@ -115,10 +118,8 @@ def _marker_runs(text: str, marker: str) -> list[tuple[int, int]]:
     return runs
 
 
-def notes_ok(text: str, markers: tuple[str, ...] | list[str] = ("*", "-")) -> bool:
-    """True if ``text`` holds at least one annotation and every marker of every kind is paired."""
-    if not isinstance(text, str) or not text.strip():
-        return False
+def _check_markers(text: str, markers: tuple[str, ...] | list[str] | str) -> tuple[bool, bool]:
+    """(every marker of every kind in ``text`` is closed, ``text`` holds an annotation)."""
     if isinstance(markers, str):
         markers = (markers,)
     annotated = False
@@ -127,11 +128,36 @@ def notes_ok(text: str, markers: tuple[str, ...] | list[str] = ("*", "-")) -> bo
             continue
         runs = _marker_runs(text, marker)
         if len(runs) % 2:
-            return False  # an unclosed marker
+            return False, annotated  # an unclosed marker
         for (_, open_end), (close_start, _) in zip(runs[::2], runs[1::2]):
             if text[open_end:close_start].strip():
                 annotated = True
+    return True, annotated
+
+
+def note_taking_ok(notes: list[str] | tuple[str, ...], markers: tuple[str, ...] | list[str] = ("*", "-")) -> bool:
+    """The note-taking criterion over all of a response's notes (its ``<summary>`` texts).
+
+    True when at least one note holds an annotation and no note has an unclosed
+    marker. Each note is checked on its own, so a pair never spans two notes;
+    plain or empty notes beside an annotated one do not fail the criterion.
+    """
+    annotated = False
+    for note in notes:
+        if not isinstance(note, str):
+            return False
+        closed, has_annotation = _check_markers(note, markers)
+        if not closed:
+            return False
+        annotated = annotated or has_annotation
     return annotated
+
+
+def notes_ok(text: str, markers: tuple[str, ...] | list[str] = ("*", "-")) -> bool:
+    """True if ``text`` (one note) holds at least one annotation and every marker of every kind is paired."""
+    if not isinstance(text, str) or not text.strip():
+        return False
+    return note_taking_ok([text], markers)
 
 
 _INFORMATION_RE = re.compile(r"<information>.*?</information>", re.DOTALL)
@@ -196,7 +222,7 @@ def score(response: str, golds: Any, eqr: float, config: EviNoteConfig | None = 
     fmt = format_ok(response)
     answer = extract_last(text, "answer")
     em = exact_match(answer, golds) if answer is not None else 0.0
-    notes = bool(summaries) and all(notes_ok(s, config.markers) for s in summaries)
+    notes = note_taking_ok(summaries, config.markers)
     eqr = _clamp_probability(eqr) if summaries else 0.0
 
     if fmt and em:
@@ -211,7 +237,7 @@ def score(response: str, golds: Any, eqr: float, config: EviNoteConfig | None = 
         if not fmt:
             logger.debug("evinote: format check failed (needs <answer>, a <summary>, well-formed tags); reward 0")
         else:
-            logger.debug("evinote: wrong answer and notes without paired annotations; reward 0")
+            logger.debug("evinote: wrong answer and no annotation in the notes or an unclosed marker; reward 0")
     total = gate + eqr if passed else 0.0
     return {
         "score": float(total),
