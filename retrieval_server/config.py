@@ -82,7 +82,22 @@ def cache_dir() -> Path:
 
 
 def default_index_dir() -> Path:
-    return cache_dir() / "indexes" / "bundled-minilm-flat"
+    """The cached index of the bundled corpus with the packaged MiniLM, named by their content.
+
+    Installs with the same corpus and model (a second clone, a rebuilt venv) share
+    one index; a different corpus or model version gets its own directory instead
+    of rebuilding one that another install's server may be reading.
+    """
+    import hashlib
+    import json
+
+    from retrieval_server.docstore import file_sha256
+    from retrieval_server.encoders import model_fingerprint
+
+    encoder = packaged_minilm_encoder()
+    settings = {k: v for k, v in encoder.model_dump().items() if k != "model"}
+    content = f"{file_sha256(bundled_corpus_path())} {model_fingerprint(encoder.model)} {json.dumps(settings, sort_keys=True)}"
+    return cache_dir() / "indexes" / f"bundled-minilm-flat-{hashlib.sha256(content.encode()).hexdigest()[:12]}"
 
 
 class BuildConfig(BaseModel):

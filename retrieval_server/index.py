@@ -75,7 +75,8 @@ def encode_shards(config: BuildConfig, corpus_sha256: str, count: int, encoder=N
     shard_dir.mkdir(parents=True, exist_ok=True)
     build_info_path = shard_dir / "build.json"
     encoder = encoder or SentenceEncoder(config.encoder, device=config.device)
-    build_info = {"corpus_sha256": corpus_sha256, "encoder": describe(config.encoder, encoder.dim), "shard_size": config.shard_size}
+    # Content only (no model location): shards encoded by a moved or copied model stay valid.
+    build_info = {"corpus_sha256": corpus_sha256, "encoder": vector_identity(describe(config.encoder, encoder.dim)), "shard_size": config.shard_size}
     if build_info_path.exists() and json.loads(build_info_path.read_text()) != build_info:
         logger.warning("shards in %s were encoded from another corpus/encoder: re-encoding", shard_dir)
         shutil.rmtree(shard_dir)
@@ -188,23 +189,26 @@ def build_index(config: BuildConfig, encoder=None, show_progress: bool = True) -
 def _build_index_locked(config: BuildConfig, encoder, show_progress: bool) -> dict:
     import faiss
 
-    from retrieval_server.encoders import describe
+    from retrieval_server.encoders import describe, model_fingerprint
 
     started = time.time()
     corpus_sha256 = file_sha256(config.corpus)
     manifest_path = config.output_dir / MANIFEST
     if manifest_path.exists():
         existing = json.loads(manifest_path.read_text())
+        # Judged by content, not by where corpus and model were when it was built (a moved or deleted
+        # checkout or venv, a second clone): the same bytes give the same index.
         if (
             existing.get("corpus", {}).get("sha256") == corpus_sha256
             and existing.get("index", {}).get("factory") == config.index_factory
-            and EncoderConfig(**{k: existing["encoder"][k] for k in EncoderConfig.model_fields}) == config.encoder
+            and recorded_encoder(existing).describes_same_vectors(config.encoder) == []
+            and existing["encoder"].get("fingerprint") == model_fingerprint(config.encoder.model)
             and (existing.get("bm25") is not None) >= config.bm25
             and (not config.bm25 or (config.output_dir / BM25_DIR / BM25_TOKENIZER_VOCAB).exists())
             and all((config.output_dir / name).exists() for name in (DOCSTORE, DENSE_INDEX))
         ):
             logger.info("index in %s is up to date", config.output_dir)
-            return existing
+            return _record_locations(manifest_path, existing, config)
         manifest_path.unlink()  # about to rebuild: never leave a manifest describing other files
 
     docstore_path = config.output_dir / DOCSTORE
@@ -242,8 +246,50 @@ def load_shard_embeddings(index_dir: Path) -> np.ndarray:
     return np.concatenate([np.load(p) for p in paths])
 
 
+def recorded_encoder(manifest: dict) -> EncoderConfig:
+    """The encoder settings a manifest records (its model as recorded: a location that may be gone)."""
+    return EncoderConfig(**{k: manifest["encoder"][k] for k in EncoderConfig.model_fields})
+
+
+def vector_identity(encoder_description: dict) -> dict:
+    """An encoder description without the model's location: what decides the vectors."""
+    return {k: v for k, v in encoder_description.items() if k != "model"}
+
+
+def _record_locations(manifest_path: Path, manifest: dict, config: BuildConfig) -> dict:
+    """Point an up-to-date manifest at the corpus and model it was just checked against, if they moved."""
+    corpus, model = str(config.corpus.resolve()), config.encoder.model
+    if manifest["corpus"]["path"] == corpus and manifest["encoder"]["model"] == model:
+        return manifest
+    logger.info(
+        "index in %s was built from %s with %s; same content found at %s and %s",
+        manifest_path.parent, manifest["corpus"]["path"], manifest["encoder"]["model"], corpus, model,
+    )  # fmt: skip
+    manifest = {**manifest, "corpus": {**manifest["corpus"], "path": corpus}, "encoder": {**manifest["encoder"], "model": model}}
+    _write_json_atomic(manifest_path, manifest)
+    return manifest
+
+
+def known_model_copies() -> list[str]:
+    """Models this installation can offer in place of a recorded one that is gone (matched by fingerprint)."""
+    try:
+        from retrieval_server.config import packaged_minilm_path
+
+        return [packaged_minilm_path()]
+    except ImportError:
+        return []
+
+
 def verify_index(index_dir: Path, corpus: Path | None = None, encoder: EncoderConfig | None = None) -> dict:
-    """Check that manifest, corpus, model and index files agree; raise :class:`IndexMismatchError` naming the files."""
+    """Check that manifest, corpus, model and index files agree; raise :class:`IndexMismatchError` naming the files.
+
+    Content decides, not location. A recorded corpus that no longer exists is no
+    reason to refuse (the index holds its own copy of the passages, and its
+    checksum still says which corpus that was); a corpus that is there, or is
+    given, must have the recorded checksum. Without ``encoder``, a recorded model
+    that no longer exists is replaced by a known copy with the same fingerprint
+    (the packaged MiniLM). Returns the manifest with the locations that passed.
+    """
     from retrieval_server.encoders import model_fingerprint
 
     index_dir = Path(index_dir)
@@ -252,19 +298,23 @@ def verify_index(index_dir: Path, corpus: Path | None = None, encoder: EncoderCo
     problems: list[str] = []
 
     recorded_corpus = Path(manifest["corpus"]["path"])
-    corpus = Path(corpus) if corpus is not None else recorded_corpus
-    if not corpus.exists():
-        problems.append(f"corpus {corpus} (recorded in {manifest_path}) does not exist")
-    elif corpus.stat().st_size != manifest["corpus"]["size"] or file_sha256(corpus) != manifest["corpus"]["sha256"]:
-        problems.append(
-            f"corpus {corpus} has changed or is a different file: its sha256 differs from the "
-            f"{manifest['corpus']['sha256'][:12]}... recorded in {manifest_path} for {recorded_corpus}"
-        )
+    if corpus is None and not recorded_corpus.exists():
+        logger.info("corpus %s recorded in %s is gone; serving the index's own copy of its passages", recorded_corpus, manifest_path)
+    else:
+        corpus = Path(corpus) if corpus is not None else recorded_corpus
+        if not corpus.exists():
+            problems.append(f"corpus {corpus} does not exist (the index {manifest_path} was built from {recorded_corpus})")
+        elif corpus.stat().st_size != manifest["corpus"]["size"] or file_sha256(corpus) != manifest["corpus"]["sha256"]:
+            problems.append(
+                f"corpus {corpus} has changed or is a different file: its sha256 differs from the "
+                f"{manifest['corpus']['sha256'][:12]}... recorded in {manifest_path} for {recorded_corpus}"
+            )
+        else:
+            manifest["corpus"]["path"] = str(corpus.resolve())
 
     recorded = manifest["encoder"]
     if encoder is not None:
-        wanted = EncoderConfig(**{k: recorded[k] for k in EncoderConfig.model_fields})
-        differing = wanted.describes_same_vectors(encoder)
+        differing = recorded_encoder(manifest).describes_same_vectors(encoder)
         if differing:
             problems.append(f"encoder settings {differing} differ from those recorded in {manifest_path}")
         if model_fingerprint(encoder.model) != recorded["fingerprint"]:
@@ -272,8 +322,20 @@ def verify_index(index_dir: Path, corpus: Path | None = None, encoder: EncoderCo
                 f"encoder model {encoder.model} is not the model {recorded['model']} recorded in {manifest_path} "
                 f"(fingerprint {model_fingerprint(encoder.model)} != {recorded['fingerprint']})"
             )
+        recorded["model"] = encoder.model
     elif model_fingerprint(recorded["model"]) != recorded["fingerprint"]:
-        problems.append(f"encoder model {recorded['model']} recorded in {manifest_path} has changed on disk")
+        if recorded["fingerprint"].startswith("name:") or Path(recorded["model"]).exists():
+            problems.append(f"encoder model {recorded['model']} recorded in {manifest_path} has changed on disk")
+        else:
+            copy = next((m for m in known_model_copies() if model_fingerprint(m) == recorded["fingerprint"]), None)
+            if copy is None:
+                problems.append(
+                    f"encoder model {recorded['model']} recorded in {manifest_path} does not exist; "
+                    f"pass --model with a copy of it (fingerprint {recorded['fingerprint']})"
+                )
+            else:
+                logger.info("encoder model %s recorded in %s is gone; using the same model at %s", recorded["model"], manifest_path, copy)
+                recorded["model"] = copy
 
     docstore_path = index_dir / manifest["docstore"]
     dense_path = index_dir / manifest["index"]["file"]

@@ -13,7 +13,7 @@ import numpy as np
 
 from retrieval_server.config import EncoderConfig, ServerConfig
 from retrieval_server.docstore import DocumentStore
-from retrieval_server.index import IndexMismatchError, verify_index
+from retrieval_server.index import IndexMismatchError, read_manifest, recorded_encoder, verify_index
 
 logger = logging.getLogger(__name__)
 
@@ -121,12 +121,11 @@ class CrossEncoderReranker:
 
 def check_server_config(config: ServerConfig) -> tuple[dict, EncoderConfig]:
     """Verify index files, corpus and (requested or recorded) encoder; return the manifest and the encoder to use."""
-    manifest = verify_index(Path(config.index_dir), corpus=config.corpus, encoder=None)
-    encoder = EncoderConfig(**{k: manifest["encoder"][k] for k in EncoderConfig.model_fields})
+    requested = None
     if config.encoder_model is not None:
-        encoder = encoder.model_copy(update={"model": config.encoder_model})
-        manifest = verify_index(Path(config.index_dir), corpus=config.corpus, encoder=encoder)
-    return manifest, encoder
+        requested = recorded_encoder(read_manifest(Path(config.index_dir))).model_copy(update={"model": config.encoder_model})
+    manifest = verify_index(Path(config.index_dir), corpus=config.corpus, encoder=requested)
+    return manifest, recorded_encoder(manifest)  # the model location that passed the check
 
 
 class Retriever:

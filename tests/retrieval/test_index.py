@@ -226,3 +226,91 @@ def test_serve_run_app_builder_parses_args_and_checks_the_index(tmp_path, small_
     assert isinstance(application, Application)
     with pytest.raises(IndexMismatchError, match="other.jsonl"):
         app_builder({"index_dir": str(small_index), "corpus": str(write_corpus(tmp_path / "other.jsonl", PASSAGES[:2]))})
+
+
+# ---------------------------------------------------------------- an index built elsewhere (moved/deleted checkout or venv)
+def write_corpus_in(directory: Path) -> Path:
+    directory.mkdir(parents=True)
+    return write_corpus(directory / "corpus.jsonl")
+
+
+def _manifest(index_dir: Path) -> dict:
+    return json.loads((index_dir / "manifest.json").read_text())
+
+
+def test_index_outlives_the_corpus_copy_it_was_built_from(tmp_path, small_index):
+    """The index carries its passages: a deleted corpus copy is no reason to refuse it, a different corpus still is."""
+    index_dir = tmp_path / "index"
+    shutil.copytree(small_index, index_dir)
+    first = write_corpus_in(tmp_path / "checkout-a")
+    build_index(BuildConfig(corpus=first, output_dir=index_dir, encoder=packaged_minilm_encoder(), shard_size=3), show_progress=False)
+    shutil.rmtree(tmp_path / "checkout-a")
+
+    retriever = Retriever(ServerConfig(index_dir=index_dir))
+    queries = ["Which volcano is the highest peak in Africa?"]
+    rows, _ = retriever.search(queries, retriever.encode(queries), 1)
+    assert retriever.lookup(rows[0])[0]["id"] == "a2"
+
+    # Another copy of the same content (a second clone) is accepted as is, without encoding, and recorded.
+    second = write_corpus_in(tmp_path / "checkout-b")
+    counting = CountingEncoder()
+    manifest = build_index(BuildConfig(corpus=second, output_dir=index_dir, encoder=packaged_minilm_encoder(), shard_size=3), encoder=counting, show_progress=False)
+    assert counting.passages_encoded == 0
+    assert manifest["corpus"]["path"] == str(second.resolve()) == _manifest(index_dir)["corpus"]["path"]
+
+    other = write_corpus(tmp_path / "other.jsonl", PASSAGES[:5])
+    with pytest.raises(IndexMismatchError) as info:
+        verify_index(index_dir, corpus=other)
+    assert str(other) in str(info.value) and str(index_dir / "manifest.json") in str(info.value)
+
+
+def test_index_outlives_the_model_copy_it_was_built_with(tmp_path, small_index):
+    """A deleted venv's model is found again by content (the packaged MiniLM); an unknown one is a clear error."""
+    index_dir = tmp_path / "index"
+    shutil.copytree(small_index, index_dir)
+    model_copy = tmp_path / "old-venv" / "minilm"
+    shutil.copytree(packaged_minilm_encoder().model, model_copy)
+    built = build_index(
+        BuildConfig(corpus=write_corpus(tmp_path / "corpus.jsonl"), output_dir=index_dir,
+                    encoder=packaged_minilm_encoder().model_copy(update={"model": str(model_copy)}), shard_size=3),
+        encoder=CountingEncoder(), show_progress=False,
+    )  # fmt: skip
+    assert built["encoder"]["model"] == str(model_copy)
+    shutil.rmtree(tmp_path / "old-venv")
+
+    retriever = Retriever(ServerConfig(index_dir=index_dir))
+    assert retriever.encoder.config.model == packaged_minilm_encoder().model
+    assert retriever.manifest["encoder"]["model"] == packaged_minilm_encoder().model  # what /health reports
+
+    counting = CountingEncoder()
+    rebuilt = build_index(
+        BuildConfig(corpus=tmp_path / "corpus.jsonl", output_dir=index_dir, encoder=packaged_minilm_encoder(), shard_size=3),
+        encoder=counting, show_progress=False,
+    )  # fmt: skip
+    assert counting.passages_encoded == 0 and rebuilt["encoder"]["model"] == packaged_minilm_encoder().model
+
+    manifest = _manifest(index_dir)
+    manifest["encoder"].update(model="/gone/venv/some-model", fingerprint="sha256:" + "0" * 32)
+    (index_dir / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(IndexMismatchError, match=r"/gone/venv/some-model .*does not exist.*--model"):
+        Retriever(ServerConfig(index_dir=index_dir))
+
+
+def test_bundled_cache_built_by_a_deleted_checkout_is_reused(tmp_path, monkeypatch, bundled_index_dir):
+    """`verl-evidence serve` after the checkout that built the cache is gone: the cache is valid, not fatal."""
+    from retrieval_server.config import bundled_corpus_path, default_index_dir
+    from retrieval_server.launch import ensure_bundled_index
+    from retrieval_server.search import check_server_config
+
+    monkeypatch.setenv("VERL_EVIDENCE_CACHE", str(tmp_path / "cache"))
+    cache = default_index_dir()
+    shutil.copytree(bundled_index_dir, cache)
+    manifest = _manifest(cache)
+    manifest["corpus"]["path"] = "/gone/checkout/verl_evidence/bundled/corpus.jsonl"
+    (cache / "manifest.json").write_text(json.dumps(manifest))
+    dense_mtime = (cache / "dense.faiss").stat().st_mtime_ns
+
+    assert ensure_bundled_index(show_progress=False) == cache
+    assert (cache / "dense.faiss").stat().st_mtime_ns == dense_mtime  # reused, not rebuilt
+    checked, _ = check_server_config(ServerConfig(index_dir=cache))
+    assert checked["corpus"]["path"] == str(bundled_corpus_path())
