@@ -15,11 +15,42 @@ from pathlib import Path
 
 import pytest
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+OUR_PACKAGES = ("verl_evidence", "retrieval_server")
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # `make test` runs .venv/bin/python without activating the venv: put its bin first so that
 # subprocesses (recipes, `verl-evidence`, shellcheck) use this interpreter's installation.
 os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+# ...and make them import THIS checkout, whichever copy the venv's editable install points at
+# (another clone, an old wheel). Ray workers started by the tests inherit it too.
+os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
+def foreign_packages(root: Path = REPO_ROOT) -> dict[str, str]:
+    """Our packages that this interpreter imports from somewhere other than ``root``: {name: location}."""
+    import importlib
+
+    foreign = {}
+    for name in OUR_PACKAGES:
+        location = Path(importlib.import_module(name).__file__).resolve().parent
+        if location != root / name:
+            foreign[name] = str(location)
+    return foreign
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Refuse to test a copy of the code other than this checkout (the results would describe that copy)."""
+    foreign = foreign_packages()
+    if foreign:
+        found = ", ".join(f"{name} from {location}" for name, location in foreign.items())
+        pytest.exit(
+            f"the tests in {REPO_ROOT} would test another copy of the code: they import {found}. "
+            f"Run pytest from {REPO_ROOT} (`make test`), or point the venv at this checkout with "
+            f"`pip install -e {REPO_ROOT}`.",
+            returncode=pytest.ExitCode.USAGE_ERROR,
+        )
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ Each area owns its commands in its own module and adds them here through a
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 import typer
 
@@ -34,10 +35,13 @@ _COMMAND_MODULES = (
 
 @app.command()
 def version() -> None:
-    """Print the installed versions of verl-evidence and verl."""
+    """Print the installed versions of verl-evidence and verl, and where verl_evidence is imported from."""
     from importlib.metadata import version as dist_version
 
-    typer.echo(f"verl-evidence {dist_version('verl-evidence')} (verl {dist_version('verl')})")
+    import verl_evidence
+
+    location = Path(verl_evidence.__file__).resolve().parent  # which copy runs (a second clone, an old install)
+    typer.echo(f"verl-evidence {dist_version('verl-evidence')} (verl {dist_version('verl')}) from {location}")
 
 
 def _register_commands() -> None:

@@ -16,17 +16,26 @@ pytestmark = pytest.mark.slow
 
 MANAGERS = ("evinote", "composite", "eviomni", "grace")
 PNGS = ("reward_components.png", "rewards_by_case.png", "accuracy_by_source.png", "context_tokens.png")
-EVAL_DATA = Path(__file__).parents[1] / "eval" / "data"
+REPO = Path(__file__).resolve().parents[2]
+EVAL_DATA = REPO / "tests" / "eval" / "data"
 
 
-def run_demo(out: Path, retrieval_url: str, *extra: str) -> subprocess.CompletedProcess:
+def run_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """The installed console script (tests/conftest.py makes it import this checkout)."""
     script = Path(sys.executable).with_name("verl-evidence")
     command = [str(script)] if script.exists() else [sys.executable, "-m", "verl_evidence.cli"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "COLUMNS": "200"}
-    return subprocess.run(
-        [*command, "demo", "--retrieval-url", retrieval_url, "--out", str(out), *extra],
-        capture_output=True, text=True, env=env, timeout=900, check=False,
-    )
+    return subprocess.run([*command, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
+
+
+def run_demo(out: Path, retrieval_url: str, *extra: str) -> subprocess.CompletedProcess:
+    return run_cli("demo", "--retrieval-url", retrieval_url, "--out", str(out), *extra)
+
+
+def test_the_console_script_runs_this_checkout() -> None:
+    result = run_cli("version", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith(f" from {REPO / 'verl_evidence'}"), result.stdout
 
 
 def check_report(out: Path) -> str:

@@ -214,19 +214,24 @@ def test_every_python_block_compiles_or_is_marked() -> None:
         compile(block.text, block.where, "exec")
 
 
+def run_python(code: str, cwd: Path) -> subprocess.CompletedProcess:
+    """A fresh interpreter outside the checkout; it imports this checkout through tests/conftest.py's PYTHONPATH."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    return subprocess.run(
+        [sys.executable, "-c", code], check=False, cwd=cwd, env=env, capture_output=True, text=True, timeout=540
+    )
+
+
+def test_python_blocks_run_against_this_checkout(tmp_path: Path) -> None:
+    result = run_python("import verl_evidence; print(verl_evidence.__file__)", tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert Path(result.stdout.strip()) == ROOT / "verl_evidence" / "__init__.py"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("block", [pytest.param(b, id=b.where) for b in PYTHON_BLOCKS if not b.not_run])
 def test_python_block_runs(block: Block, tmp_path: Path) -> None:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    result = subprocess.run(
-        [sys.executable, "-c", block.text],
-        check=False,
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=540,
-    )
+    result = run_python(block.text, tmp_path)
     assert result.returncode == 0, f"{block.where} failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
 
 

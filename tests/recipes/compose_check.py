@@ -120,9 +120,24 @@ def check(argv: list[str]) -> dict:
     }
 
 
+def check_this_checkout() -> None:
+    """Stop unless the plugin imports from the checkout this script belongs to (not another installed copy)."""
+    from pathlib import Path
+
+    import retrieval_server
+    import verl_evidence
+
+    checkout = Path(__file__).resolve().parents[2]
+    for package in (verl_evidence, retrieval_server):
+        location = Path(package.__file__).resolve().parent
+        if location != checkout / package.__name__:
+            sys.exit(f"compose_check: {package.__name__} imported from {location}, not from {checkout}")
+
+
 def main() -> None:
     import verl  # noqa: F401  (loads the verl.plugins entry points, as the trainer does)
 
+    check_this_checkout()
     reports = []
     with contextlib.redirect_stdout(sys.stderr):  # verl prints progress; stdout carries only the JSON
         for job in json.load(sys.stdin):
