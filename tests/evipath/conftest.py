@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +18,7 @@ import pytest
 from pydantic import BaseModel
 
 from verl_evidence.prompts import load_prompt
+from verl_evidence.testing import ThreadedUvicorn
 
 
 class ChatMessage(BaseModel):
@@ -37,7 +37,6 @@ Backend = Callable[[list[dict]], str]
 
 class ChatServer:
     def __init__(self) -> None:
-        import uvicorn
         from fastapi import FastAPI
 
         self.backend: Backend = lambda messages: ""
@@ -70,11 +69,8 @@ class ChatServer:
                 with self.lock:
                     self.in_flight -= 1
 
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._app = app
+        self._http: ThreadedUvicorn | None = None
 
     async def _reply(self, request: ChatRequest, number: int) -> dict:
         if self.delay:
@@ -102,15 +98,11 @@ class ChatServer:
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"{self._http.url}/v1"
 
     def start(self) -> None:
-        self._thread.start()
-        deadline = time.monotonic() + 30
-        while not self._server.started:
-            if time.monotonic() > deadline:
-                raise RuntimeError("test chat server did not start")
-            time.sleep(0.05)
+        # Binds its socket before serving (no window for another server to take the port); start-up has a deadline.
+        self._http = ThreadedUvicorn(self._app)
 
     def reset(self, backend: Backend) -> None:
         with self.lock:
@@ -125,8 +117,7 @@ class ChatServer:
 
     def stop(self) -> None:
         self.release.set()
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
+        self._http.stop()
 
 
 @pytest.fixture(scope="module")
