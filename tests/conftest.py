@@ -8,9 +8,11 @@ reused by later sessions while the corpus is unchanged.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -89,3 +91,40 @@ def retrieval_server(bundled_index_dir: Path) -> Iterator[object]:
 def retrieval_server_url(retrieval_server) -> str:
     """Base URL (``http://127.0.0.1:<port>``) of the session's retrieval server."""
     return retrieval_server.url
+
+
+@contextmanager
+def _current_event_loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """A new event loop, current on this thread while open, then closed as ``asyncio.run`` closes its own."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        yield loop
+    finally:  # background tasks (the judge's batcher) cancelled, executor threads joined
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+        if pending:  # (gather of nothing would look for the thread's loop, which asyncio.run may have unset)
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.run_until_complete(loop.shutdown_default_executor())
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
+@pytest.fixture
+def verl_event_loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """This test's event loop, current on the thread.
+
+    verl's reward managers and ``RewardLoopWorker`` cache the thread's current loop
+    when they are built (``verl.utils.ray_utils.get_event_loop``) and must run on it.
+    """
+    with _current_event_loop() as loop:
+        yield loop
+
+
+@pytest.fixture(scope="module")
+def module_event_loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """Like ``verl_event_loop``, shared by a module whose fixtures build managers once."""
+    with _current_event_loop() as loop:
+        yield loop

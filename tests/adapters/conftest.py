@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -113,26 +112,9 @@ def make_batch(tokenizer, samples: Sequence[dict[str, Any]]):
 
 
 @pytest.fixture(autouse=True)
-def verl_event_loop():
-    """A new event loop, current on this thread for one test and closed after it.
-
-    verl's reward managers and ``RewardLoopWorker`` cache the thread's current loop when
-    they are built (``verl.utils.ray_utils.get_event_loop``); ``run`` drives coroutines on it.
-    """
-    loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
-    try:
-        yield loop
-    finally:  # as asyncio.run ends: background tasks (the judge's batcher) cancelled, executor joined
-        pending = asyncio.all_tasks(loop)
-        for task in pending:
-            task.cancel()
-        if pending:  # (gather of nothing would look for the thread's loop, which asyncio.run may have unset)
-            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.run_until_complete(loop.shutdown_default_executor())
-        asyncio.set_event_loop(None)
-        loop.close()
+def _new_event_loop_per_test(verl_event_loop):
+    """Every test builds verl's managers on a fresh loop (tests/conftest.py), closed after it."""
+    return verl_event_loop
 
 
 def run(coroutine):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -50,7 +49,7 @@ def test_eval_command_rejects_two_policies(tmp_path) -> None:
     assert "at most one policy" in result.output
 
 
-def test_a_local_hf_model_directory_runs_as_the_policy(retrieval_server_url, tmp_path) -> None:
+def test_a_local_hf_model_directory_runs_as_the_policy(verl_event_loop, retrieval_server_url, tmp_path) -> None:
     """The real generation path on CPU: a tiny random Qwen2 generates, the loop searches, the managers score."""
     from verl_evidence.eval.datasets import bundled_rows, examples_from_rows
     from verl_evidence.eval.runner import PolicySpec
@@ -66,7 +65,7 @@ def test_a_local_hf_model_directory_runs_as_the_policy(retrieval_server_url, tmp
         rows = bundled_rows(["search"], session.retrieval_url, session.tokenizer, limit=1)
         examples = examples_from_rows(rows)
         runner = make_runner(session, PolicySpec("hf", str(model_dir)))
-        (record,) = asyncio.get_event_loop().run_until_complete(runner.run(examples))
+        (record,) = verl_event_loop.run_until_complete(runner.run(examples))
     assert record.error is None
     assert record.policy == f"hf:{model_dir.resolve()}"
     assert record.data_source.startswith("bundled_")

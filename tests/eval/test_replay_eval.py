@@ -23,12 +23,10 @@ POLICY = PolicySpec("replay", str(TRAJECTORIES))
 
 
 @pytest.fixture(scope="module")
-def session(retrieval_server_url, tmp_path_factory):
-    from verl_evidence.eval.progress import cancel_pending_tasks
-
+def session(module_event_loop, retrieval_server_url, tmp_path_factory):
+    # (the loop's teardown cancels the in-process judge's batcher task)
     with open_session(tmp_path_factory.mktemp("eval-work"), retrieval_url=retrieval_server_url) as s:
         yield s
-    cancel_pending_tasks()  # the in-process judge's batcher task
 
 
 @pytest.fixture(scope="module")
@@ -37,12 +35,10 @@ def examples(session) -> list[EvalExample]:
 
 
 @pytest.fixture(scope="module")
-def records(session, examples, tmp_path_factory):
-    import asyncio
-
+def records(module_event_loop, session, examples, tmp_path_factory):
     cache = ResultsCache(tmp_path_factory.mktemp("eval-cache") / "results.jsonl")
     runner = make_runner(session, POLICY)
-    out = asyncio.get_event_loop().run_until_complete(runner.run(examples, cache=cache))
+    out = module_event_loop.run_until_complete(runner.run(examples, cache=cache))
     return {r.example_id: r for r in out}, cache
 
 
@@ -108,9 +104,7 @@ def test_good_cases_score_higher_than_bad_cases_for_every_manager(records) -> No
         assert row["separates"], row
 
 
-def test_a_second_run_is_served_from_the_cache(session, examples, records) -> None:
-    import asyncio
-
+def test_a_second_run_is_served_from_the_cache(module_event_loop, session, examples, records) -> None:
     by_id, cache = records
     runner = make_runner(session, POLICY)
 
@@ -118,17 +112,15 @@ def test_a_second_run_is_served_from_the_cache(session, examples, records) -> No
         raise AssertionError(f"{example.example_id} should have come from the cache")
 
     runner.backend_for = no_generation
-    again = asyncio.get_event_loop().run_until_complete(runner.run(examples, cache=ResultsCache(cache.path)))
+    again = module_event_loop.run_until_complete(runner.run(examples, cache=ResultsCache(cache.path)))
     assert [r.example_id for r in again] == [e.example_id for e in examples]
     assert all(r.rewards == by_id[r.example_id].rewards for r in again)
 
 
-def test_a_failing_example_is_recorded_and_the_run_goes_on(session, examples) -> None:
-    import asyncio
-
+def test_a_failing_example_is_recorded_and_the_run_goes_on(module_event_loop, session, examples) -> None:
     broken = EvalExample("search/broken", dict(examples[0].row, agent_name="no_such_loop"), script=["x"])
     runner = make_runner(session, POLICY)
-    out = asyncio.get_event_loop().run_until_complete(runner.run([broken, examples[0]]))
+    out = module_event_loop.run_until_complete(runner.run([broken, examples[0]]))
     assert "no_such_loop" in out[0].error and out[0].rewards == {}
     assert out[1].error is None and out[1].rewards
 
