@@ -29,10 +29,12 @@ def tokenizer():
 
 @pytest.fixture(scope="session")
 def nli_dir(tmp_path_factory) -> Path:
-    """Tiny random NLI model; entailment at index 1 (MNLI heads often use 0 or 2)."""
-    from verl_evidence.testing import tiny_nli_model
+    """NLI model whose entailment grows with premise/hypothesis token overlap (MiniLM's BERT pair
+    tokenizer); entailment at index 1 (MNLI heads often use 0 or 2). Reference values for it:
+    ``verl_evidence.testing.expected_overlap_entailment``."""
+    from verl_evidence.testing import overlap_nli_model
 
-    return tiny_nli_model(tmp_path_factory.mktemp("tiny_nli"))
+    return overlap_nli_model(tmp_path_factory.mktemp("overlap_nli"))
 
 
 def compose_trainer_config(tokenizer_dir: Path, overrides: Sequence[str] = ()):

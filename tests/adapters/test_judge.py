@@ -1,4 +1,9 @@
-"""NLI judge in-process: id2label lookup, batching, premise-only truncation, load errors, micro-batching."""
+"""NLI judge in-process: id2label lookup, batching, premise-only truncation, load errors, micro-batching.
+
+The judge under test loads ``overlap_nli_model``: a BERT classifier with the packaged MiniLM's pair
+tokenizer whose entailment probability grows with premise/hypothesis token overlap. Expected values
+come from ``expected_overlap_entailment`` (token counting, no model) or from transformers directly.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import asyncio
 
 import pytest
 import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from verl_evidence.judge import (
     BatchingJudge,
@@ -15,14 +21,15 @@ from verl_evidence.judge import (
     connect_judge,
     find_entailment_index,
 )
-from verl_evidence.testing import tiny_nli_model
+from verl_evidence.rewards.evinote import build_claim
+from verl_evidence.testing import expected_overlap_entailment, overlap_nli_model, tiny_nli_model
 
 PREMISES = [
     "*The committee wrote the report* in -1998-.",
     "Paris is the capital of France.",
     "The quick brown fox jumps over the lazy dog. " * 12,
     "x",
-    "Mount Everest is the highest mountain above sea level.",
+    "Everest is the answer to the question: which mountain is highest?",
 ]
 HYPOTHESES = [
     "the committee is the answer to the question: who wrote the report?",
@@ -37,30 +44,65 @@ HYPOTHESES = [
 def four_label_dir(tmp_path_factory):
     # entailment at index 3: neither MNLI convention (0 or 2) would find it
     labels = {0: "contradiction", 1: "neutral", 2: "other", 3: "Entailment"}
-    return tiny_nli_model(tmp_path_factory.mktemp("nli4"), seed=1, id2label=labels)
+    return overlap_nli_model(tmp_path_factory.mktemp("nli4"), id2label=labels)
 
 
-def direct_probabilities(judge: NLIJudge, premises, hypotheses) -> torch.Tensor:
-    """Softmax of the raw model, one pair at a time, no padding (the reference)."""
+def direct_probabilities(model_dir, premises, hypotheses, max_length: int, truncation: str = "only_first"):
+    """Softmax of the model loaded by transformers itself, one pair at a time, no padding."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
     rows = []
     with torch.inference_mode():
         for premise, hypothesis in zip(premises, hypotheses):
-            encoded = judge.tokenizer(
-                premise, hypothesis, truncation="only_first", max_length=judge.max_length, return_tensors="pt"
-            )
-            rows.append(torch.softmax(judge.model(**encoded).logits.float(), dim=-1)[0])
+            encoded = tokenizer(premise, hypothesis, truncation=truncation, max_length=max_length, return_tensors="pt")
+            rows.append(torch.softmax(model(**encoded).logits.float(), dim=-1)[0])
     return torch.stack(rows)
+
+
+def expected(model_dir, premises, hypotheses, max_length: int | None = None) -> list[float]:
+    return [expected_overlap_entailment(model_dir, p, h, max_length) for p, h in zip(premises, hypotheses)]
+
+
+def test_overlap_model_computes_what_it_documents(nli_dir):
+    """The stand-in itself: transformers' forward pass equals the token-overlap formula, padded or not."""
+    pairs = list(zip(PREMISES, HYPOTHESES)) + [("", HYPOTHESES[0]), ("Who wrote it? The committee.", "the committee")]
+    reference = torch.tensor(expected(nli_dir, [p for p, _ in pairs], [h for _, h in pairs]))
+    direct = direct_probabilities(nli_dir, [p for p, _ in pairs], [h for _, h in pairs], max_length=512)
+    torch.testing.assert_close(direct[:, 1], reference, atol=1e-4, rtol=0)
+    assert reference.max() > 0.95 and reference.min() < 0.02  # it really discriminates
+    tokenizer = AutoTokenizer.from_pretrained(nli_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(nli_dir).eval()
+    batch = tokenizer([p for p, _ in pairs], [h for _, h in pairs], padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        padded = torch.softmax(model(**batch).logits, dim=-1)[:, 1]
+    torch.testing.assert_close(padded, reference, atol=1e-4, rtol=0)
+    # the segments matter: the same tokens all in one segment (no token_type_ids) give another answer
+    del batch["token_type_ids"]
+    with torch.inference_mode():
+        assert not torch.allclose(torch.softmax(model(**batch).logits, dim=-1)[:, 1], reference, atol=1e-2)
 
 
 def test_entailment_class_found_by_label_not_position(four_label_dir):
     judge = NLIJudge(str(four_label_dir), device="cpu", batch_size=2)
     assert judge.entailment_index == 3 and judge.entailment_label == "Entailment"
     probabilities = torch.tensor(judge.entailment_probs(PREMISES, HYPOTHESES))
-    reference = direct_probabilities(judge, PREMISES, HYPOTHESES)
-    torch.testing.assert_close(probabilities, reference[:, 3], atol=1e-5, rtol=1e-5)
-    # the other columns really differ, so a hard-coded index would have been caught
+    reference = torch.tensor(expected(four_label_dir, PREMISES, HYPOTHESES))
+    torch.testing.assert_close(probabilities, reference, atol=1e-4, rtol=0)
+    assert probabilities[4] > 0.9 and probabilities[3] < 0.05  # full overlap vs none
+    # any other column would have given something else: it falls as entailment rises
+    direct = direct_probabilities(four_label_dir, PREMISES, HYPOTHESES, max_length=judge.max_length)
+    torch.testing.assert_close(direct[:, 3], reference, atol=1e-4, rtol=0)
     for wrong in (0, 1, 2):
-        assert not torch.allclose(probabilities, reference[:, wrong], atol=1e-4)
+        assert direct[4, wrong] < 0.05 and direct[3, wrong] > 0.3
+
+
+def test_a_note_that_states_the_answer_scores_above_one_that_does_not(nli_dir):
+    judge = NLIJudge(str(nli_dir), device="cpu")
+    claim = build_claim(["the committee"], "Who wrote the report?")
+    notes = ["*The committee wrote the report* -in 1998-", "*Paris* is the capital of France.", ""]
+    states, does_not, empty = judge.entailment_probs(notes, [claim] * 3)
+    assert [states, does_not, empty] == pytest.approx(expected(nli_dir, notes, [claim] * 3), abs=1e-4)
+    assert states > does_not + 0.1 and does_not > empty
 
 
 def test_find_entailment_index_variants():
@@ -92,30 +134,55 @@ def test_batched_equals_one_by_one(nli_dir):
     single = [judge.entailment_probs([p], [h])[0] for p, h in pairs]
     assert len(batched) == len(pairs)
     assert batched == pytest.approx(single, abs=1e-5)
-    assert all(0.0 <= value <= 1.0 for value in batched)
+    # in input order: each value is its own pair's, and the pairs really differ
+    assert batched == pytest.approx(expected(nli_dir, [p for p, _ in pairs], [h for _, h in pairs]), abs=1e-4)
+    assert max(batched) - min(batched) > 0.5
+
+
+HYPOTHESIS = "the committee is the answer to the question: who wrote the report?"
+FILLER = "Filler words about nothing else. " * 30
 
 
 def test_truncation_cuts_the_premise_and_keeps_the_hypothesis(nli_dir):
-    judge = NLIJudge(str(nli_dir), device="cpu", max_length=48)
-    long_premise = "The report was written by the committee in 1998. " * 30
-    hypothesis = "the committee is the answer to the question: who wrote the report?"
-    encoded = judge._encode([long_premise, "short"], [hypothesis, hypothesis])
-    hypothesis_ids = judge.tokenizer(hypothesis, add_special_tokens=False)["input_ids"]
+    # 24 tokens: [CLS], 7 premise tokens, [SEP], the 14-token hypothesis, [SEP]; cutting both sides
+    # (longest_first) would shorten the hypothesis too and change the overlap
+    judge = NLIJudge(str(nli_dir), device="cpu", max_length=24)
+    answer_first = "The committee wrote the report. " + FILLER
+    answer_late = FILLER + "The committee wrote the report."
+    encoded = judge._encode([answer_first, "short"], [HYPOTHESIS, HYPOTHESIS])
+    hypothesis_ids = judge.tokenizer(HYPOTHESIS, add_special_tokens=False)["input_ids"]
     first = encoded["input_ids"][0][encoded["attention_mask"][0].bool()].tolist()
-    assert len(first) == 48
-    assert first[-len(hypothesis_ids) :] == hypothesis_ids  # hypothesis intact at the end
-    assert judge.tokenizer.decode(first[: 48 - len(hypothesis_ids)]).startswith("The report was written")
+    sep, cls = judge.tokenizer.sep_token_id, judge.tokenizer.cls_token_id
+    assert len(first) == 24 and first[0] == cls
+    assert first[-len(hypothesis_ids) - 1 :] == hypothesis_ids + [sep]  # hypothesis intact at the end
+    kept_ids = first[1 : 24 - len(hypothesis_ids) - 2]
+    assert judge.tokenizer.decode(kept_ids).startswith("the committee wrote the report")
+
+    first_p, late_p, short_p, empty_p = judge.entailment_probs(
+        [answer_first, answer_late, "The committee wrote the report.", ""], [HYPOTHESIS] * 4
+    )
+    # the premise is cut by tokens from its end: an answer near the start survives, one past the cut does not
+    assert first_p == pytest.approx(expected_overlap_entailment(nli_dir, answer_first, HYPOTHESIS, 24), abs=1e-4)
+    assert late_p == pytest.approx(expected_overlap_entailment(nli_dir, answer_late, HYPOTHESIS, 24), abs=1e-4)
+    assert first_p == pytest.approx(short_p, abs=1e-4)  # the kept start holds every overlapping token
+    assert first_p > late_p + 0.1  # had it kept the end instead, these would swap
+    assert first_p > empty_p + 0.1  # never scored as an empty premise
     # and the probability equals that of the premise cut by hand to the same tokens
-    kept = judge.tokenizer.decode(first[: 48 - len(hypothesis_ids)])
-    assert judge.entailment_probs([long_premise], [hypothesis]) == pytest.approx(
-        judge.entailment_probs([kept], [hypothesis]), abs=1e-5
+    kept = judge.tokenizer.decode(kept_ids)
+    assert judge.entailment_probs([answer_first], [HYPOTHESIS]) == pytest.approx(
+        judge.entailment_probs([kept], [HYPOTHESIS]), abs=1e-5
     )
 
 
 def test_overlong_hypothesis_still_scored(nli_dir):
     judge = NLIJudge(str(nli_dir), device="cpu", max_length=16)
-    (probability,) = judge.entailment_probs(["a premise"], ["a very long hypothesis " * 20])
-    assert 0.0 <= probability <= 1.0
+    hypothesis = "a very long hypothesis " * 20
+    premises = ["a very long hypothesis", "unrelated words here"]
+    probabilities = judge.entailment_probs(premises, [hypothesis] * 2)
+    # both sides cut (longest_first), as transformers does it for this pair on its own
+    reference = direct_probabilities(nli_dir, premises, [hypothesis] * 2, max_length=16, truncation="longest_first")
+    assert probabilities == pytest.approx(reference[:, judge.entailment_index].tolist(), abs=1e-4)
+    assert probabilities[0] > 0.9 and probabilities[1] < 0.05  # still scored on its content
 
 
 def test_torch_threads_pinned_on_cpu_and_reported(nli_dir):

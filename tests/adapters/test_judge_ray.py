@@ -7,8 +7,9 @@ import asyncio
 import pytest
 from conftest import make_batch, score_with_worker
 
-from verl_evidence.judge import JudgeConfig, NLIJudge, NLIJudgeLoadError, RayJudgeClient
+from verl_evidence.judge import JudgeConfig, NLIJudgeLoadError, RayJudgeClient
 from verl_evidence.rewards import evinote
+from verl_evidence.testing import expected_overlap_entailment
 
 ray = pytest.importorskip("ray")
 
@@ -54,7 +55,9 @@ def test_actor_scores_like_the_in_process_judge_and_is_shared(actor_config, firs
     assert first.info["entailment_index"] == 1 and first.info["model"] == str(nli_dir)
     assert first.info["torch_threads"] == 1  # pinned to the actor's one reserved CPU
 
-    reference = NLIJudge(str(nli_dir), device="cpu").entailment_probs([p for p, _ in PAIRS], [h for _, h in PAIRS])
+    # expected values from token overlap, not from a judge; the three pairs score differently
+    reference = [expected_overlap_entailment(nli_dir, p, h) for p, h in PAIRS]
+    assert max(reference) - min(reference) > 0.1
 
     async def many_callers():
         # 30 single-pair requests from two "workers" at once, as reward workers send them
@@ -64,7 +67,7 @@ def test_actor_scores_like_the_in_process_judge_and_is_shared(actor_config, firs
 
     before = first.describe()["forward_batches"]
     results = asyncio.run(many_callers())
-    assert [r[0] for r in results] == pytest.approx([reference[i % 3] for i in range(30)], abs=1e-5)
+    assert [r[0] for r in results] == pytest.approx([reference[i % 3] for i in range(30)], abs=1e-4)
     forward_passes = first.describe()["forward_batches"] - before
     assert 1 <= forward_passes < 30  # the actor merged concurrent requests
 
@@ -93,10 +96,11 @@ def test_evinote_manager_uses_the_actor(actor_config, first_client, make_config,
     batches_before = first_client.describe()["forward_batches"]
     (output,) = score_with_worker(config, make_batch(tokenizer, [sample]))
     claim = evinote.build_claim("the committee", "Who wrote it?")
-    eqr = NLIJudge(str(nli_dir), device="cpu").entailment_probs([PAIRS[0][0]], [claim])[0]
+    eqr = expected_overlap_entailment(nli_dir, PAIRS[0][0], claim)
     expected = evinote.compute_score("nq", response, gold, {"eqr": eqr})
-    assert output["reward_extra_info"]["eqr"] == pytest.approx(eqr, abs=1e-5)
-    assert output["reward_score"] == pytest.approx(expected["score"], abs=1e-5)
+    assert output["reward_extra_info"]["eqr"] == pytest.approx(eqr, abs=1e-4)
+    assert output["reward_score"] == pytest.approx(expected["score"], abs=1e-4)
+    assert output["reward_score"] > 1.1  # correct answer, and a note that shares the claim's words
     # the manager reached the module's shared actor rather than starting its own
     assert first_client.describe()["forward_batches"] > batches_before
 
@@ -123,12 +127,10 @@ def test_reward_worker_actors_share_one_judge(actor_config, first_client, make_c
     try:
         batches_before = first_client.describe()["forward_batches"]
         outputs = ray.get([worker.compute_score_batch.remote(batch) for worker in workers], timeout=600)
-        eqr = NLIJudge(str(nli_dir), device="cpu").entailment_probs(
-            [PAIRS[1][0]], [evinote.build_claim("Paris", "Capital?")]
-        )[0]
+        eqr = expected_overlap_entailment(nli_dir, PAIRS[1][0], evinote.build_claim("Paris", "Capital?"))
         expected = evinote.compute_score("nq", response, gold, {"eqr": eqr})["score"]
         assert [o["reward_score"] for worker_outputs in outputs for o in worker_outputs] == pytest.approx(
-            [expected] * 6, abs=1e-5
+            [expected] * 6, abs=1e-4
         )
         assert first_client.describe()["forward_batches"] > batches_before
         judges = [a for a in ray.util.list_named_actors(all_namespaces=True) if "nli_judge" in str(a)]

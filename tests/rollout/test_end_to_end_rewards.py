@@ -12,7 +12,8 @@ import pytest
 from rollout_helpers import make_row, unpad, with_settings
 
 from verl_evidence.backends import ScriptedBackend
-from verl_evidence.rewards import eviomni, grace
+from verl_evidence.rewards import evinote, eviomni, grace
+from verl_evidence.testing import expected_overlap_entailment
 
 pytestmark = pytest.mark.slow
 
@@ -34,9 +35,10 @@ def ray_session():
 
 @pytest.fixture(scope="module")
 def nli_dir(tmp_path_factory):
-    from verl_evidence.testing import tiny_nli_model
+    """A judge whose entailment grows with token overlap (see verl_evidence.testing.overlap_nli_model)."""
+    from verl_evidence.testing import overlap_nli_model
 
-    return tiny_nli_model(tmp_path_factory.mktemp("tiny_nli"))
+    return overlap_nli_model(tmp_path_factory.mktemp("overlap_nli"))
 
 
 def run_scored(config, backend, rows):
@@ -82,18 +84,22 @@ def test_evidence_search_scored_by_evinote(base_config, search_url, tokenizer, n
             "reward.reward_kwargs": {"nli_model": str(nli_dir), "nli_in_process": True, "nli_device": "cpu"},
         },
     )
+    note = "*The Nile flows north into the Mediterranean*"
+    question = "Which river flows into the Mediterranean?"
     turns = [
         "<think> I need the river. </think> <search> river flowing into the Mediterranean </search>",
-        "<summary> *The Nile flows north into the Mediterranean* </summary> <answer> Nile </answer>",
+        f"<summary> {note} </summary> <answer> Nile </answer>",
     ]
     backend = ScriptedBackend(tokenizer, turns=turns)
-    out, score, info = run_scored(
-        config, backend, [scored_row("Which river flows into the Mediterranean?", "evidence_search")]
-    )
+    out, score, info = run_scored(config, backend, [scored_row(question, "evidence_search")])
     assert out["extra"]["summary_count"] == 1
-    # format ok (answer + note), EM correct: R = 1 + EQR with the judge's EQR in [0, 1]
-    assert 0.0 <= info["eqr"] <= 1.0
-    assert score == pytest.approx(1.0 + info["eqr"], abs=1e-5)
+    # format ok (answer + note), EM correct: R = 1 + EQR, EQR the judge's entailment of the claim by the note
+    # (expected from token overlap, without the judge); the note shares about half of the claim's words
+    claim = evinote.build_claim("Nile", question)
+    eqr = expected_overlap_entailment(nli_dir, note, claim)
+    assert eqr > expected_overlap_entailment(nli_dir, "*The Amazon drains into the Atlantic*", claim) + 0.15
+    assert info["eqr"] == pytest.approx(eqr, abs=1e-4)
+    assert score == pytest.approx(1.0 + eqr, abs=1e-4)
     assert info["reward_error"] == 0.0
 
 
