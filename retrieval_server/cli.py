@@ -1,4 +1,4 @@
-"""Command line: ``retrieval-server {serve,build,recall}`` and, inside ``verl-evidence``, ``serve`` + ``index {build,recall}``."""
+"""Command line: ``retrieval-server {serve,build,recall,adopt,convert}`` and, inside ``verl-evidence``, ``serve`` + ``index {build,recall,adopt,convert}``."""
 
 from __future__ import annotations
 
@@ -133,15 +133,93 @@ def recall(
     Console().print(table)
 
 
+def _declared_encoder(model: str, pooling: Optional[str], query_prefix: Optional[str], passage_prefix: Optional[str], max_length: int, normalize: bool):
+    from retrieval_server.config import EncoderConfig
+
+    overrides = {k: v for k, v in {"pooling": pooling, "query_prefix": query_prefix, "passage_prefix": passage_prefix}.items() if v is not None}
+    return EncoderConfig.for_model(model, max_length=max_length, normalize=normalize, **overrides)
+
+
+def adopt(
+    index: Path = typer.Option(..., "--index", help="Existing FAISS index file, e.g. Search-R1's e5_Flat.index"),
+    corpus: Path = typer.Option(..., help="Its JSONL corpus ({'id', 'contents'} per line, row i = FAISS id i), e.g. wiki-18.jsonl"),
+    output: Path = typer.Option(..., "--output", "-o", help="Index directory to write (manifest, docstore, link to the index)"),
+    model: str = typer.Option(..., help="Encoder that made the vectors (local path or hub name), e.g. intfloat/e5-base-v2"),
+    pooling: Optional[str] = typer.Option(None, help="mean | cls | auto (default: by model family; E5: mean)"),
+    query_prefix: Optional[str] = typer.Option(None, help="Default: by model family (E5: 'query: ')"),
+    passage_prefix: Optional[str] = typer.Option(None, help="Default: by model family (E5: 'passage: ')"),
+    max_length: int = typer.Option(256, help="Tokens per passage/query the encoder keeps (Search-R1: 256)"),
+    normalize: bool = typer.Option(True, help="Vectors L2-normalised (Search-R1: yes)"),
+    verify_sample: int = typer.Option(32, min=1, help="Passages re-encoded to check the declaration against the stored vectors"),
+    link: str = typer.Option("symlink", help="symlink | hardlink | copy: how the index file enters the directory"),
+    bm25: bool = typer.Option(False, help="Also build a BM25 index over the corpus (memory-hungry for 21M passages)"),
+    device: Optional[str] = typer.Option(None),
+    seed: int = typer.Option(0, help="Seed of the verification sample"),
+) -> None:
+    """Serve an index you already have: verify the declared encoder on a sample, convert the corpus once, write the manifest."""
+    from retrieval_server.adopt import AdoptionError, adopt_index
+
+    logging.basicConfig(level=logging.INFO)
+    encoder = _declared_encoder(model, pooling, query_prefix, passage_prefix, max_length, normalize)
+    try:
+        manifest = adopt_index(index, corpus, output, encoder, sample=verify_sample, link=link, bm25=bm25, device=device, seed=seed)
+    except AdoptionError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=2) from None
+    typer.echo(json.dumps({k: manifest[k] for k in ("count", "dim", "index", "adopted")}, indent=2))
+    typer.echo(f"adopted into {output}: retrieval-server serve --index-dir {output}")
+
+
+def convert(
+    index_dir: Path = typer.Option(..., help="Flat index directory (built or adopted)"),
+    output: Path = typer.Option(..., "--output", "-o", help="New index directory (its docstore is linked to the source's)"),
+    to: str = typer.Option(..., help="fp16 | sq8 | hnsw | ivf-pq, or any FAISS factory string (e.g. IVF65536,PQ96)"),
+    train_sample: int = typer.Option(262_144, min=1, help="Vectors sampled to train IVF/PQ/SQ (IVF65536 wants ~2.6M)"),
+    chunk_size: int = typer.Option(65_536, min=1, help="Vectors read back from the Flat index per step"),
+    recall_queries: int = typer.Option(256, min=1, help="Sampled passages used as queries to measure recall against the Flat index"),
+    k: int = typer.Option(10, min=1, help="Recall cut-off"),
+    search_params: list[str] = typer.Option([], help='Settings to measure, e.g. "nprobe=64" (repeatable; default: a sweep)'),
+) -> None:
+    """Convert a Flat index to fp16 / SQ8 / HNSW / IVF-PQ without re-encoding, and report its recall@k against Flat."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from retrieval_server.convert import convert_index
+    from retrieval_server.index import IndexMismatchError
+
+    logging.basicConfig(level=logging.INFO)
+    try:
+        manifest = convert_index(
+            index_dir, output, to, train_sample=train_sample, chunk_size=chunk_size, recall_queries=recall_queries, k=k,
+            search_params=search_params or None,
+        )  # fmt: skip
+    except (IndexMismatchError, ValueError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=2) from None
+    info = manifest["converted"]
+    table = Table(title=f"{manifest['index']['factory']}: recall@{k} against Flat ({info['recall_queries']} sampled passages as queries)")
+    for column in ("search params", f"recall@{k}", "ms/query"):
+        table.add_column(column)
+    for row in info["recall"]:
+        table.add_row(row["search_params"] or "-", f"{row[f'recall@{k}']:.3f}", f"{row['ms_per_query']:.2f}")
+    Console().print(table)
+    ratio = info["index_bytes"] / info["source_index_bytes"]
+    typer.echo(f"index file {info['index_bytes'] / 2**20:.1f} MiB ({ratio:.3f} x the Flat file); written to {output}")
+    typer.echo(f"serve it: retrieval-server serve --index-dir {output} --search-params <one of the settings above>")
+
+
 app.command("serve")(serve)
 app.command("build")(build)
 app.command("recall")(recall)
 index_app.command("build")(build)
 index_app.command("recall")(recall)
+for _app in (app, index_app):
+    _app.command("adopt")(adopt)
+    _app.command("convert")(convert)
 
 
 def register(root: typer.Typer) -> None:
-    """Add ``serve`` and ``index {build,recall}`` to the ``verl-evidence`` CLI."""
+    """Add ``serve`` and ``index {build,recall,adopt,convert}`` to the ``verl-evidence`` CLI."""
     root.command("serve")(serve)
     root.add_typer(index_app, name="index")
 

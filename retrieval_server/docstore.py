@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -48,8 +48,13 @@ def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
-def write_docstore(corpus: Path, destination: Path, rows_per_batch: int = 65_536) -> int:
-    """Stream the corpus into an uncompressed Arrow IPC file (mmap-able); returns the row count."""
+def write_docstore(
+    corpus: Path, destination: Path, rows_per_batch: int = 65_536, on_rows: Callable[[int], None] | None = None
+) -> int:
+    """Stream the corpus into an uncompressed Arrow IPC file (mmap-able); returns the row count.
+
+    ``on_rows(n)`` is called after every batch with the rows written so far (a progress bar; it may raise to stop).
+    """
     tmp = destination.with_suffix(".tmp")
     count = 0
     seen: set[str] = set()
@@ -66,9 +71,13 @@ def write_docstore(corpus: Path, destination: Path, rows_per_batch: int = 65_536
                 writer.write_batch(pa.record_batch([ids, texts], schema=SCHEMA))
                 count += len(ids)
                 ids, texts = [], []
+                if on_rows is not None:
+                    on_rows(count)
         if ids:
             writer.write_batch(pa.record_batch([ids, texts], schema=SCHEMA))
             count += len(ids)
+            if on_rows is not None:
+                on_rows(count)
     tmp.replace(destination)
     return count
 

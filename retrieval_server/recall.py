@@ -38,3 +38,18 @@ def recall_at_k(index_dir: Path, qa_path: Path, ks: list[int], method: Retrieval
             hit[k] += 1.0 if found else 0.0
     n = len(questions)
     return {"questions": n, "recall": {k: v / n for k, v in recall.items()}, "hit": {k: v / n for k, v in hit.items()}}
+
+
+def neighbour_recall(exact: np.ndarray, approx: np.ndarray, k: int, exclude: np.ndarray | None = None) -> float:
+    """Mean fraction of each query's exact top-k rows that an approximate search also ranks in its top-k.
+
+    ``exact``/``approx`` are ``(n_queries, depth)`` row arrays (-1 = no hit). ``exclude[i]`` (e.g. the
+    passage a query vector was taken from) is dropped from both rankings before cutting at k.
+    """
+    total = 0.0
+    for i in range(len(exact)):
+        drop = {-1} if exclude is None else {-1, int(exclude[i])}
+        truth = [int(r) for r in exact[i] if int(r) not in drop][:k]
+        found = [int(r) for r in approx[i] if int(r) not in drop][:k]
+        total += len(set(truth) & set(found)) / max(len(truth), 1)
+    return total / max(len(exact), 1)

@@ -1,0 +1,208 @@
+"""Convert a Flat index (built or adopted) to a smaller or faster FAISS index without re-encoding.
+
+The exact vectors are read back from the Flat index in chunks (memory-mapped, so
+a 61 GB source is never resident at once), a random sample trains the target
+(IVF centroids, PQ codebooks, SQ ranges), and the target is filled chunk by
+chunk. The recall of the new index is measured against the Flat one on
+sampled passages before anything is written.
+
+The new directory gets its own manifest and index file; the docstore (and BM25
+directory) is shared with the source: a hard link when both are on one file
+system (the source is rewritten by replacing files, so an old link keeps the old
+content), a symbolic link otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from retrieval_server.index import (
+    DENSE_INDEX,
+    MANIFEST,
+    IndexMismatchError,
+    _NullProgress,
+    _progress,
+    _write_json_atomic,
+    read_dense_index,
+    verify_index,
+)
+from retrieval_server.recall import neighbour_recall
+
+logger = logging.getLogger(__name__)
+
+PRESETS = {
+    "fp16": "SQfp16",  # half the bytes, exact to fp16 rounding
+    "sq8": "SQ8",  # a quarter, one byte per dimension
+    "hnsw": "HNSW32,Flat",  # fast CPU search, fp32 vectors plus the graph
+    "ivf-pq": None,  # sized from the index: see ivf_pq_factory
+}
+
+
+def ivf_pq_factory(count: int, dim: int) -> str:
+    """``IVF<nlist>,PQ<m>``: nlist a power of two near 4*sqrt(n) (at most n/39, FAISS's training minimum);
+    m = dim/8 sub-quantisers of 8 bits (768-d: 96 bytes per vector)."""
+    nlist = 2 ** round(math.log2(max(4 * math.sqrt(count), 1)))
+    nlist = max(1, min(nlist, count // 39))
+    m = next(m for m in range(max(dim // 8, 1), 0, -1) if dim % m == 0)
+    return f"IVF{nlist},PQ{m}"
+
+
+def resolve_factory(target: str, count: int, dim: int) -> str:
+    """A preset name (fp16, sq8, hnsw, ivf-pq) or any FAISS factory string."""
+    key = target.strip().lower()
+    if key in PRESETS:
+        return PRESETS[key] or ivf_pq_factory(count, dim)
+    return target
+
+
+def default_sweep(factory: str, nlist: int | None) -> list[str]:
+    """The search parameters worth measuring for a factory: nprobe for IVF, efSearch for HNSW."""
+    if factory.startswith("IVF") or ",IVF" in factory:
+        probes = [p for p in (1, 4, 16, 64, 256) if nlist is None or p < nlist]
+        if nlist is not None and nlist <= 256:
+            probes.append(nlist)  # every list: IVF's own exact ceiling
+        return [f"nprobe={p}" for p in probes]
+    if "HNSW" in factory:
+        return [f"efSearch={e}" for e in (16, 64, 256)]
+    return [""]
+
+
+def _share(source: Path, destination: Path) -> str:
+    """Hard link ``source`` at ``destination`` (same file system), else a symbolic link."""
+    destination.unlink(missing_ok=True)
+    if source.is_file():
+        try:
+            os.link(source.resolve(), destination)
+            return "hardlink"
+        except OSError:
+            pass
+    destination.symlink_to(source.resolve())
+    return "symlink"
+
+
+def _read_chunks(index, start: int, stop: int, chunk: int):
+    for begin in range(start, stop, chunk):
+        end = min(begin + chunk, stop)
+        yield begin, index.reconstruct_n(begin, end - begin)
+
+
+def measure_recall(source, target, rows: np.ndarray, k: int, params: list[str]) -> list[dict]:
+    """recall@k of ``target`` against exact search of ``source``, with stored passages as the queries.
+
+    A query's own passage is dropped from both rankings: otherwise every index
+    would score an easy hit at rank 1.
+    """
+    import faiss
+
+    queries = np.ascontiguousarray(source.reconstruct_batch(rows), dtype=np.float32)
+    _, exact = source.search(queries, k + 1)
+    out = []
+    for setting in params:
+        if setting:
+            faiss.ParameterSpace().set_index_parameters(target, setting)
+        started = time.perf_counter()
+        _, approx = target.search(queries, k + 1)
+        seconds = time.perf_counter() - started
+        out.append(
+            {
+                "search_params": setting,
+                f"recall@{k}": round(neighbour_recall(exact, approx, k, exclude=rows), 4),
+                "ms_per_query": round(1000 * seconds / len(rows), 3),
+            }
+        )
+    return out
+
+
+def convert_index(
+    source_dir: Path,
+    output_dir: Path,
+    target: str,
+    train_sample: int = 262_144,
+    chunk_size: int = 65_536,
+    recall_queries: int = 256,
+    k: int = 10,
+    search_params: list[str] | None = None,
+    seed: int = 0,
+    show_progress: bool = True,
+) -> dict:
+    """Write ``output_dir`` (manifest + converted index, docstore shared); returns its manifest.
+
+    ``target``: fp16, sq8, hnsw, ivf-pq or a FAISS factory string. ``search_params``:
+    the settings to measure recall at (default: a sweep of nprobe / efSearch).
+    """
+    import faiss
+
+    started = time.time()
+    source_dir, output_dir = Path(source_dir), Path(output_dir)
+    if output_dir.resolve() == source_dir.resolve():
+        raise ValueError(f"convert writes a new index directory; {output_dir} is the source")
+    manifest = verify_index(source_dir)
+    source_file = source_dir / manifest["index"]["file"]
+    source = read_dense_index(source_file, mmap=True)
+    if not isinstance(faiss.downcast_index(source), faiss.IndexFlat):
+        raise IndexMismatchError(
+            f"convert reads exact vectors from a Flat index; {source_file} is {manifest['index']['factory']!r}: "
+            "convert from the Flat index it was made from"
+        )
+    count, dim = int(source.ntotal), int(source.d)
+    factory = resolve_factory(target, count, dim)
+    index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+    rng = np.random.default_rng(seed)
+
+    with _progress() if show_progress else _NullProgress() as progress:
+        if not index.is_trained:
+            take = np.sort(rng.choice(count, size=min(train_sample, count), replace=False))
+            logger.info("training %s on %d of %d vectors", factory, len(take), count)
+            try:
+                index.train(np.ascontiguousarray(source.reconstruct_batch(take), dtype=np.float32))
+            except RuntimeError as err:
+                raise ValueError(
+                    f"cannot train FAISS index {factory!r} on {len(take)} vectors (IVF wants >= 39 per list, an 8-bit "
+                    f"PQ/SQ codebook >= 256; raise --train-sample or choose fewer lists or bits, e.g. PQ<m>x4): {err}"
+                ) from err
+        task = progress.add_task(f"Flat -> {factory}", total=count)
+        for begin, vectors in _read_chunks(source, 0, count, chunk_size):
+            index.add(np.ascontiguousarray(vectors, dtype=np.float32))
+            progress.update(task, completed=begin + len(vectors))
+
+    rows = np.sort(rng.choice(count, size=min(recall_queries, count), replace=False))
+    try:
+        nlist = int(faiss.extract_index_ivf(index).nlist)
+    except RuntimeError:
+        nlist = None
+    recall = measure_recall(source, index, rows, min(k, count - 1), search_params or default_sweep(factory, nlist))
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / MANIFEST).unlink(missing_ok=True)
+    tmp = output_dir / (DENSE_INDEX + ".tmp")
+    faiss.write_index(index, str(tmp))
+    tmp.replace(output_dir / DENSE_INDEX)
+    shared = {"docstore": _share(source_dir / manifest["docstore"], output_dir / manifest["docstore"])}
+    if manifest.get("bm25"):
+        shared["bm25"] = _share(source_dir / manifest["bm25"]["dir"], output_dir / manifest["bm25"]["dir"])
+    converted = {
+        **manifest,
+        "index": {"factory": factory, "metric": "inner_product", "file": DENSE_INDEX, "ntotal": int(index.ntotal)},
+        "shards": None,
+        "converted": {
+            "from": str(source_dir.resolve()),
+            "source_factory": manifest["index"]["factory"],
+            "train_sample": min(train_sample, count) if factory != "Flat" else 0,
+            "shared": shared,
+            "recall_queries": len(rows),
+            "recall": recall,
+            "index_bytes": (output_dir / DENSE_INDEX).stat().st_size,
+            "source_index_bytes": source_file.stat().st_size,
+        },
+        "build_seconds": round(time.time() - started, 2),
+    }
+    _write_json_atomic(output_dir / MANIFEST, converted)
+    logger.info("converted index written to %s: %s", output_dir, json.dumps(recall))
+    return converted
