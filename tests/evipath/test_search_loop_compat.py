@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
+from verl_evidence.agent_loops import search_loop
 from verl_evidence.evipath.pipeline import Synthesizer, Trajectory
 from verl_evidence.evipath.records import ReadReport, load_records
 from verl_evidence.evipath.teacher import Teacher, TeacherConfig
@@ -14,7 +13,6 @@ from verl_evidence.prompts import load_prompt
 
 
 def test_the_loop_reads_our_planner_turns(chat_server, selector, scripted, hotpot_records):
-    search_loop = pytest.importorskip("verl_evidence.agent_loops.search_loop")
     chat_server.reset(scripted())
 
     async def go():
@@ -38,7 +36,6 @@ def test_the_loop_reads_our_planner_turns(chat_server, selector, scripted, hotpo
 
 
 def test_the_loop_accepts_the_planner_prompt():
-    search_loop = pytest.importorskip("verl_evidence.agent_loops.search_loop")
     from verl_evidence.prompts import check_placeholders
 
     settings = search_loop.SearchLoopSettings(prompt="evipath_planner_search")
