@@ -1,0 +1,188 @@
+"""recipes/slurm/train.sbatch for real (not DRY_RUN) with stand-ins for the cluster: its waits end.
+
+`srun`, `ray` and `verl-evidence` are small scripts on PATH and `import ray` finds a
+stub whose ``nodes()`` reports the nodes the fake `ray start` brought up; the job
+script itself, its readiness checks (the real `python -c` probes, httpx against a
+real port) and its deadlines run unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SBATCH = REPO / "recipes" / "slurm" / "train.sbatch"
+
+FAKE_SRUN = """#!/usr/bin/env bash
+# srun stand-in: drop the step options, run the command on this machine, pass TERM on to it as srun does.
+while [ $# -gt 0 ]; do case "$1" in -w) shift 2 ;; -*) shift ;; *) break ;; esac; done
+setsid "$@" &
+step=$!
+trap 'kill -TERM -- "-$step" 2>/dev/null; exit 143' TERM INT
+wait "$step"
+"""
+
+FAKE_RAY = """#!/usr/bin/env bash
+echo "ray $*"
+echo $$ >> "$FAKE_STATE/pids"
+case "$FAKE_RAY" in
+  fail) echo "RuntimeError: Failed to start the GCS server: port $RAY_PORT is already in use" >&2; exit 1 ;;
+  hang) echo "waiting for the GCS..."; exec sleep 600 ;;
+  up) echo node >> "$FAKE_STATE/alive"; exec sleep 600 ;;
+esac
+"""
+
+STUB_RAY_MODULE = """import os
+
+
+def init(*args, **kwargs):
+    pass
+
+
+def nodes():
+    path = os.path.join(os.environ["FAKE_STATE"], "alive")
+    count = len(open(path).read().split()) if os.path.exists(path) else 0
+    return [{"Alive": True} for _ in range(count)]
+"""
+
+FAKE_VERL_EVIDENCE = """#!/usr/bin/env bash
+echo "verl-evidence $*"
+echo $$ >> "$FAKE_STATE/pids"
+port=""
+while [ $# -gt 0 ]; do if [ "$1" = --port ]; then port="$2"; fi; shift; done
+case "$FAKE_SERVER" in
+  fail) echo "IndexMismatchError: /shared/index/wiki18/index.faiss holds 10 vectors but docstore.arrow holds 12 passages" >&2; exit 1 ;;
+  hang) echo "loading the index..."; exec sleep 600 ;;
+  up) mkdir -p "$FAKE_STATE/www" && echo ok > "$FAKE_STATE/www/health"
+      exec python -m http.server --bind 127.0.0.1 --directory "$FAKE_STATE/www" "$port" ;;
+esac
+"""
+
+FAKE_RECIPE = """#!/usr/bin/env bash
+echo "trainer ran: RAY_ADDRESS=$RAY_ADDRESS RETRIEVAL_URL=$RETRIEVAL_URL NNODES=$NNODES args=$*"
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"  # an orphan zombie waits for a reaper but runs nothing
+
+
+def run_job(tmp_path: Path, ray: str, server: str = "hang", **env: str) -> tuple[subprocess.CompletedProcess, Path]:
+    bin_dir, state, modules, logs = (tmp_path / name for name in ("bin", "state", "modules", "logs"))
+    for directory in (bin_dir, state, modules, tmp_path / "repo" / "recipes"):
+        directory.mkdir(parents=True, exist_ok=True)
+    for name, text in {"srun": FAKE_SRUN, "ray": FAKE_RAY, "verl-evidence": FAKE_VERL_EVIDENCE}.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    (modules / "ray.py").write_text(STUB_RAY_MODULE)
+    (tmp_path / "repo" / "recipes" / "evinote_grpo.sh").write_text(FAKE_RECIPE)
+    job_env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": f"{modules}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "FAKE_STATE": str(state),
+        "FAKE_RAY": ray,
+        "FAKE_SERVER": server,
+        "NODES": "node1 node2",
+        "HEAD_IP": "127.0.0.1",
+        "HEAD_START_S": "0",
+        "RAY_PORT": str(_free_port()),
+        "RETRIEVAL_PORT": str(_free_port()),
+        "REPO": str(tmp_path / "repo"),
+        "SETUP": "true",
+        "LOG_DIR": str(logs),
+        "CHECK_INTERVAL": "0.2",
+        **env,
+    }
+    job_env.pop("DRY_RUN", None)
+    try:
+        # No deadline is set below 2 s: a job that ignores its deadline would hit this 120 s limit instead.
+        result = subprocess.run(["bash", str(SBATCH), "trainer.total_epochs=1"], capture_output=True, text=True, env=job_env, cwd=tmp_path, timeout=120)
+    finally:
+        pids_file = state / "pids"
+        pids = [int(p) for p in pids_file.read_text().split()] if pids_file.exists() else []
+        deadline = time.monotonic() + 15
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        leftovers = [p for p in pids if _alive(p)]
+        for pid in leftovers:  # only our own stand-ins, so that a failing test leaves nothing running
+            os.kill(pid, 9)
+    assert not leftovers, f"the job left its background steps running: {leftovers}"
+    return result, logs
+
+
+def test_ray_head_that_fails_to_start_ends_the_job_at_once_with_its_log(tmp_path):
+    result, logs = run_job(tmp_path, ray="fail")  # default RAY_START_TIMEOUT (600 s): the job must not wait it out
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"ERROR: waiting for 2 Ray node(s): step '{logs}/ray-head-node1.log' exited with status 1" in result.stderr
+    assert f"---- last lines of {logs}/ray-head-node1.log ----" in result.stderr
+    assert "Failed to start the GCS server: port" in result.stderr
+    assert "verl-evidence serve" not in result.stdout and "trainer ran" not in result.stdout
+
+
+def test_ray_that_never_becomes_ready_ends_the_job_at_its_deadline(tmp_path):
+    result, logs = run_job(tmp_path, ray="hang", RAY_START_TIMEOUT="2")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "ERROR: 2 Ray node(s) not ready after 2s; giving up" in result.stderr
+    for log in ("ray-head-node1.log", "ray-worker-node2.log"):  # every step of this wait shows its tail
+        assert f"---- last lines of {logs}/{log} ----" in result.stderr
+    assert "ray start --head --node-ip-address=127.0.0.1" in result.stderr and "waiting for the GCS..." in result.stderr
+    assert "waiting for 2 Ray node(s)" in result.stdout
+    assert "verl-evidence serve" not in result.stdout
+
+
+def test_retrieval_server_that_fails_to_start_ends_the_job_with_its_log(tmp_path):
+    result, logs = run_job(tmp_path, ray="up", server="fail")  # default RETRIEVAL_START_TIMEOUT (1800 s)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"ERROR: waiting for the retrieval server: step '{logs}/retrieval-server.log' exited with status 1" in result.stderr
+    assert "IndexMismatchError: /shared/index/wiki18/index.faiss holds 10 vectors" in result.stderr
+    assert "trainer ran" not in result.stdout
+
+
+def test_retrieval_server_that_never_answers_ends_the_job_at_its_deadline(tmp_path):
+    result, logs = run_job(tmp_path, ray="up", server="hang", RETRIEVAL_START_TIMEOUT="2")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "ERROR: the retrieval server not ready after 2s; giving up" in result.stderr
+    assert f"---- last lines of {logs}/retrieval-server.log ----" in result.stderr and "loading the index..." in result.stderr
+    assert "ray-head" not in result.stderr  # only the step this wait was for
+    assert "trainer ran" not in result.stdout
+
+
+def test_job_whose_steps_come_up_runs_the_trainer_and_stops_the_steps(tmp_path):
+    result, _ = run_job(tmp_path, ray="up", server="up")
+    assert result.returncode == 0, result.stdout + result.stderr
+    port = next(line for line in result.stdout.splitlines() if "verl-evidence serve" in line).split("--port ")[1].split()[0]
+    assert f"RETRIEVAL_URL=http://127.0.0.1:{port} NNODES=2 args=trainer.total_epochs=1" in result.stdout
+    assert "trainer ran: RAY_ADDRESS=127.0.0.1:" in result.stdout
+    assert "ERROR" not in result.stderr
+    # run_job also asserted that every stand-in (2 Ray nodes, the server) was stopped when the job ended
+
+
+def test_deadlines_are_in_the_dry_run_free_of_side_effects(tmp_path):
+    env = {**os.environ, "DRY_RUN": "1", "NODES": "n1", "REPO": str(REPO), "SETUP": "true", "RECIPE": "grace_dapo.sh"}
+    result = subprocess.run(["bash", str(SBATCH)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "> logs/steps-" in result.stdout and "/ray-head-n1.log &" in result.stdout
+    assert not (tmp_path / "logs").exists()  # a dry run creates nothing
+
+
+@pytest.mark.parametrize("variable", ["RAY_START_TIMEOUT", "RETRIEVAL_START_TIMEOUT", "CHECK_INTERVAL", "CHECK_TIMEOUT", "LOG_DIR"])
+def test_wait_settings_are_documented(variable):
+    assert f"`{variable}`" in (REPO / "recipes" / "slurm" / "README.md").read_text()
