@@ -9,3 +9,8 @@ from verl_evidence import advantage, reward_managers  # noqa: F401  (registratio
 from verl_evidence.agent_loops import register_all as _register_agent_loops
 
 _register_agent_loops()
+
+# CPU training mode (VERL_PLATFORM=cpu): platform, engine and rollout for verl's trainer without accelerators.
+from verl_evidence import cpu_mode as _cpu_mode  # noqa: E402
+
+_cpu_mode.activate()
