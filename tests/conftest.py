@@ -78,8 +78,9 @@ def retrieval_server(bundled_index_dir: Path) -> Iterator[object]:
         batch_wait_timeout_s=0.02,
         app_name="retrieval",
     )
-    # Logical CPUs: room for this replica plus the extra two-replica app of the replica-kill test.
-    handle = start_server(config, ray_num_cpus=6)
+    # Logical CPUs: room for this replica, the extra two-replica app of the replica-kill test and the
+    # actors that tests add to this same Ray instance (`ray_cluster`: the NLI judge, reward workers).
+    handle = start_server(config, ray_num_cpus=8)
     try:
         yield handle
     finally:
@@ -91,6 +92,18 @@ def retrieval_server(bundled_index_dir: Path) -> Iterator[object]:
 def retrieval_server_url(retrieval_server) -> str:
     """Base URL (``http://127.0.0.1:<port>``) of the session's retrieval server."""
     return retrieval_server.url
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(retrieval_server) -> None:
+    """The session's one local Ray instance (the retrieval server's, which owns it and shuts it down).
+
+    Tests that need Ray for their own actors share it instead of starting another
+    (a Ray start costs tens of seconds here); they remove the actors they create.
+    """
+    import ray
+
+    assert ray.is_initialized()
 
 
 @contextmanager

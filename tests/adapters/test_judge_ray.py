@@ -1,4 +1,4 @@
-"""The shared NLI judge as a Ray actor on a real local Ray cluster (one per module)."""
+"""The shared NLI judge as a Ray actor on the session's real local Ray cluster (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -23,19 +23,7 @@ PAIRS = [
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    # In a combined run the session's retrieval server (tests/conftest.py) may already have started
-    # Ray in this process: use that cluster and leave it to its owner.
-    if ray.is_initialized():
-        yield
-        return
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def actor_config(nli_dir, local_ray):
+def actor_config(nli_dir, ray_cluster):
     return JudgeConfig(model=str(nli_dir), device="cpu", batch_size=16, max_wait_ms=20, num_cpus=1)
 
 
@@ -72,7 +60,7 @@ def test_actor_scores_like_the_in_process_judge_and_is_shared(actor_config, firs
     assert 1 <= forward_passes < 30  # the actor merged concurrent requests
 
 
-def test_actor_that_cannot_load_fails_start_up_naming_the_model(local_ray, tmp_path):
+def test_actor_that_cannot_load_fails_start_up_naming_the_model(ray_cluster, tmp_path):
     config = JudgeConfig(model=str(tmp_path / "no-such-nli-model"), device="cpu", num_cpus=1)
     with pytest.raises(NLIJudgeLoadError, match="no-such-nli-model"):
         RayJudgeClient(config, startup_timeout_s=120)

@@ -16,14 +16,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def server_url():
-    from retrieval_server.launch import default_server_config, start_server
-
-    handle = start_server(default_server_config(port=0), ray_num_cpus=2)
-    try:
-        yield handle.url
-    finally:
-        handle.shutdown()
+def server_url(retrieval_server_url: str) -> str:
+    """The session's retrieval server (tests/conftest.py): bundled corpus, packaged MiniLM."""
+    return retrieval_server_url
 
 
 def test_eviomni_and_grace_from_the_retrieval_server(server_url: str, tokenizer_dir: Path, tmp_path: Path) -> None:
