@@ -304,6 +304,7 @@ class RetrievalServer:
             "uptime_s": round(time.time() - self.started, 3),
             "replica_pid": os.getpid(),
             "torch_threads": torch.get_num_threads(),
+            "encoder_backend": getattr(self.retriever.encoder, "backend", None),  # None: bm25 needs no encoder
         }
 
     @fastapi_app.get("/metrics")

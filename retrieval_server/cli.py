@@ -35,6 +35,13 @@ def serve(
     cpus_per_replica: float = typer.Option(1.0),
     gpus_per_replica: float = typer.Option(0.0),
     torch_threads: int = typer.Option(1, help="torch threads per replica (set explicitly; Ray would derive them from --cpus-per-replica)"),
+    encoder_backend: str = typer.Option(
+        "auto", help="auto | torch | onnx | onnx-int8: query encoder (auto: ONNX Runtime on a CPU replica, torch on a GPU; "
+        "onnx is exported once and cached in the index directory; onnx-int8 is approximate)"
+    ),
+    encode_threads: Optional[int] = typer.Option(
+        None, min=1, help="onnx: threads a large batch is split over (default: --cpus-per-replica, rounded down)"
+    ),
     max_batch_size: int = typer.Option(64),
     batch_wait_ms: float = typer.Option(0.0, help="Extra wait for company before each batch; 0: a batch is what queued while the previous one ran"),
     max_queries_per_request: int = typer.Option(512),
@@ -52,7 +59,7 @@ def serve(
         index_dir=resolved_index, corpus=corpus, encoder_model=model, method=method, default_topk=topk,
         rerank_model=rerank_model, rerank_top_n=rerank_top_n, search_params=search_params, mmap_index=mmap_index, host=host, port=port, ingress=ingress,
         num_replicas=replicas, num_cpus_per_replica=cpus_per_replica, num_gpus_per_replica=gpus_per_replica,
-        torch_threads=torch_threads,
+        torch_threads=torch_threads, encoder_backend=encoder_backend, encode_threads=encode_threads,
         max_batch_size=max_batch_size, batch_wait_timeout_s=batch_wait_ms / 1000.0,
         max_queries_per_request=max_queries_per_request, max_topk=max_topk, max_query_chars=max_query_chars, token=token,
     )  # fmt: skip

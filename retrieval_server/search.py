@@ -134,7 +134,7 @@ class Retriever:
     """Everything one replica serves from: encoder, searchers, document store. Batch in, documents out."""
 
     def __init__(self, config: ServerConfig) -> None:
-        from retrieval_server.encoders import SentenceEncoder
+        from retrieval_server.encoders import load_query_encoder
 
         self.config = config
         index_dir = Path(config.index_dir)
@@ -144,7 +144,9 @@ class Retriever:
         self.dense = None
         self.bm25 = None
         if config.method in ("dense", "hybrid"):
-            self.encoder = SentenceEncoder(encoder_config, device=config.device)
+            self.encoder = load_query_encoder(
+                encoder_config, config.encoder_backend, config.device, index_dir, config.effective_encode_threads
+            )
             self.dense = DenseSearcher(
                 index_dir / self.manifest["index"]["file"], config.search_params, config.use_gpu_index, mmap=config.mmap_index
             )

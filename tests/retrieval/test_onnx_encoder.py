@@ -1,0 +1,158 @@
+"""ONNX Runtime query encoder: the same vectors and top-k as torch, one cached export, clear refusals.
+
+Real parts throughout: the packaged MiniLM exported with torch.onnx, run by onnxruntime, searched in
+the bundled FAISS index. No timing assertions (speed is shown in benchmarks/retrieval.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from retrieval_server import encoders
+from retrieval_server.config import ServerConfig, bundled_qa_path, packaged_minilm_encoder
+from retrieval_server.encoders import (
+    ONNX_TOLERANCE,
+    PROBE_TEXTS,
+    OnnxEncoder,
+    OnnxExportError,
+    SentenceEncoder,
+    ensure_onnx_export,
+    load_query_encoder,
+    max_abs_difference,
+    onnx_cache_key,
+)
+from retrieval_server.recall import load_qa
+from retrieval_server.search import Retriever
+
+pytestmark = pytest.mark.slow  # loads the real MiniLM and exports it
+
+
+@pytest.fixture(scope="module")
+def questions() -> list[str]:
+    return [q["question"] for q in load_qa(bundled_qa_path())]
+
+
+@pytest.fixture(scope="module")
+def torch_encoder() -> SentenceEncoder:
+    return SentenceEncoder(packaged_minilm_encoder(), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory) -> Path:
+    return ensure_onnx_export(packaged_minilm_encoder(), tmp_path_factory.mktemp("index"))
+
+
+@pytest.fixture(scope="module")
+def onnx_encoder(export_dir) -> OnnxEncoder:
+    return OnnxEncoder(export_dir, packaged_minilm_encoder())
+
+
+def test_onnx_vectors_match_torch_on_bundled_questions_and_probes(torch_encoder, onnx_encoder, questions):
+    # As padded batches (one of all questions) and one by one; probes: truncation, non-ASCII, empty text.
+    for texts in (questions, list(PROBE_TEXTS)):
+        assert max_abs_difference(torch_encoder, onnx_encoder, texts) <= ONNX_TOLERANCE
+
+
+def test_onnx_tokenises_like_sentence_transformers(torch_encoder, onnx_encoder, questions):
+    texts = [*questions[:20], *PROBE_TEXTS]
+    expected = torch_encoder.model.preprocess(texts)
+    got = onnx_encoder._tokenize(texts)
+    for name in got:
+        np.testing.assert_array_equal(got[name], expected[name].numpy(), err_msg=name)
+    assert got["input_ids"].shape[1] == 256  # the 400-word probe is cut at max_length, as torch does
+
+
+def test_onnx_server_gives_the_same_topk_as_torch_on_the_bundled_index(bundled_index_dir, questions):
+    by_backend = {}
+    for backend in ("torch", "onnx"):
+        retriever = Retriever(ServerConfig(index_dir=bundled_index_dir, encoder_backend=backend))
+        assert retriever.encoder.backend == backend
+        rows, scores = retriever.search(questions, retriever.encode(questions), 10)
+        by_backend[backend] = (rows, scores)
+    np.testing.assert_array_equal(by_backend["onnx"][0], by_backend["torch"][0])
+    np.testing.assert_allclose(by_backend["onnx"][1], by_backend["torch"][1], atol=1e-5)
+
+
+def test_split_batches_give_the_same_vectors_in_the_same_order(export_dir, onnx_encoder, questions):
+    threaded = OnnxEncoder(export_dir, packaged_minilm_encoder(), threads=2, batch_size=16)
+    texts = questions[:50]  # 50 queries, 2 threads, runs of <= 16: split and reordered by length internally
+    np.testing.assert_allclose(threaded.encode_queries(texts), onnx_encoder.encode_queries(texts), atol=ONNX_TOLERANCE)
+    assert threaded.encode_queries([]).shape == (0, threaded.dim)
+
+
+def test_export_is_made_once_and_reused(tmp_path, export_dir, monkeypatch):
+    index_dir = export_dir.parent.parent
+    meta = json.loads((export_dir / "export.json").read_text())
+    assert meta["fingerprint"] == encoders.model_fingerprint(packaged_minilm_encoder().model)
+    assert meta["max_abs_diff_vs_torch"] <= ONNX_TOLERANCE
+
+    def no_second_export(*args, **kwargs):
+        raise AssertionError("exported again although a cached export exists")
+
+    monkeypatch.setattr(encoders, "export_onnx", no_second_export)
+    encoder = load_query_encoder(packaged_minilm_encoder(), "onnx", "cpu", index_dir)
+    assert encoder.path == export_dir / "model.onnx"
+    # Prefixes are applied to the text, so an encoder differing only in them shares the export...
+    prefixed = packaged_minilm_encoder().model_copy(update={"query_prefix": "query: "})
+    assert onnx_cache_key(prefixed) == onnx_cache_key(packaged_minilm_encoder())
+    assert load_query_encoder(prefixed, "onnx", "cpu", index_dir).path == export_dir / "model.onnx"
+    # ...while pooling is part of the graph: another key, so another export.
+    cls = packaged_minilm_encoder().model_copy(update={"pooling": "cls"})
+    assert onnx_cache_key(cls) != onnx_cache_key(packaged_minilm_encoder())
+    with pytest.raises(AssertionError, match="exported again"):
+        load_query_encoder(cls, "onnx", "cpu", index_dir)
+
+
+def test_prefix_is_applied_to_the_text(export_dir, torch_encoder):
+    prefixed = packaged_minilm_encoder().model_copy(update={"query_prefix": "query: "})
+    onnx = OnnxEncoder(export_dir, prefixed)
+    expected = torch_encoder.encode_queries(["query: who discovered penicillin"])
+    np.testing.assert_allclose(onnx.encode_queries(["who discovered penicillin"]), expected, atol=ONNX_TOLERANCE)
+
+
+def test_export_for_other_settings_is_refused(export_dir):
+    with pytest.raises(OnnxExportError, match="pooling='cls'"):
+        OnnxEncoder(export_dir, packaged_minilm_encoder().model_copy(update={"pooling": "cls"}))
+
+
+def test_export_off_torch_is_refused_and_not_cached(tmp_path, monkeypatch):
+    monkeypatch.setattr(encoders, "ONNX_TOLERANCE", 0.0)  # any float difference at all now counts as a mismatch
+    with pytest.raises(OnnxExportError, match="differs from torch by up to .*not cached"):
+        ensure_onnx_export(packaged_minilm_encoder(), tmp_path)
+    assert [p.name for p in (tmp_path / "encoders").iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_export_goes_to_the_user_cache_when_the_index_directory_is_not_writable(tmp_path, monkeypatch):
+    monkeypatch.setenv("VERL_EVIDENCE_CACHE", str(tmp_path / "cache"))
+    blocked = tmp_path / "index"
+    blocked.write_text("a file where the index directory's parent should be")  # mkdir below it fails, even as root
+    target = encoders.onnx_export_dir(packaged_minilm_encoder(), blocked)
+    assert target.parent == tmp_path / "cache" / "encoders"
+
+
+def test_onnx_backend_is_refused_on_a_gpu_device():
+    with pytest.raises(ValueError, match="torch is the GPU path"):
+        load_query_encoder(packaged_minilm_encoder(), "onnx", "cuda")
+
+
+def test_int8_is_opt_in_and_reports_its_recall_against_fp32(bundled_index_dir, questions):
+    fp32 = Retriever(ServerConfig(index_dir=bundled_index_dir, encoder_backend="onnx"))
+    int8 = Retriever(ServerConfig(index_dir=bundled_index_dir, encoder_backend="onnx-int8"))
+    assert int8.encoder.path.name == "model.int8.onnx" and fp32.encoder.path.name == "model.onnx"
+    k = 10
+    exact, _ = fp32.search(questions, fp32.encode(questions), k)
+    approx, _ = int8.search(questions, int8.encode(questions), k)
+    recall = np.mean([len(set(a) & set(e)) / k for a, e in zip(approx, exact)])
+    print(f"int8 recall@{k} against fp32 on {len(questions)} bundled questions: {recall:.3f}")
+    assert recall >= 0.9
+    assert not np.array_equal(int8.encode(questions), fp32.encode(questions))  # really the quantised graph
+
+
+def test_default_backend_on_a_cpu_replica_is_onnx(retrieval_server_url):
+    health = httpx.get(f"{retrieval_server_url}/health", timeout=30).json()
+    assert health["encoder_backend"] == "onnx"
