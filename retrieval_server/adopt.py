@@ -210,8 +210,25 @@ def _flag(setting: str, value: object) -> str:
     return f"--{setting.replace('_', '-')} {value!r}" if isinstance(value, str) else f"--{setting.replace('_', '-')} {value}"
 
 
-def diagnose(index, rows: np.ndarray, texts: list[str], declared: EncoderConfig, make_encoder: EncoderFactory, base: Verification) -> str:
-    """Name what differs between the declaration and the stored vectors, by trying the usual mistakes."""
+def misaligned_rows(index, rows: np.ndarray, fresh: np.ndarray) -> list[tuple[int, int]]:
+    """(corpus row, index row) pairs where a passage's vector sits at another row of the index."""
+    scores, hits = index.search(np.ascontiguousarray(fresh, dtype=np.float32), 1)
+    expected = np.sum(fresh * fresh, axis=1)
+    found = np.abs(scores[:, 0] / np.maximum(expected, 1e-12) - 1) <= 1 - MIN_COSINE
+    return [(int(r), int(h)) for r, h, ok in zip(rows, hits[:, 0], found) if ok and h != r]
+
+
+def diagnose(
+    index, rows: np.ndarray, texts: list[str], fresh: np.ndarray, declared: EncoderConfig, make_encoder: EncoderFactory, base: Verification
+) -> str:
+    """Name what differs between the declaration and the stored vectors: row order, or one of the usual mistakes."""
+    shifted = misaligned_rows(index, rows, fresh)
+    if shifted:
+        pairs = ", ".join(f"passage {r} is vector {h}" for r, h in shifted[:4])
+        return (
+            f"the declaration fits, but the rows do not line up ({pairs}): the corpus has other lines or another order "
+            "than the one the index was built from"
+        )
     lines = []
     if "stored" in base.details:
         stored_norms = np.linalg.norm(base.details["stored"], axis=1)
@@ -382,12 +399,14 @@ def _adopt_locked(index_file, corpus, output_dir, declared, sample, link, bm25, 
     store = DocumentStore(output_dir / DOCSTORE)
     rows = sample_rows(count, sample, seed)
     texts = [d["contents"] for d in store.lookup(rows)]
-    verification = compare(index, rows, encoder.encode_passages(texts))
+    fresh = encoder.encode_passages(texts)
+    verification = compare(index, rows, fresh)
     if not verification.passed:
-        why = diagnose(index, rows[:8], texts[:8], declared, make_encoder, verification)
+        failed = [i for i, ok in enumerate(verification.matched) if not ok][:8]  # diagnose on passages that failed
+        why = diagnose(index, rows[failed], [texts[i] for i in failed], fresh[failed], declared, make_encoder, verification)
         raise AdoptionError(
-            f"refusing to adopt {index_file}: its vectors were not made by the declared encoder "
-            f"({_describe_declaration(declared)}).\n  Re-encoded from {corpus}: {verification.summary()}.\n  {why}"
+            f"refusing to adopt {index_file}: passages of {corpus} re-encoded with the declared encoder "
+            f"({_describe_declaration(declared)}) do not match their stored vectors.\n  {verification.summary()}.\n  {why}"
         )
     logger.info("declaration verified: %s", verification.summary())
 

@@ -1,0 +1,272 @@
+"""Adopting an index built the way Search-R1 builds one, serving it, and refusing wrong declarations.
+
+The index is made here as Search-R1's ``index_builder.py`` makes ``e5_Flat.index``:
+raw transformers, ``passage: `` prefix, mean over the attention mask, L2
+normalisation, ``faiss.IndexFlatIP``, a ``{"id", "contents": "\\"Title\\"\\ntext"}``
+JSONL corpus. The packaged MiniLM stands in for e5-base-v2 (no hub access). None
+of our own encoder code is involved in building it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from retrieval_server.adopt import AdoptionError, adopt_index
+from retrieval_server.config import EncoderConfig, bundled_corpus_path, bundled_qa_path, packaged_minilm_path
+
+PASSAGES = 64  # MiniLM encodes ~34 passages/s on 2 cores
+SAMPLE = 16
+
+
+def _search_r1_encode(texts: list[str], prefix: str) -> np.ndarray:
+    """Search-R1's encoding: tokenise with the prefix, masked mean of the last hidden state, L2-normalise."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(packaged_minilm_path())
+    model = AutoModel.from_pretrained(packaged_minilm_path()).eval()
+    out = []
+    with torch.no_grad():
+        for start in range(0, len(texts), 16):
+            batch = tokenizer([prefix + t for t in texts[start : start + 16]], padding=True, truncation=True, max_length=256, return_tensors="pt")
+            hidden = model(**batch).last_hidden_state
+            mask = batch["attention_mask"][..., None].bool()
+            pooled = hidden.masked_fill(~mask, 0.0).sum(dim=1) / mask.sum(dim=1)
+            out.append(torch.nn.functional.normalize(pooled, dim=-1).numpy())
+    return np.concatenate(out).astype(np.float32)
+
+
+def write_search_r1_corpus(path: Path, passages: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"id": str(i), "contents": text}) + "\n" for i, text in enumerate(passages)))
+    return path
+
+
+def write_flat_ip(path: Path, vectors: np.ndarray) -> Path:
+    import faiss
+
+    index = faiss.IndexFlatIP(vectors.shape[1])
+    index.add(vectors)
+    faiss.write_index(index, str(path))
+    return path
+
+
+def search_r1_declaration(**changes) -> EncoderConfig:
+    """What a user of Search-R1's e5 index declares (with MiniLM in e5's place)."""
+    declared = EncoderConfig(model=packaged_minilm_path(), pooling="mean", query_prefix="query: ", passage_prefix="passage: ", max_length=256)
+    return declared.model_copy(update=changes)
+
+
+@pytest.fixture(scope="module")
+def search_r1_index(tmp_path_factory) -> dict:
+    """``e5_Flat.index`` + ``wiki-18.jsonl`` lookalikes of the first bundled passages, and their vectors."""
+    root = tmp_path_factory.mktemp("search-r1")
+    passages = []
+    with open(bundled_corpus_path(), encoding="utf-8") as handle:
+        for line in list(handle)[:PASSAGES]:
+            title, text = json.loads(line)["contents"].split("\n", 1)
+            passages.append(f'"{title}"\n{text}')  # wiki-18 quotes the title
+    vectors = _search_r1_encode(passages, "passage: ")
+    return {
+        "root": root,
+        "corpus": write_search_r1_corpus(root / "wiki-18.jsonl", passages),
+        "index": write_flat_ip(root / "e5_Flat.index", vectors),
+        "vectors": vectors,
+    }
+
+
+@pytest.fixture(scope="module")
+def make_encoder():
+    """SentenceEncoders by declaration, loaded once per module (each load costs seconds on 2 cores)."""
+    from retrieval_server.encoders import SentenceEncoder
+
+    cache: dict[str, SentenceEncoder] = {}
+
+    def make(config: EncoderConfig):
+        key = config.model_dump_json()
+        if key not in cache:
+            cache[key] = SentenceEncoder(config, device="cpu")
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def adopted(search_r1_index, make_encoder) -> Path:
+    output = search_r1_index["root"] / "adopted"
+    adopt_index(search_r1_index["index"], search_r1_index["corpus"], output, search_r1_declaration(), sample=SAMPLE, show_progress=False, make_encoder=make_encoder)
+    return output
+
+
+@pytest.mark.slow
+def test_adopt_verifies_and_writes_a_manifest(adopted, search_r1_index):
+    from retrieval_server.docstore import DocumentStore
+
+    manifest = json.loads((adopted / "manifest.json").read_text())
+    assert manifest["count"] == PASSAGES and manifest["dim"] == 384
+    assert manifest["index"] == {"factory": "Flat", "metric": "inner_product", "file": "dense.faiss", "ntotal": PASSAGES}
+    assert manifest["encoder"]["passage_prefix"] == "passage: " and manifest["encoder"]["query_prefix"] == "query: "
+    assert manifest["encoder"]["pooling"] == "mean" and manifest["encoder"]["fingerprint"].startswith("sha256:")
+    verification = manifest["adopted"]["verification"]
+    assert verification["matched"] == verification["sampled_rows"] == SAMPLE and verification["method"] == "reconstruct"
+    assert verification["cosine_min"] > 0.9999  # our encoder reproduces Search-R1's vectors
+    # The index is linked, not copied; the docstore holds the corpus in order.
+    assert (adopted / "dense.faiss").is_symlink() and (adopted / "dense.faiss").resolve() == search_r1_index["index"].resolve()
+    store = DocumentStore(adopted / "docstore.arrow")
+    assert store.ids() == [str(i) for i in range(PASSAGES)]
+    assert store.lookup_one(5)["contents"].startswith('"')
+
+
+@pytest.mark.slow
+def test_adopted_index_serves_the_brute_force_top_k(adopted, search_r1_index, retrieval_server):
+    """Through Ray Serve (a second app on the session's Serve): same ids and scores as numpy over the stored vectors."""
+    from retrieval_server.client import RetrievalClient
+    from retrieval_server.config import ServerConfig
+    from retrieval_server.launch import start_server
+    from retrieval_server.recall import load_qa
+
+    questions = [q["question"] for q in load_qa(bundled_qa_path())[:12]]
+    expected_scores = _search_r1_encode(questions, "query: ") @ search_r1_index["vectors"].T
+    handle = start_server(ServerConfig(index_dir=adopted, app_name="retrieval-adopted", route_prefix="/adopted", max_batch_size=8))
+    try:
+        assert not handle.owns_serve
+        with RetrievalClient(handle.url) as client:
+            results = client.retrieve(questions, topk=5)
+            assert client.health()["index_size"] == PASSAGES
+    finally:
+        handle.shutdown()
+    for scores, hits in zip(expected_scores, results):
+        got = [int(hit["document"]["id"]) for hit in hits]
+        want = np.argsort(-scores, kind="stable")[:5]
+        np.testing.assert_allclose([hit["score"] for hit in hits], scores[want], atol=1e-4)
+        # Equal ids, except where two passages score the same to 1e-5 (their order is then arbitrary).
+        for rank, (g, w) in enumerate(zip(got, want)):
+            assert g == w or abs(scores[g] - scores[w]) < 1e-5, f"rank {rank}: server {g}, brute force {w}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"passage_prefix": ""}, "passage_prefix='passage: ' (declared '')"),
+        ({"pooling": "cls"}, "pooling='mean' (declared 'cls')"),
+        ({"normalize": False}, "normalize=True (declared False)"),
+    ],
+    ids=["prefix", "pooling", "normalize"],
+)
+def test_wrong_declaration_is_refused_naming_the_setting(search_r1_index, make_encoder, tmp_path, changes, named):
+    with pytest.raises(AdoptionError) as info:
+        adopt_index(
+            search_r1_index["index"], search_r1_index["corpus"], tmp_path / "idx", search_r1_declaration(**changes),
+            sample=SAMPLE, show_progress=False, make_encoder=make_encoder,
+        )  # fmt: skip
+    message = str(info.value)
+    assert str(search_r1_index["index"]) in message and "do not match their stored vectors" in message
+    assert named in message, message
+    assert "cosine min" in message and "re-run with --" in message
+    assert not (tmp_path / "idx" / "manifest.json").exists()
+
+
+@pytest.fixture(scope="module")
+def random_bert(tmp_path_factory):
+    """Randomly initialised BERTs with MiniLM's vocabulary: a 'wrong model' of the right (384) and a wrong (256) width."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    tokenizer = AutoTokenizer.from_pretrained(packaged_minilm_path())
+    paths = {}
+    for hidden in (384, 256):
+        directory = tmp_path_factory.mktemp(f"bert{hidden}")
+        torch.manual_seed(0)
+        config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=hidden, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256)
+        BertModel(config).save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+        paths[hidden] = str(directory)
+    return paths
+
+
+@pytest.mark.slow
+def test_wrong_model_is_refused(search_r1_index, make_encoder, random_bert, tmp_path):
+    with pytest.raises(AdoptionError) as info:
+        adopt_index(
+            search_r1_index["index"], search_r1_index["corpus"], tmp_path / "idx", search_r1_declaration(model=random_bert[384]),
+            sample=SAMPLE, show_progress=False, make_encoder=make_encoder,
+        )  # fmt: skip
+    message = str(info.value)
+    assert "do not match their stored vectors" in message and "another model" in message, message
+    assert "0/16 sampled passages match" in message
+
+    with pytest.raises(AdoptionError, match=r"makes 256-d vectors but index .*e5_Flat.index holds 384-d"):
+        adopt_index(
+            search_r1_index["index"], search_r1_index["corpus"], tmp_path / "idx", search_r1_declaration(model=random_bert[256]),
+            sample=SAMPLE, show_progress=False, make_encoder=make_encoder,
+        )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_corpus_shifted_by_one_line_is_refused(search_r1_index, make_encoder, tmp_path):
+    """Same row count, rows off by one (a header line, a dropped passage): named as misaligned rows."""
+    lines = search_r1_index["corpus"].read_text().splitlines(keepends=True)
+    shifted = tmp_path / "shifted.jsonl"
+    shifted.write_text(lines[-1] + "".join(lines[:-1]))
+    with pytest.raises(AdoptionError) as info:
+        adopt_index(search_r1_index["index"], shifted, tmp_path / "idx", search_r1_declaration(), sample=SAMPLE, show_progress=False, make_encoder=make_encoder)
+    assert "0/16 sampled passages match" in str(info.value)
+    pairs = [(int(a), int(b)) for a, b in re.findall(r"passage (\d+) is vector (\d+)", str(info.value))]
+    assert "rows do not line up" in str(info.value) and pairs, str(info.value)
+    assert all(vector == (passage - 1) % PASSAGES for passage, vector in pairs)
+
+
+# Row counts and index files are checked before any model is loaded: fast tier.
+
+
+@pytest.fixture()
+def random_flat(tmp_path) -> dict:
+    vectors = np.random.default_rng(0).standard_normal((10, 8)).astype(np.float32)
+    corpus = write_search_r1_corpus(tmp_path / "corpus.jsonl", [f'"T{i}"\npassage {i}' for i in range(10)])
+    return {"index": write_flat_ip(tmp_path / "flat.index", vectors), "corpus": corpus, "root": tmp_path}
+
+
+def _refuse_model(config):
+    raise AssertionError("no model should be loaded before the row counts are checked")
+
+
+@pytest.mark.parametrize("rows", [9, 11])
+def test_row_count_mismatch_names_both_files(random_flat, rows):
+    corpus = write_search_r1_corpus(random_flat["root"] / f"c{rows}.jsonl", [f"p{i}" for i in range(rows)])
+    with pytest.raises(AdoptionError) as info:
+        adopt_index(random_flat["index"], corpus, random_flat["root"] / "out", search_r1_declaration(), show_progress=False, make_encoder=_refuse_model)
+    message = str(info.value)
+    assert str(corpus) in message and str(random_flat["index"]) in message and "10 vectors" in message
+    assert not (random_flat["root"] / "out" / "manifest.json").exists()
+    assert not (random_flat["root"] / "out" / "docstore.tmp").exists()
+
+
+def test_l2_index_and_missing_files_are_refused(random_flat):
+    import faiss
+
+    l2 = random_flat["root"] / "l2.index"
+    index = faiss.IndexFlatL2(8)
+    index.add(np.zeros((10, 8), dtype=np.float32))
+    faiss.write_index(index, str(l2))
+    with pytest.raises(AdoptionError, match="inner-product"):
+        adopt_index(l2, random_flat["corpus"], random_flat["root"] / "out", search_r1_declaration(), show_progress=False, make_encoder=_refuse_model)
+    with pytest.raises(AdoptionError, match="does not exist"):
+        adopt_index(random_flat["root"] / "nope.index", random_flat["corpus"], random_flat["root"] / "out", search_r1_declaration(), make_encoder=_refuse_model)
+
+
+def test_cli_adopt_reports_row_mismatch_without_traceback(random_flat):
+    from typer.testing import CliRunner
+
+    from retrieval_server.cli import app
+
+    corpus = write_search_r1_corpus(random_flat["root"] / "c9.jsonl", [f"p{i}" for i in range(9)])
+    result = CliRunner().invoke(
+        app, ["adopt", "--index", str(random_flat["index"]), "--corpus", str(corpus), "-o", str(random_flat["root"] / "out"), "--model", packaged_minilm_path()]
+    )
+    assert result.exit_code == 2
+    assert "holds 9 passages but index" in result.output and "Traceback" not in result.output
