@@ -180,6 +180,8 @@ class BacklogBatcher(Generic[Item, Result]):
                 continue
             try:
                 results = await self._run_batch([item for item, _ in live])
+                if len(results) != len(live):  # zip would leave the unmatched requests waiting forever
+                    raise RuntimeError(f"batch returned {len(results)} results for {len(live)} requests")
             except Exception as err:  # every request of the batch sees the failure (its handler answers 503)
                 for _, future in live:
                     if not future.done():
@@ -256,28 +258,29 @@ class RetrievalServer:
     async def _retrieve_batch(self, items: list[tuple[list[str], int]]) -> list[tuple[list[list[dict]], list[list[float]]]]:
         """One encoder pass, one index search and one store lookup for every query of every waiting request."""
         queries = [q for request_queries, _ in items for q in request_queries]
-        depth = max(k for _, k in items)
+        query_topk = [k for request_queries, k in items for _ in request_queries]  # each query keeps its request's k
         self.metrics.batch_requests.observe(len(items))
         self.metrics.batch_queries.observe(len(queries))
         # The heavy work runs in a thread so the event loop keeps receiving requests for the next batch meanwhile.
-        rows, scores, documents = await asyncio.to_thread(self._encode_search_lookup, queries, depth)
+        rows, scores, documents = await asyncio.to_thread(self._encode_search_lookup, queries, query_topk)
+        width = rows.shape[1]
         out = []
         offset = 0
-        for request_queries, k in items:
+        for request_queries, _ in items:
             per_request_docs, per_request_scores = [], []
             for q in range(offset, offset + len(request_queries)):
-                keep = [j for j in range(depth) if rows[q, j] >= 0][:k]
-                per_request_docs.append([documents[q * depth + j] for j in keep])
+                keep = [j for j in range(width) if rows[q, j] >= 0]  # search blanked the columns past this query's k
+                per_request_docs.append([documents[q * width + j] for j in keep])
                 per_request_scores.append([float(scores[q, j]) for j in keep])
             out.append((per_request_docs, per_request_scores))
             offset += len(request_queries)
         return out
 
-    def _encode_search_lookup(self, queries: list[str], depth: int) -> tuple[np.ndarray, np.ndarray, list[dict]]:
+    def _encode_search_lookup(self, queries: list[str], query_topk: list[int]) -> tuple[np.ndarray, np.ndarray, list[dict]]:
         t0 = time.perf_counter()
         vectors = self.retriever.encode(queries)
         t1 = time.perf_counter()
-        rows, scores = self.retriever.search(queries, vectors, depth)
+        rows, scores = self.retriever.search(queries, vectors, query_topk)
         t2 = time.perf_counter()
         # Misses (-1) fetch row 0 as a placeholder and are dropped by the caller.
         documents = self.retriever.lookup(np.where(rows >= 0, rows, 0).reshape(-1))

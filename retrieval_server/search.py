@@ -7,6 +7,7 @@ shape ``(n_queries, k)``; row ``-1`` marks "no hit" (fewer passages than k).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -121,6 +122,13 @@ class CrossEncoderReranker:
         return out_rows, out_scores
 
 
+def _cut(rows: np.ndarray, scores: np.ndarray | None, depths: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """Blank each query's ranking past its own depth (rows -1, scores -inf), as if searched that deep alone."""
+    past = np.arange(rows.shape[1])[None, :] >= depths[:, None]
+    rows = np.where(past, -1, rows)
+    return rows, (None if scores is None else np.where(past, -np.inf, scores).astype(scores.dtype))
+
+
 def check_server_config(config: ServerConfig) -> tuple[dict, EncoderConfig]:
     """Verify index files, corpus and (requested or recorded) encoder; return the manifest and the encoder to use."""
     requested = None
@@ -176,23 +184,32 @@ class Retriever:
     def encode(self, queries: list[str]) -> np.ndarray | None:
         return self.encoder.encode_queries(queries) if self.encoder is not None else None
 
-    def search(self, queries: list[str], query_vectors: np.ndarray | None, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top-k rows and scores for a batch of queries, by the configured method (+ optional rerank)."""
-        depth = max(k, self.config.rerank_top_n) if self.reranker else k
+    def search(self, queries: list[str], query_vectors: np.ndarray | None, k: int | Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k rows and scores for a batch of queries, by the configured method (+ optional rerank).
+
+        ``k`` is one cut-off for every query or one per query (a server batch mixes requests). The arrays
+        are as wide as the largest k; a query's columns past its own k hold -1 / -inf. Each query gets what
+        it would get searched alone: fusion and rerank depths follow its own k, not its batch companions'.
+        """
+        ks = np.broadcast_to(np.asarray(k, dtype=np.int64), (len(queries),))
+        widest = int(ks.max())
+        depths = np.maximum(ks, self.config.rerank_top_n) if self.reranker else ks
         if self.config.method == "dense":
-            rows, scores = self.dense.search(query_vectors, depth)
+            rows, scores = self.dense.search(query_vectors, int(depths.max()))
         elif self.config.method == "bm25":
-            rows, scores = self.bm25.search(queries, depth)
+            rows, scores = self.bm25.search(queries, int(depths.max()))
         else:
-            fusion_depth = max(depth, self.config.fusion_depth)
-            dense_rows, _ = self.dense.search(query_vectors, fusion_depth)
-            bm25_rows, _ = self.bm25.search(queries, fusion_depth)
-            rows, scores = reciprocal_rank_fusion([dense_rows, bm25_rows], depth, self.config.rrf_k)
+            fusion_depths = np.maximum(depths, self.config.fusion_depth)
+            dense_rows, _ = self.dense.search(query_vectors, int(fusion_depths.max()))
+            bm25_rows, _ = self.bm25.search(queries, int(fusion_depths.max()))
+            rankings = [_cut(ranking, None, fusion_depths)[0] for ranking in (dense_rows, bm25_rows)]
+            rows, scores = reciprocal_rank_fusion(rankings, int(depths.max()), self.config.rrf_k)
+        rows, scores = _cut(rows, scores, depths)
         if self.reranker is not None:
             texts = [[d["contents"] for d in self.docstore.lookup(r[r >= 0])] for r in rows]
             valid = [r[r >= 0] for r in rows]
-            rows, scores = self.reranker.rerank(queries, valid, texts, k)
-        return rows[:, :k], scores[:, :k]
+            rows, scores = self.reranker.rerank(queries, valid, texts, widest)
+        return _cut(rows[:, :widest], scores[:, :widest], ks)
 
     def lookup(self, rows: np.ndarray) -> list[dict]:
         return self.docstore.lookup(rows)

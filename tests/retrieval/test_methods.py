@@ -56,6 +56,25 @@ def test_hybrid_is_reciprocal_rank_fusion_of_dense_and_bm25(hybrid, questions):
         np.testing.assert_allclose(fused_scores[q], [score for _, score in best], rtol=1e-6)
 
 
+def _alone(retriever: Retriever, texts: list[str], vectors, ks: list[int]) -> list[list[int]]:
+    return [retriever.search([t], vectors[q : q + 1], k)[0][0].tolist() for q, (t, k) in enumerate(zip(texts, ks))]
+
+
+def test_hybrid_with_mixed_topk_gives_each_query_its_alone_result(hybrid, questions):
+    """A server batch mixes requests' topk; a deep companion must not change a shallow query's fusion."""
+    texts = [q["question"] for q in questions[:16]]  # question 12's top 3 changes when fused 100 deep
+    ks = [3 if q % 2 == 0 else 100 for q in range(len(texts))]
+    vectors = hybrid.encode(texts)
+    rows, scores = hybrid.search(texts, vectors, ks)
+    assert rows.shape == scores.shape == (len(texts), 100)
+    alone = _alone(hybrid, texts, vectors, ks)
+    for q, k in enumerate(ks):
+        assert rows[q, :k].tolist() == alone[q]
+        assert np.all(rows[q, k:] == -1) and np.all(np.isneginf(scores[q, k:]))
+    deep = hybrid.search(texts, vectors, 100)[0]
+    assert deep[12, :3].tolist() != alone[12], "question 12 no longer shows the difference; pick another"
+
+
 def test_rrf_rewards_agreement_and_pads_missing():
     rows, scores = reciprocal_rank_fusion([np.array([[1, 2, 3]]), np.array([[3, 9, -1]])], k=5, rrf_k=60)
     assert rows[0, 0] == 3  # in both lists
@@ -71,25 +90,10 @@ def test_hybrid_recall_not_below_the_weaker_retriever(bundled_index_dir):
     assert min(dense, bm25, fused) > 0.5
 
 
-def _tiny_cross_encoder(directory) -> str:
-    """A randomly initialised 2-layer BERT cross-encoder with MiniLM's vocabulary, saved locally."""
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
-
-    from retrieval_server.config import packaged_minilm_path
-
-    tokenizer = AutoTokenizer.from_pretrained(packaged_minilm_path())
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, num_labels=1)
-    BertForSequenceClassification(config).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return str(directory)
-
-
-def test_cross_encoder_rerank_reorders_the_dense_top_n(bundled_index_dir, tmp_path, questions):
+def test_cross_encoder_rerank_reorders_the_dense_top_n(bundled_index_dir, tiny_cross_encoder, questions):
     from sentence_transformers import CrossEncoder
 
-    model = _tiny_cross_encoder(tmp_path / "tiny-ce")
+    model = tiny_cross_encoder
     plain = Retriever(ServerConfig(index_dir=bundled_index_dir))
     reranked = Retriever(ServerConfig(index_dir=bundled_index_dir, rerank_model=model, rerank_top_n=8))
     texts = [q["question"] for q in questions[:4]]
@@ -102,6 +106,18 @@ def test_cross_encoder_rerank_reorders_the_dense_top_n(bundled_index_dir, tmp_pa
         order = np.argsort(-ce_scores, kind="stable")[:3]
         assert rows[q].tolist() == candidates[q][order].tolist()
         np.testing.assert_allclose(scores[q], ce_scores[order], rtol=1e-4, atol=1e-5)
+
+
+def test_rerank_with_mixed_topk_reranks_each_query_at_its_own_depth(bundled_index_dir, tiny_cross_encoder, questions):
+    reranked = Retriever(ServerConfig(index_dir=bundled_index_dir, rerank_model=tiny_cross_encoder, rerank_top_n=8))
+    texts = [q["question"] for q in questions[:6]]
+    ks = [2, 30, 5, 2, 30, 8]
+    vectors = reranked.encode(texts)
+    rows, _ = reranked.search(texts, vectors, ks)
+    alone = _alone(reranked, texts, vectors, ks)
+    assert [rows[q, :k].tolist() for q, k in enumerate(ks)] == alone
+    deep = reranked.search(texts, vectors, 30)[0]
+    assert any(deep[q, :k].tolist() != alone[q] for q, k in enumerate(ks) if k < 8), "reranking 30 deep changes no short list"
 
 
 def test_recall_command_reports_recall_at_3(bundled_index_dir):

@@ -1,0 +1,168 @@
+"""BacklogBatcher on its own (asyncio, no Ray): batch failures, clients that leave, batch sizes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+
+import pytest
+
+from retrieval_server.app import BacklogBatcher
+
+
+class ScriptedBatches:
+    """A run_batch that records every batch and holds batch i until the test calls ``finish(i)``."""
+
+    def __init__(self, fail_batches: set[int] = frozenset(), drop_last_result: bool = False, hold: bool = True) -> None:
+        self.batches: list[list[str]] = []
+        self.fail_batches = fail_batches
+        self.drop_last_result = drop_last_result
+        self.hold = hold
+        self._gates: defaultdict[int, asyncio.Event] = defaultdict(asyncio.Event)
+        self._started: defaultdict[int, asyncio.Event] = defaultdict(asyncio.Event)
+
+    def finish(self, batch: int) -> None:
+        self._gates[batch].set()
+
+    async def started(self, batch: int) -> None:
+        await asyncio.wait_for(self._started[batch].wait(), timeout=10)
+
+    async def __call__(self, items: list[str]) -> list[str]:
+        batch = len(self.batches)
+        self.batches.append(list(items))
+        self._started[batch].set()
+        if self.hold:
+            await self._gates[batch].wait()
+        if batch in self.fail_batches:
+            raise RuntimeError(f"batch {batch} broke")
+        results = [f"result of {item}" for item in items]
+        return results[:-1] if self.drop_last_result else results
+
+
+async def _queued(batcher: BacklogBatcher, n: int) -> None:
+    """Yield to the loop until n submissions wait in the batcher's queue."""
+    for _ in range(1000):
+        if batcher._queue.qsize() == n:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"expected {n} queued submissions, found {batcher._queue.qsize()}")
+
+
+def _outcome(task: asyncio.Task) -> str:
+    return f"error: {task.exception()}" if task.exception() is not None else task.result()
+
+
+def test_a_failed_batch_fails_exactly_its_own_requests():
+    async def scenario() -> tuple[list[list[str]], dict[str, str]]:
+        run = ScriptedBatches(fail_batches={1})
+        batcher = BacklogBatcher(run, max_batch_size=8)
+        tasks = {name: asyncio.create_task(batcher.submit(name)) for name in ("a1", "a2")}
+        await run.started(0)  # batch 0 = a1, a2 (submitted together) is running
+        tasks |= {name: asyncio.create_task(batcher.submit(name)) for name in ("b1", "b2", "b3")}
+        await _queued(batcher, 3)
+        run.finish(0)
+        await run.started(1)  # batch 1 = b1..b3 is running
+        tasks["c1"] = asyncio.create_task(batcher.submit("c1"))
+        await _queued(batcher, 1)
+        run.finish(1)  # batch 1 fails; c1, queued behind it, must still be served
+        run.finish(2)
+        done, pending = await asyncio.wait(tasks.values(), timeout=10)
+        assert not pending
+        return run.batches, {name: _outcome(task) for name, task in tasks.items()}
+
+    batches, outcomes = asyncio.run(scenario())
+    assert batches == [["a1", "a2"], ["b1", "b2", "b3"], ["c1"]]
+    assert outcomes == {
+        "a1": "result of a1",
+        "a2": "result of a2",
+        "b1": "error: batch 1 broke",
+        "b2": "error: batch 1 broke",
+        "b3": "error: batch 1 broke",
+        "c1": "result of c1",
+    }
+
+
+def test_requests_whose_client_left_before_their_batch_are_skipped():
+    async def scenario() -> tuple[list[list[str]], dict[str, str]]:
+        run = ScriptedBatches()
+        batcher = BacklogBatcher(run, max_batch_size=8)
+        running = asyncio.create_task(batcher.submit("running"))
+        await run.started(0)
+        waiting = {name: asyncio.create_task(batcher.submit(name)) for name in ("stays", "leaves", "stays too")}
+        await _queued(batcher, 3)
+        waiting["leaves"].cancel()  # what Serve does to a handler whose client disconnected
+        run.finish(0)
+        run.finish(1)
+        done, pending = await asyncio.wait([running, *waiting.values()], timeout=10)
+        assert not pending
+        return run.batches, {name: ("cancelled" if task.cancelled() else _outcome(task)) for name, task in waiting.items()}
+
+    batches, outcomes = asyncio.run(scenario())
+    assert batches == [["running"], ["stays", "stays too"]]
+    assert outcomes == {"stays": "result of stays", "leaves": "cancelled", "stays too": "result of stays too"}
+
+
+def test_a_batch_whose_every_client_left_runs_nothing():
+    async def scenario() -> tuple[list[list[str]], str]:
+        run = ScriptedBatches()
+        batcher = BacklogBatcher(run, max_batch_size=8)
+        running = asyncio.create_task(batcher.submit("running"))
+        await run.started(0)
+        gone = [asyncio.create_task(batcher.submit(name)) for name in ("gone 1", "gone 2")]
+        await _queued(batcher, 2)
+        for task in gone:
+            task.cancel()
+        await asyncio.gather(*gone, return_exceptions=True)
+        run.finish(0)
+        run.finish(1)
+        await asyncio.wait_for(running, timeout=10)
+        return run.batches, await asyncio.wait_for(batcher.submit("later"), timeout=10)
+
+    batches, later = asyncio.run(scenario())
+    assert batches == [["running"], ["later"]]
+    assert later == "result of later"
+
+
+def test_a_client_leaving_during_its_batch_does_not_disturb_the_others():
+    async def scenario() -> dict[str, str]:
+        run = ScriptedBatches()
+        batcher = BacklogBatcher(run, max_batch_size=8)
+        tasks = {name: asyncio.create_task(batcher.submit(name)) for name in ("x", "y", "z")}
+        await run.started(0)
+        tasks["y"].cancel()
+        run.finish(0)
+        await asyncio.wait(tasks.values(), timeout=10)
+        return {name: ("cancelled" if task.cancelled() else _outcome(task)) for name, task in tasks.items()}
+
+    assert asyncio.run(scenario()) == {"x": "result of x", "y": "cancelled", "z": "result of z"}
+
+
+def test_a_batch_returning_too_few_results_fails_its_requests_instead_of_leaving_them_waiting():
+    async def scenario() -> dict[str, str]:
+        run = ScriptedBatches(drop_last_result=True, hold=False)
+        batcher = BacklogBatcher(run, max_batch_size=8)
+        tasks = {name: asyncio.create_task(batcher.submit(name)) for name in ("p", "q")}
+        done, pending = await asyncio.wait(tasks.values(), timeout=5)
+        assert not pending, "requests left waiting forever"
+        return {name: _outcome(task) for name, task in tasks.items()}
+
+    outcomes = asyncio.run(scenario())
+    assert outcomes == {name: "error: batch returned 1 results for 2 requests" for name in ("p", "q")}
+
+
+@pytest.mark.parametrize(("max_batch_size", "expected"), [(2, [["r0"], ["r1", "r2"], ["r3", "r4"], ["r5"]]), (8, [["r0"], ["r1", "r2", "r3", "r4", "r5"]])])
+def test_a_backlog_is_split_at_max_batch_size(max_batch_size, expected):
+    async def scenario() -> tuple[list[list[str]], list[str]]:
+        run = ScriptedBatches()
+        batcher = BacklogBatcher(run, max_batch_size=max_batch_size)
+        tasks = [asyncio.create_task(batcher.submit("r0"))]
+        await run.started(0)
+        tasks += [asyncio.create_task(batcher.submit(f"r{i}")) for i in range(1, 6)]
+        await _queued(batcher, 5)
+        for batch in range(len(expected)):
+            run.finish(batch)
+        return run.batches, list(await asyncio.wait_for(asyncio.gather(*tasks), timeout=10))
+
+    batches, results = asyncio.run(scenario())
+    assert batches == expected
+    assert results == [f"result of r{i}" for i in range(6)]

@@ -1,0 +1,185 @@
+"""Batches inside the real deployment: a failed batch, mixed topk, and hybrid + rerank through Ray Serve.
+
+The handler tests drive the deployment's own class in this process (its real
+Retriever over the bundled index) so that batch membership is deterministic;
+the Serve test deploys a hybrid + cross-encoder app beside the session server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from starlette.requests import Request
+
+from retrieval_server.client import RetrievalClient
+from retrieval_server.config import ServerConfig, bundled_qa_path
+from retrieval_server.recall import load_qa
+
+pytestmark = pytest.mark.slow
+
+SHALLOW_VICTIM = "What does the Maasai phrase behind the name Nairobi mean?"  # its hybrid top 3 changes when fused 100 deep
+
+
+@pytest.fixture(scope="module")
+def replica(bundled_index_dir):
+    """The RetrievalServer class behind the Serve deployment, constructed here (hybrid method)."""
+    import torch
+
+    from retrieval_server.app import RetrievalServer
+
+    threads = torch.get_num_threads()
+    deployment_class = RetrievalServer.func_or_class.__bases__[0]  # the class under Serve's ASGI wrapper
+    server = deployment_class(ServerConfig(index_dir=bundled_index_dir, method="hybrid").model_dump(mode="json"))
+    torch.set_num_threads(threads)  # the replica sets its own; leave this process's as it was
+    return server
+
+
+async def _post(server, body: dict) -> tuple[int, dict]:
+    payload = json.dumps(body).encode()
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": payload, "more_body": False}
+
+    response = await server.retrieve(Request({"type": "http", "method": "POST", "path": "/retrieve", "headers": [], "query_string": b""}, receive))
+    return response.status_code, json.loads(response.body)
+
+
+def _count(server, status: str) -> float:
+    match = re.search(rf'^retrieval_requests_total{{endpoint="retrieve",status="{status}"}} (\S+)$', server.metrics.render().decode(), re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def _ids(body: dict) -> list[list[str]]:
+    return [[hit["document"]["id"] for hit in hits] for hits in body["result"]]
+
+
+def _alone(retriever, query: str, k: int) -> list[str]:
+    rows, _ = retriever.search([query], retriever.encode([query]), k)
+    return [d["id"] for d in retriever.lookup(rows[0][rows[0] >= 0])]
+
+
+def test_a_failed_batch_answers_503_to_exactly_its_requests(replica, monkeypatch):
+    real_search = replica.retriever.search
+    searched: list[list[str]] = []
+    unblock = threading.Event()
+
+    def search_that_breaks_one_batch(queries, vectors, k):
+        searched.append(list(queries))
+        if "break this batch" in queries:
+            unblock.wait(60)  # hold the batch until the next requests have queued behind it
+            raise RuntimeError("injected index failure")
+        return real_search(queries, vectors, k)
+
+    monkeypatch.setattr(replica.retriever, "search", search_that_breaks_one_batch)
+    before = {status: _count(replica, status) for status in ("200", "503")}
+
+    async def scenario() -> list[tuple[int, dict]]:
+        doomed = [
+            asyncio.create_task(_post(replica, {"queries": ["break this batch"], "topk": 2})),
+            asyncio.create_task(_post(replica, {"queries": ["Who discovered penicillin?"], "topk": 2})),
+        ]
+        while not searched:
+            await asyncio.sleep(0.01)
+        spared = [
+            asyncio.create_task(_post(replica, {"queries": ["capital city of Australia"], "topk": 2})),
+            asyncio.create_task(_post(replica, {"queries": ["Which river is the longest in Africa?", "Nile"], "topk": 3})),
+        ]
+        while replica.batcher._queue.qsize() < 2:
+            await asyncio.sleep(0.01)
+        unblock.set()
+        return await asyncio.wait_for(asyncio.gather(*doomed, *spared), timeout=120)
+
+    (s1, b1), (s2, b2), (s3, b3), (s4, b4) = asyncio.run(scenario())
+    assert searched == [
+        ["break this batch", "Who discovered penicillin?"],
+        ["capital city of Australia", "Which river is the longest in Africa?", "Nile"],
+    ]
+    assert (s1, s2) == (503, 503)
+    assert b1 == b2 == {"detail": "retrieval failed: RuntimeError: injected index failure"}
+    assert (s3, s4) == (200, 200)
+    assert _ids(b3) == [_alone(replica.retriever, "capital city of Australia", 2)]
+    assert _ids(b4) == [_alone(replica.retriever, q, 3) for q in ("Which river is the longest in Africa?", "Nile")]
+    assert _count(replica, "503") - before["503"] == 2 and _count(replica, "200") - before["200"] == 2
+
+
+def test_one_batch_with_mixed_topk_gives_each_request_its_own_k(replica, monkeypatch):
+    real_search = replica.retriever.search
+    batches: list[int] = []
+
+    def recording_search(queries, vectors, k):
+        batches.append(len(queries))
+        return real_search(queries, vectors, k)
+
+    monkeypatch.setattr(replica.retriever, "search", recording_search)
+    requests = [
+        {"queries": [SHALLOW_VICTIM], "topk": 3},
+        {"queries": ["Who discovered penicillin?", "capital city of Australia"], "topk": 100},
+        {"queries": ["Nile"], "topk": 1, "return_scores": False},
+    ]
+
+    async def scenario() -> list[tuple[int, dict]]:
+        return await asyncio.wait_for(asyncio.gather(*(_post(replica, body) for body in requests)), timeout=120)
+
+    responses = asyncio.run(scenario())
+    assert batches == [4], "the three requests did not share one batch"
+    for body, (status, answer) in zip(requests, responses):
+        assert status == 200
+        assert _ids(answer) == [_alone(replica.retriever, q, body["topk"]) for q in body["queries"]]
+        assert all(len(hits) == body["topk"] for hits in answer["result"])
+    assert all(set(hit) == {"document"} for hit in responses[2][1]["result"][0])
+
+
+# ---------------------------------------------------------------- through Ray Serve
+
+
+@pytest.fixture(scope="module")
+def hybrid_rerank_app(retrieval_server, bundled_index_dir, tiny_cross_encoder):
+    """A hybrid + cross-encoder app on the session's Serve instance; a batch wait so concurrent requests share batches."""
+    from retrieval_server.launch import start_server
+
+    config = ServerConfig(
+        index_dir=bundled_index_dir, app_name="retrieval-hybrid", route_prefix="/hybrid", method="hybrid",
+        rerank_model=tiny_cross_encoder, rerank_top_n=8, max_batch_size=16, batch_wait_timeout_s=0.2,
+    )  # fmt: skip
+    handle = start_server(config)
+    assert not handle.owns_serve
+    yield handle, config
+    handle.shutdown()
+
+
+def _histogram_count(metrics_text: str, name: str, le: str) -> float:
+    return float(re.search(rf'^{name}_bucket{{le="{re.escape(le)}"}} (\S+)$', metrics_text, re.M).group(1))
+
+
+def test_hybrid_rerank_through_serve_matches_in_process_with_mixed_topk(hybrid_rerank_app):
+    import httpx
+
+    from retrieval_server.search import Retriever
+
+    handle, config = hybrid_rerank_app
+    questions = [q["question"] for q in load_qa(bundled_qa_path())[:12]]
+    topks = [1, 3, 8, 20, 2, 40, 5, 3, 12, 1, 30, 4]
+    health = httpx.get(f"{handle.url}/health", timeout=30).json()
+    assert health["method"] == "hybrid" and health["reranker"] == config.rerank_model
+
+    with RetrievalClient(handle.url, timeout=120) as client, ThreadPoolExecutor(max_workers=len(questions)) as pool:
+        served = list(pool.map(lambda qk: client.retrieve([qk[0]], topk=qk[1])[0], zip(questions, topks)))
+
+    metrics = httpx.get(f"{handle.url}/metrics", timeout=30).text
+    batches = _histogram_count(metrics, "retrieval_batch_requests", "+Inf")
+    assert batches - _histogram_count(metrics, "retrieval_batch_requests", "1.0") >= 1, "no batch held two requests"
+
+    retriever = Retriever(config)
+    for question, k, hits in zip(questions, topks, served):
+        vectors = retriever.encode([question])
+        rows, scores = retriever.search([question], vectors, k)
+        expected = retriever.lookup(rows[0][rows[0] >= 0])
+        assert len(hits) == k
+        assert [h["document"] for h in hits] == expected
+        np.testing.assert_allclose([h["score"] for h in hits], scores[0][: len(expected)], rtol=1e-4, atol=1e-5)
