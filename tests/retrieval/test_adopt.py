@@ -270,3 +270,130 @@ def test_cli_adopt_reports_row_mismatch_without_traceback(random_flat):
     )
     assert result.exit_code == 2
     assert "holds 9 passages but index" in result.output and "Traceback" not in result.output
+
+
+# Convert: the adopted Flat index to smaller/faster types, without the model.
+
+
+@pytest.fixture(scope="module")
+def converted(adopted, search_r1_index) -> dict:
+    from retrieval_server.convert import convert_index
+
+    root = search_r1_index["root"]
+    return {
+        target: convert_index(adopted, root / f"conv-{target.replace(',', '_')}", target, recall_queries=PASSAGES, k=10, show_progress=False)
+        for target in ("fp16", "sq8", "hnsw", "IVF4,PQ16x4")
+    }
+
+
+@pytest.mark.slow
+def test_convert_reports_recall_against_flat(converted, adopted):
+    from retrieval_server.index import verify_index
+
+    fp16, sq8, hnsw, ivfpq = (converted[t] for t in ("fp16", "sq8", "hnsw", "IVF4,PQ16x4"))
+    assert (fp16["index"]["factory"], sq8["index"]["factory"], hnsw["index"]["factory"]) == ("SQfp16", "SQ8", "HNSW32,Flat")
+    assert fp16["converted"]["recall"][0]["recall@10"] >= 0.99  # fp16 rounding changes no neighbour sets here
+    assert sq8["converted"]["recall"][0]["recall@10"] >= 0.9
+    assert [r["search_params"] for r in hnsw["converted"]["recall"]] == ["efSearch=16", "efSearch=64", "efSearch=256"]
+    assert hnsw["converted"]["recall"][-1]["recall@10"] >= 0.99  # 64 vectors: a wide beam finds them all
+    sweep = ivfpq["converted"]["recall"]
+    assert [r["search_params"] for r in sweep] == ["nprobe=1", "nprobe=4"]  # 1, then every list
+    assert sweep[1]["recall@10"] >= sweep[0]["recall@10"] and 0 < sweep[1]["recall@10"] < 1  # 4-bit PQ is lossy
+    flat_bytes = fp16["converted"]["source_index_bytes"]
+    assert fp16["converted"]["index_bytes"] < 0.55 * flat_bytes and sq8["converted"]["index_bytes"] < 0.3 * flat_bytes
+    corpus = json.loads((adopted / "manifest.json").read_text())["corpus"]
+    assert all(m["count"] == PASSAGES and m["corpus"] == corpus and m["shards"] is None for m in converted.values())
+    out = adopted.parent / "conv-hnsw"
+    verify_index(out)  # the serve path's check accepts the new directory
+    assert hnsw["converted"]["shared"]["docstore"] == "hardlink"
+    assert (out / "docstore.arrow").stat().st_ino == (adopted / "docstore.arrow").stat().st_ino
+
+
+@pytest.mark.slow
+def test_converted_index_serves_memory_mapped(converted, adopted, search_r1_index, retrieval_server):
+    """The fp16 conversion through Ray Serve, its index memory-mapped: the Flat index's top-k."""
+    from retrieval_server.client import RetrievalClient
+    from retrieval_server.config import ServerConfig
+    from retrieval_server.launch import start_server
+    from retrieval_server.recall import load_qa
+
+    questions = [q["question"] for q in load_qa(bundled_qa_path())[:8]]
+    expected_scores = _search_r1_encode(questions, "query: ") @ search_r1_index["vectors"].T
+    out = search_r1_index["root"] / "conv-fp16"
+    handle = start_server(ServerConfig(index_dir=out, app_name="retrieval-fp16", route_prefix="/fp16", mmap_index=True, max_batch_size=8))
+    try:
+        with RetrievalClient(handle.url) as client:
+            results = client.retrieve(questions, topk=3)
+            assert client.health()["index_type"] == "SQfp16"
+    finally:
+        handle.shutdown()
+    for scores, hits in zip(expected_scores, results):
+        want = np.argsort(-scores, kind="stable")[:3]
+        got = [int(hit["document"]["id"]) for hit in hits]
+        for g, w in zip(got, want):
+            assert g == w or abs(scores[g] - scores[w]) < 1e-3  # fp16 storage: scores to ~1e-3
+        np.testing.assert_allclose([hit["score"] for hit in hits], scores[want], atol=2e-3)
+
+
+def test_convert_refuses_a_non_flat_source(tmp_path):
+    import faiss
+
+    from retrieval_server.convert import convert_index
+    from retrieval_server.index import IndexMismatchError
+
+    # A hand-made index directory around an HNSW index (verify_index only needs the files and manifest).
+    vectors = np.random.default_rng(0).standard_normal((50, 8)).astype(np.float32)
+    index = faiss.index_factory(8, "HNSW8", faiss.METRIC_INNER_PRODUCT)
+    index.add(vectors)
+    source = tmp_path / "src"
+    source.mkdir()
+    faiss.write_index(index, str(source / "dense.faiss"))
+    corpus = write_search_r1_corpus(tmp_path / "c.jsonl", [f"p{i}" for i in range(50)])
+    from retrieval_server.docstore import file_sha256, write_docstore
+    from retrieval_server.encoders import describe
+
+    write_docstore(corpus, source / "docstore.arrow")
+    manifest = {
+        "version": 1, "corpus": {"path": str(corpus), "sha256": file_sha256(corpus), "size": corpus.stat().st_size},
+        "count": 50, "encoder": describe(search_r1_declaration(), 8), "dim": 8, "docstore": "docstore.arrow", "bm25": None,
+        "index": {"factory": "HNSW8", "metric": "inner_product", "file": "dense.faiss", "ntotal": 50},
+    }  # fmt: skip
+    (source / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(IndexMismatchError, match="convert reads exact vectors from a Flat index"):
+        convert_index(source, tmp_path / "out", "sq8", show_progress=False)
+
+
+def test_ivf_pq_preset_sizes_from_the_index():
+    from retrieval_server.convert import ivf_pq_factory, resolve_factory
+
+    assert ivf_pq_factory(21_000_000, 768) == "IVF16384,PQ96"  # 4*sqrt(21M) = 18330 -> 2^14
+    assert ivf_pq_factory(200_000, 384) == "IVF2048,PQ48"
+    assert ivf_pq_factory(1_000, 100) == "IVF25,PQ10"  # at most n/39 lists; m divides the dimension
+    assert resolve_factory("fp16", 10, 8) == "SQfp16" and resolve_factory("IVF8,Flat", 10, 8) == "IVF8,Flat"
+
+
+def test_mmap_reading_shares_pages_instead_of_copying(tmp_path):
+    """A memory-mapped Flat index answers like a read one while its vectors stay file-backed (page cache)."""
+    from retrieval_server.index import read_dense_index
+
+    vectors = np.random.default_rng(1).standard_normal((60_000, 128)).astype(np.float32)  # 30.7 MB
+    path = write_flat_ip(tmp_path / "flat.index", vectors)
+    del vectors
+    queries = np.random.default_rng(2).standard_normal((5, 128)).astype(np.float32)
+
+    def anon_mb() -> float:
+        for line in open("/proc/self/status"):
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
+        raise AssertionError("no RssAnon in /proc/self/status")
+
+    before = anon_mb()
+    mapped = read_dense_index(path, mmap=True)
+    mapped_result = mapped.search(queries, 5)
+    mapped_growth = anon_mb() - before
+    before = anon_mb()
+    loaded = read_dense_index(path)
+    loaded_result = loaded.search(queries, 5)
+    loaded_growth = anon_mb() - before
+    np.testing.assert_array_equal(mapped_result[1], loaded_result[1])
+    assert loaded_growth > 25 and mapped_growth < 5, (loaded_growth, mapped_growth)
