@@ -120,6 +120,52 @@ def measure_recall(source, target, rows: np.ndarray, k: int, params: list[str]) 
     return out
 
 
+def convert_flat(
+    source,
+    factory: str,
+    train_sample: int = 262_144,
+    chunk_size: int = 65_536,
+    recall_queries: int = 256,
+    k: int = 10,
+    search_params: list[str] | None = None,
+    seed: int = 0,
+    show_progress: bool = False,
+):
+    """A FAISS Flat index -> a new ``factory`` index, plus its recall against the source.
+
+    Returns ``(index, recall rows, sampled query rows)``. The source is only read
+    (``reconstruct_batch`` for the training sample, ``reconstruct_n`` per chunk).
+    """
+    import faiss
+
+    count, dim = int(source.ntotal), int(source.d)
+    index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+    rng = np.random.default_rng(seed)
+    with _progress() if show_progress else _NullProgress() as progress:
+        if not index.is_trained:
+            take = np.sort(rng.choice(count, size=min(train_sample, count), replace=False))
+            logger.info("training %s on %d of %d vectors", factory, len(take), count)
+            try:
+                index.train(np.ascontiguousarray(source.reconstruct_batch(take), dtype=np.float32))
+            except RuntimeError as err:
+                raise ValueError(
+                    f"cannot train FAISS index {factory!r} on {len(take)} vectors (IVF wants >= 39 per list, an 8-bit "
+                    f"PQ/SQ codebook >= 256; raise --train-sample or choose fewer lists or bits, e.g. PQ<m>x4): {err}"
+                ) from err
+        task = progress.add_task(f"Flat -> {factory}", total=count)
+        for begin, vectors in _read_chunks(source, 0, count, chunk_size):
+            index.add(np.ascontiguousarray(vectors, dtype=np.float32))
+            progress.update(task, completed=begin + len(vectors))
+
+    rows = np.sort(rng.choice(count, size=min(recall_queries, count), replace=False))
+    try:
+        nlist = int(faiss.extract_index_ivf(index).nlist)
+    except RuntimeError:
+        nlist = None
+    recall = measure_recall(source, index, rows, min(k, count - 1), search_params or default_sweep(factory, nlist))
+    return index, recall, rows
+
+
 def convert_index(
     source_dir: Path,
     output_dir: Path,
@@ -151,33 +197,9 @@ def convert_index(
             f"convert reads exact vectors from a Flat index; {source_file} is {manifest['index']['factory']!r}: "
             "convert from the Flat index it was made from"
         )
-    count, dim = int(source.ntotal), int(source.d)
-    factory = resolve_factory(target, count, dim)
-    index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
-    rng = np.random.default_rng(seed)
-
-    with _progress() if show_progress else _NullProgress() as progress:
-        if not index.is_trained:
-            take = np.sort(rng.choice(count, size=min(train_sample, count), replace=False))
-            logger.info("training %s on %d of %d vectors", factory, len(take), count)
-            try:
-                index.train(np.ascontiguousarray(source.reconstruct_batch(take), dtype=np.float32))
-            except RuntimeError as err:
-                raise ValueError(
-                    f"cannot train FAISS index {factory!r} on {len(take)} vectors (IVF wants >= 39 per list, an 8-bit "
-                    f"PQ/SQ codebook >= 256; raise --train-sample or choose fewer lists or bits, e.g. PQ<m>x4): {err}"
-                ) from err
-        task = progress.add_task(f"Flat -> {factory}", total=count)
-        for begin, vectors in _read_chunks(source, 0, count, chunk_size):
-            index.add(np.ascontiguousarray(vectors, dtype=np.float32))
-            progress.update(task, completed=begin + len(vectors))
-
-    rows = np.sort(rng.choice(count, size=min(recall_queries, count), replace=False))
-    try:
-        nlist = int(faiss.extract_index_ivf(index).nlist)
-    except RuntimeError:
-        nlist = None
-    recall = measure_recall(source, index, rows, min(k, count - 1), search_params or default_sweep(factory, nlist))
+    factory = resolve_factory(target, int(source.ntotal), int(source.d))
+    index, recall, rows = convert_flat(source, factory, train_sample, chunk_size, recall_queries, k, search_params, seed, show_progress)
+    count = int(source.ntotal)
 
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / MANIFEST).unlink(missing_ok=True)
@@ -194,7 +216,7 @@ def convert_index(
         "converted": {
             "from": str(source_dir.resolve()),
             "source_factory": manifest["index"]["factory"],
-            "train_sample": min(train_sample, count) if factory != "Flat" else 0,
+            "train_sample": min(train_sample, count),
             "shared": shared,
             "recall_queries": len(rows),
             "recall": recall,
