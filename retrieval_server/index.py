@@ -169,21 +169,47 @@ def build_bm25(config: BuildConfig) -> None:
     tmp.replace(final)
 
 
-def build_index(config: BuildConfig, encoder=None, show_progress: bool = True) -> dict:
+def build_index(config: BuildConfig, encoder=None, show_progress: bool = True, lock_timeout_s: float | None = None) -> dict:
     """Build (or finish building) an index; returns the manifest. Idempotent when nothing changed.
 
     An exclusive lock on the directory makes concurrent builders (two test runs,
-    a demo and a server) wait for each other instead of interleaving files.
+    a demo and a server) wait for each other instead of interleaving files;
+    ``lock_timeout_s`` bounds that wait (None: wait as long as the other build takes).
     """
     import fcntl
 
     config.output_dir.mkdir(parents=True, exist_ok=True)
-    with open(config.output_dir / ".build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    lock_path = config.output_dir / ".build.lock"
+    with open(lock_path, "w") as lock:
+        _wait_for_lock(lock, lock_path, lock_timeout_s)
         try:
             return _build_index_locked(config, encoder, show_progress)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _wait_for_lock(lock, lock_path: Path, timeout_s: float | None) -> None:
+    import fcntl
+
+    if timeout_s is None:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return
+    deadline = time.monotonic() + timeout_s
+    waiting_logged = False
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"another process has been building the index in {lock_path.parent} for over {timeout_s:.0f} s "
+                    f"(it holds {lock_path}); wait for it or stop it"
+                ) from None
+            if not waiting_logged:
+                logger.info("waiting for another process building the index in %s", lock_path.parent)
+                waiting_logged = True
+            time.sleep(0.5)
 
 
 def _build_index_locked(config: BuildConfig, encoder, show_progress: bool) -> dict:

