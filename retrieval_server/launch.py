@@ -103,6 +103,8 @@ def reap_stale_haproxy(port: int, timeout_s: float = 10.0) -> list[int]:
                 getattr(proc, signal_name)()
             except psutil.NoSuchProcess:
                 pass
+            except psutil.AccessDenied:
+                raise PortInUseError(f"HAProxy {proc.pid} of another user serves port {port}; choose another --port") from None
         _, stale = psutil.wait_procs(stale, timeout=timeout_s / 2)
         if not stale:
             return pids
