@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install test demo bench clean
+.PHONY: install test test-fast demo bench clean
 
 install: $(VENV)/.installed
 
@@ -21,6 +21,12 @@ $(VENV)/.installed: pyproject.toml
 test: install
 	@HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing on purpose"; exit 1; fi; exit $$rc
+
+# The fast tier: tests not marked slow (no Ray or Serve, no CLI/trainer subprocesses, no heavy model work;
+# tests/conftest.py refuses a Ray fixture in an unmarked test). `make test` (CI) runs both tiers.
+test-fast: install
+	@HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest selected no fast tests: failing on purpose"; exit 1; fi; exit $$rc
 
 demo: install
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/verl-evidence demo $(DEMO_ARGS)

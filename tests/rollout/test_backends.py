@@ -119,6 +119,7 @@ def test_openai_backend_reencodes_when_the_server_sends_no_token_ids(tokenizer):
         server.stop()
 
 
+@pytest.mark.slow  # the session's Ray Serve retrieval server
 def test_search_loop_with_external_openai_extractor(base_config, search_url, openai_server, tokenizer):
     config = with_settings(
         base_config,
@@ -148,6 +149,7 @@ def test_search_loop_with_external_openai_extractor(base_config, search_url, ope
     assert out["extra"]["raw_context_tokens"] > out["extra"]["context_tokens"]
 
 
+@pytest.mark.slow  # the session's Ray Serve retrieval server
 def test_search_loop_survives_a_dead_extractor_endpoint(base_config, search_url, tokenizer):
     from retrieval_server.launch import free_port
 
