@@ -47,7 +47,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class PortClaim:
-    """This process's claim on a port for a retrieval server's front, among the servers of this machine.
+    """This process's claim on a port one of its server's listeners will bind, among the servers of this machine.
 
     The claim is an abstract-namespace Unix socket named after the port (Linux): the kernel
     drops it when the process exits, however it exits, and it leaves no file behind. So a
@@ -381,9 +381,11 @@ def _start_once(config: ServerConfig, address: str | None, ray_num_cpus: int | N
                 if ingress == "haproxy":
                     port, claim = take_port(config.host, config.port)
                     claims.append(claim)
-                    (stats_port, stats_claim), (metrics_port, metrics_claim) = (take_port(config.host, 0) for _ in range(2))
-                    claims += [stats_claim, metrics_claim]
-                    chosen_here |= {stats_port, metrics_port} | ({port} if not config.port else set())
+                    chosen_here |= set() if config.port else {port}
+                    for _ in ("stats", "metrics"):  # HAProxy's pages
+                        claims.append(take_port(config.host, 0)[1])
+                        chosen_here.add(claims[-1].port)
+                    stats_port, metrics_port = claims[-2].port, claims[-1].port
                     config = config.model_copy(update={"port": port})
                     workdir = haproxy_workdir(port)
                     shutil.rmtree(workdir, ignore_errors=True)  # files of a killed server on this port: ours now
@@ -399,7 +401,7 @@ def _start_once(config: ServerConfig, address: str | None, ray_num_cpus: int | N
             if not claims and owns_ray and not address:
                 port, claim = take_port(config.host, config.port)  # Serve's Python proxy on this machine
                 claims.append(claim)
-                chosen_here |= {port} if not config.port else set()
+                chosen_here |= set() if config.port else {port}
             else:
                 port = config.port or free_port(config.host)
             config = config.model_copy(update={"port": port})
