@@ -144,6 +144,7 @@ MEANINGS: dict[str, str] = {
     "build.passage-prefix": "prepended to passages (default: by model family, e.g. E5 `passage: `)",
     "build.max-length": "encoder token limit (with `--model`; the packaged MiniLM uses 256)",
     "build.device": "encoder device (default: GPU if visible)",
+    "adopt.device": "device of the verification encoder (default: GPU if visible)",
 }
 
 _used: set[str] = set()
@@ -409,6 +410,10 @@ def render() -> str:
     add(table(("option", "default", "meaning"), typer_rows(server_cli.app, ["build"], "build")) + "\n")
     add("### `verl-evidence index recall` / `retrieval-server recall`\n")
     add(table(("option", "default", "meaning"), typer_rows(server_cli.app, ["recall"], "recall")) + "\n")
+    add("### `verl-evidence index adopt` / `retrieval-server adopt`\n")
+    add(table(("option", "default", "meaning"), typer_rows(server_cli.app, ["adopt"], "adopt")) + "\n")
+    add("### `verl-evidence index convert` / `retrieval-server convert`\n")
+    add(table(("option", "default", "meaning"), typer_rows(server_cli.app, ["convert"], "convert")) + "\n")
     add("### `ServerConfig` (Python, `serve run retrieval_server.launch:app_builder key=value ...`)\n")
     add(
         "The fields `start_server(config)` and Ray's `serve run`/`serve deploy` builder take; the CLI "
