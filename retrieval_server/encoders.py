@@ -379,6 +379,16 @@ class OnnxEncoder:
         return self._encode(passages, self.config.passage_prefix)
 
 
+def _require_onnxruntime() -> None:
+    # Checked before anything is exported: without it the export could not even be verified.
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError as err:
+        raise ImportError(
+            "the onnx encoder backends need onnxruntime: pip install onnxruntime onnx (both in verl-evidence[serve])"
+        ) from err
+
+
 def load_query_encoder(
     config: EncoderConfig, backend: str = "torch", device: str | None = None, index_dir: Path | None = None, threads: int = 1
 ) -> SentenceEncoder | OnnxEncoder:
@@ -388,8 +398,9 @@ def load_query_encoder(
         if not on_cpu:
             return SentenceEncoder(config, device=device)
         try:
+            _require_onnxruntime()
             return OnnxEncoder(ensure_onnx_export(config, index_dir), config, threads=threads)
-        except (ImportError, OnnxExportError) as err:  # e.g. onnxruntime not installed, or a model it cannot export
+        except (ImportError, OnnxExportError) as err:  # onnxruntime not installed, or a model it cannot export
             logger.warning("ONNX encoder unavailable (%s); using torch", err)
             return SentenceEncoder(config, device=device)
     if backend == "torch":
@@ -400,6 +411,7 @@ def load_query_encoder(
         raise ValueError(
             f"encoder backend {backend!r} runs on CPU, but device is {resolve_device(device)!r}; torch is the GPU path"
         )
+    _require_onnxruntime()
     quantized = backend == "onnx-int8"
     return OnnxEncoder(ensure_onnx_export(config, index_dir, quantized), config, quantized=quantized, threads=threads)
 

@@ -7,6 +7,7 @@ the bundled FAISS index. No timing assertions (speed is shown in benchmarks/retr
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import httpx
@@ -156,3 +157,13 @@ def test_int8_is_opt_in_and_reports_its_recall_against_fp32(bundled_index_dir, q
 def test_default_backend_on_a_cpu_replica_is_onnx(retrieval_server_url):
     health = httpx.get(f"{retrieval_server_url}/health", timeout=30).json()
     assert health["encoder_backend"] == "onnx"
+
+
+def test_without_onnxruntime_auto_serves_with_torch_and_onnx_says_what_to_install(tmp_path, monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` now fails
+    with pytest.raises(ImportError, match="pip install onnxruntime"):
+        load_query_encoder(packaged_minilm_encoder(), "onnx", "cpu", tmp_path)
+    with caplog.at_level("WARNING", logger="retrieval_server.encoders"):
+        encoder = load_query_encoder(packaged_minilm_encoder(), "auto", "cpu", tmp_path)
+    assert encoder.backend == "torch" and "using torch" in caplog.text
+    assert not (tmp_path / "encoders").exists()  # nothing exported that could not be checked
