@@ -10,14 +10,18 @@ VE_RECIPES="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 VE_PRESETS="$VE_RECIPES/presets"
 VE_PYTHON="${PYTHON:-python}"
 DRY_RUN=0
+SMOKE=0
+SMOKE_ARGS=()  # the CPU training mode's overrides (--smoke); before EXTRA_ARGS so the user's still win
 EXTRA_ARGS=()
 HYDRA_FLAGS=()  # Hydra's own flags go before every override (its argparse rejects them in between)
 
 ve_usage() {
   cat <<EOF
-usage: $(basename "$0") [--dry-run] [--no-server] [hydra.key=value ...]
+usage: $(basename "$0") [--dry-run] [--smoke] [--no-server] [hydra.key=value ...]
 
   --dry-run     print the retrieval-server and trainer commands, run nothing
+  --smoke       2 training steps on this machine's CPU (no GPU): a tiny warmed-up policy, bundled data,
+                small batches; the same verl trainer and presets (docs/debug-on-cpu.md)
   --no-server   do not start a retrieval server (use RETRIEVAL_URL as is)
   --cfg job [--resolve]   Hydra: print the composed trainer config instead of training (CPU is enough)
   key=value     extra Hydra overrides, appended last (they win)
@@ -33,6 +37,7 @@ ve_parse_args() {
   while [ $# -gt 0 ]; do
     case "$1" in
       --dry-run) DRY_RUN=1 ;;
+      --smoke) SMOKE=1 ;;
       --no-server) START_SERVER=0 ;;
       -h|--help) ve_usage; exit 0 ;;
       --cfg|--package) HYDRA_FLAGS+=("$1" "${2:?$1 needs a value}"); shift ;;  # Hydra: print the config, do not train
@@ -42,6 +47,55 @@ ve_parse_args() {
     esac
     shift
   done
+}
+
+# --smoke: debug the recipe on CPU (verl_evidence.cpu_mode): same presets and trainer, tiny warmed-up policy,
+# data prepared from the bundled set, 2 steps. Only fills variables the user has not set. Call it right after
+# ve_parse_args with the method name (eviomni|lear|evinote|search_r1|grace|evipath_sft).
+ve_smoke() {
+  [ "$SMOKE" = 1 ] || return 0
+  local method="$1" prepared
+  export VERL_PLATFORM=cpu HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}" TRANSFORMERS_OFFLINE="${TRANSFORMERS_OFFLINE:-1}"
+  export TOKENIZERS_PARALLELISM=false
+  echo "# smoke run on CPU: preparing the tiny policy and the $method data (cached after the first run)" >&2
+  prepared="$("$VE_PYTHON" -m verl_evidence.cli smoke prepare "$method")" || exit 1
+  local name value
+  while IFS='=' read -r name value; do
+    [ -n "$name" ] || continue
+    if [ -z "${!name:-}" ]; then eval "$name=$value"; export "${name?}"; fi
+  done <<< "$prepared"
+  : "${MODEL:=smoke}" "${TP:=1}" "${NNODES:=1}" "${GPUS_PER_NODE:=1}" "${ROLLOUT_ENGINE:=hf}"
+  : "${BATCH:=2}" "${MINI_BATCH:=2}" "${GROUP_SIZE:=4}" "${EPOCHS:=1}" "${STEPS:=${SMOKE_STEPS:-2}}" "${WARMUP_STEPS:=0}"
+  : "${PROMPT_LEN:=1024}" "${RESPONSE_LEN:=160}" "${OVERLONG_LEN:=32}" "${MAX_SEARCHES:=1}" "${TOPK:=1}"
+  : "${MAX_TOKENS_PER_GPU:=8192}" "${VAL_BEFORE_TRAIN:=false}" "${TEST_FREQ:=-1}" "${SAVE_FREQ:=-1}"
+  : "${MICRO_BATCH:=4}" "${GRAD_ACCUM:=1}" "${MAX_LENGTH:=1536}" "${LOGGER:=[console]}"
+  # A learning rate large enough that one update visibly moves the policy: step 2's rollout-vs-actor
+  # log-prob gap then shows whether the rollout really generates from the synced weights.
+  : "${LR:=1e-4}"
+  : "${EXPERIMENT:=smoke-$method}" "${CHECKPOINT_DIR:=${TMPDIR:-/tmp}/verl-evidence-smoke/$method}"
+  : "${RETRIEVAL_PORT:=8000}"
+  if [ "$method" = evipath_sft ]; then
+    SMOKE_ARGS=(
+      +model.override_config.attn_implementation=sdpa model.use_remove_padding=false
+      model.enable_gradient_checkpointing=false engine.strategy=fsdp2 engine.dtype=float32
+      engine.use_torch_compile=false data.num_workers=0 trainer.device=cpu
+      trainer.total_training_steps="${SMOKE_STEPS:-2}"
+    )
+    return 0
+  fi
+  SMOKE_ARGS=(
+    trainer.device=cpu +ray_kwargs.ray_init.num_gpus="$GPUS_PER_NODE" ray_kwargs.ray_init.num_cpus=16
+    transfer_queue.backend.SimpleStorage.num_data_storage_units=1
+    actor_rollout_ref.rollout.agent.num_workers=1 reward.num_workers=1 data.dataloader_num_workers=0
+    actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.ref.strategy=fsdp2
+    actor_rollout_ref.actor.fsdp_config.dtype=float32 actor_rollout_ref.ref.fsdp_config.dtype=float32
+    actor_rollout_ref.actor.fsdp_config.use_torch_compile=false actor_rollout_ref.ref.fsdp_config.use_torch_compile=false
+    +actor_rollout_ref.model.override_config.attn_implementation=sdpa actor_rollout_ref.model.use_remove_padding=false
+    actor_rollout_ref.model.enable_gradient_checkpointing=false
+    actor_rollout_ref.rollout.calculate_log_probs=true
+    ++actor_rollout_ref.rollout.custom.evidence_search.max_obs_tokens=256
+    trainer.total_training_steps="${SMOKE_STEPS:-2}"
+  )
 }
 
 # MODEL picks a hub id and a rollout tensor-parallel size; MODEL_PATH and TP override them.
@@ -55,7 +109,9 @@ ve_model_preset() {
     qwen3-8b) hub=Qwen/Qwen3-8B; tp=2 ;;
     llama3.2-3b) hub=meta-llama/Llama-3.2-3B-Instruct; tp=1 ;;
     llama3.1-8b) hub=meta-llama/Llama-3.1-8B-Instruct; tp=2 ;;
-    *) echo "unknown MODEL=$MODEL; set MODEL_PATH to use any other checkpoint" >&2; exit 2 ;;
+    *)
+      if [ -z "${MODEL_PATH:-}" ]; then echo "unknown MODEL=$MODEL; set MODEL_PATH to use any other checkpoint" >&2; exit 2; fi
+      hub="$MODEL_PATH"; tp=1 ;;
   esac
   MODEL_PATH="${MODEL_PATH:-$hub}"
   TP="${TP:-$tp}"
@@ -168,7 +224,7 @@ ve_search_overrides() {
 
 # Print the trainer command; run it unless --dry-run. Hydra overrides come last so they win.
 ve_run() {
-  local cmd=("$VE_PYTHON" -m verl.trainer.main_ppo "${HYDRA_FLAGS[@]}" "$@" "${EXTRA_ARGS[@]}")
+  local cmd=("$VE_PYTHON" -m verl.trainer.main_ppo "${HYDRA_FLAGS[@]}" "$@" "${SMOKE_ARGS[@]}" "${EXTRA_ARGS[@]}")
   echo "# trainer:"
   ve_print "${cmd[@]}"
   if [ "$DRY_RUN" = 1 ]; then return 0; fi

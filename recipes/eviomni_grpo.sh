@@ -5,6 +5,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 ve_parse_args "$@"
+ve_smoke "${VARIANT:-eviomni}"
 
 MODEL="${MODEL:-qwen2.5-7b}"; ve_model_preset
 GPUS_PER_NODE="${GPUS_PER_NODE:-8}"

@@ -8,6 +8,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 ve_parse_args "$@"
+ve_smoke evipath_sft
 
 MODEL="${MODEL:-llama3.1-8b}"; ve_model_preset
 NNODES="${NNODES:-1}"; GPUS_PER_NODE="${GPUS_PER_NODE:-4}"
@@ -26,7 +27,7 @@ if [ "$NNODES" -gt 1 ]; then
   LAUNCH=(torchrun --nnodes="$NNODES" --nproc_per_node="$GPUS_PER_NODE" --node_rank="${NODE_RANK:?set NODE_RANK}"
     --master_addr="${MASTER_ADDR:?set MASTER_ADDR}" --master_port="${MASTER_PORT:-29500}")
 else
-  LAUNCH=(torchrun --standalone --nnodes=1 --nproc_per_node="$GPUS_PER_NODE")
+  LAUNCH=("$VE_PYTHON" -m torch.distributed.run --standalone --nnodes=1 --nproc_per_node="$GPUS_PER_NODE")
 fi
 
 cmd=("${LAUNCH[@]}" -m verl.trainer.sft_trainer
@@ -42,7 +43,7 @@ cmd=("${LAUNCH[@]}" -m verl.trainer.sft_trainer
   trainer.project_name="${PROJECT:-verl-evidence}" trainer.experiment_name="$EXPERIMENT"
   trainer.default_local_dir="$CHECKPOINT_DIR" trainer.logger="${LOGGER:-[console]}"
   trainer.save_freq="${SAVE_FREQ:-after_each_epoch}" trainer.test_freq="${TEST_FREQ:--1}"
-  "${EXTRA_ARGS[@]}")
+  "${SMOKE_ARGS[@]}" "${EXTRA_ARGS[@]}")
 
 echo "# trainer:"
 ve_print "${cmd[@]}"

@@ -8,6 +8,7 @@ Each area owns its commands in its own module and adds them here through a
     eval                verl_evidence.eval.cli
     demo                verl_evidence.demo
     evipath ...         verl_evidence.evipath.cli
+    smoke ...           verl_evidence.smoke
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ _COMMAND_MODULES = (
     "verl_evidence.eval.cli",
     "verl_evidence.demo",
     "verl_evidence.evipath.cli",
+    "verl_evidence.smoke",
 )
 
 

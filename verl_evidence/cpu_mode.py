@@ -468,23 +468,40 @@ def _patch_rollout_adapter_registry() -> None:
 
 
 def _patch_process_group_backend() -> None:
+    import datetime
+
+    import torch.distributed
     import verl.utils.distributed as distributed
 
-    original = distributed.initialize_global_process_group_ray
-    if getattr(original, "_verl_evidence_cpu", False):
+    ray_variant = distributed.initialize_global_process_group_ray
+    if getattr(ray_variant, "_verl_evidence_cpu", False):
         return
+    torchrun_variant = distributed.initialize_global_process_group
 
     def initialize_global_process_group_ray(timeout_second=None, backend=None):
         # verl's default is "cpu:gloo,<device>:<backend>"; for device cpu that names cpu twice.
-        return original(timeout_second=timeout_second, backend=backend or "gloo")
+        return ray_variant(timeout_second=timeout_second, backend=backend or "gloo")
 
-    initialize_global_process_group_ray._verl_evidence_cpu = True
-    initialize_global_process_group_ray.__wrapped__ = original
-    distributed.initialize_global_process_group_ray = initialize_global_process_group_ray
-    # Modules that imported the function by name before this ran hold the original.
-    for module_name, module in list(sys.modules.items()):
-        if module_name.startswith("verl.") and getattr(module, "initialize_global_process_group_ray", None) is original:
-            module.initialize_global_process_group_ray = initialize_global_process_group_ray
+    def initialize_global_process_group(timeout_second=36000):
+        # verl's torchrun entry points (the SFT trainer): same as verl's, with a backend torch accepts on CPU.
+        torch.distributed.init_process_group(
+            backend="gloo",
+            timeout=datetime.timedelta(seconds=timeout_second),
+            init_method=os.environ.get("DIST_INIT_METHOD", None),
+        )
+        return int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+
+    for replacement, original in (
+        (initialize_global_process_group_ray, ray_variant),
+        (initialize_global_process_group, torchrun_variant),
+    ):
+        replacement._verl_evidence_cpu = True
+        replacement.__wrapped__ = original
+        setattr(distributed, original.__name__, replacement)
+        # Modules that imported the function by name before this ran hold the original.
+        for module_name, module in list(sys.modules.items()):
+            if module_name.startswith("verl.") and getattr(module, original.__name__, None) is original:
+                setattr(module, original.__name__, replacement)
 
 
 # --------------------------------------------------------------------------- activation

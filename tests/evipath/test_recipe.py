@@ -67,7 +67,8 @@ def _hydra_overrides(argv: list[str]) -> list[str]:
 
 def test_defaults_follow_the_paper():
     argv = _dry_run({})
-    assert argv[:3] == ["torchrun", "--standalone", "--nnodes=1"]
+    launcher = argv.index("torch.distributed.run")  # python -m torch.distributed.run: the venv's, even unactivated
+    assert argv[launcher - 1] == "-m" and argv[launcher + 1 : launcher + 3] == ["--standalone", "--nnodes=1"]
     overrides = dict(a.split("=", 1) for a in _hydra_overrides(argv))
     assert overrides["optim.lr"] == "2e-6"
     assert overrides["optim.lr_warmup_steps_ratio"] == "0.1"

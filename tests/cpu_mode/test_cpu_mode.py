@@ -1,0 +1,164 @@
+"""The CPU training mode's pieces, and the verl internals it depends on (these fail loudly when verl changes)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from verl_evidence import cpu_mode
+
+
+def test_unsupported_verl_version_is_refused_with_a_clear_message():
+    with pytest.raises(RuntimeError, match=r"supports verl 0\.9\.x; verl 0\.10\.0 is installed"):
+        cpu_mode.check_verl_version("0.10.0")
+    assert cpu_mode.check_verl_version().startswith("0.9.")
+
+
+# --- the private verl internals the mode patches: if one of these fails, verl changed under cpu_mode ---
+
+
+def test_verl_still_looks_up_rollout_adapters_in_its_private_registry():
+    from verl.workers.rollout import base
+
+    assert isinstance(base._ROLLOUT_REGISTRY, dict) and ("vllm", "async") in base._ROLLOUT_REGISTRY
+    assert "_ROLLOUT_REGISTRY[(rollout_name, mode)]" in inspect.getsource(base.get_rollout_class)
+
+
+def test_verl_still_builds_a_process_group_backend_torch_rejects_on_cpu():
+    import verl.utils.distributed as distributed
+
+    for function in (distributed.initialize_global_process_group, distributed.initialize_global_process_group_ray):
+        source = inspect.getsource(getattr(function, "__wrapped__", function))
+        assert 'f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"' in source, function.__name__
+
+
+def test_verl_fsdp_engine_still_pins_the_reference_policy_offload():
+    from verl.workers.engine.fsdp import transformer_impl
+
+    policy = transformer_impl.CPUOffloadPolicy
+    assert "CPUOffloadPolicy(pin_memory=True)" in inspect.getsource(transformer_impl.FSDPEngine._build_fsdp_module)
+    assert getattr(policy, "_verl_evidence_cpu", False) or policy.__module__.startswith("torch.")
+
+
+# --- registration, in fresh processes (plugins load on `import verl`) ---
+
+PROBE = r"""
+import json, verl
+from verl.plugin.platform import get_platform
+from verl.workers.rollout.replica import RolloutReplicaRegistry
+from verl.workers.rollout.base import _ROLLOUT_REGISTRY
+out = {"hf_replica": "hf" in RolloutReplicaRegistry._registry, "hf_adapter": ("hf", "async") in _ROLLOUT_REGISTRY}
+if out["hf_replica"]:
+    from verl.workers.engine.base import EngineRegistry
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+    import verl.utils.distributed as distributed
+    platform = get_platform()
+    out.update(
+        device=platform.device_name, backend=platform.communication_backend_name(),
+        device_module_current=platform.device_module.current_device(),
+        engine=EngineRegistry.get_engine_cls("language_model", "fsdp2") is FSDPEngineWithLMHead,
+        replica=RolloutReplicaRegistry.get("hf").__name__,
+    )
+    import os, torch.distributed
+    os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PROBE_PORT"])
+    distributed.initialize_global_process_group_ray()
+    out["process_group_backend"] = torch.distributed.get_backend()
+print("PROBE" + json.dumps(out))
+"""
+
+
+def _probe(env_update: dict[str, str]) -> dict:
+    from retrieval_server.launch import free_port
+
+    env = {k: v for k, v in os.environ.items() if k != "VERL_PLATFORM"}
+    env.update(env_update, PROBE_PORT=str(free_port()))
+    result = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = next(line for line in result.stdout.splitlines() if line.startswith("PROBE"))
+    return json.loads(line[len("PROBE") :])
+
+
+@pytest.mark.slow
+def test_selected_mode_registers_platform_engine_rollout_and_a_working_process_group():
+    probe = _probe({"VERL_PLATFORM": "cpu"})
+    assert probe == {
+        "hf_replica": True,
+        "hf_adapter": True,
+        "device": "cpu",
+        "backend": "gloo",
+        "device_module_current": "cpu",
+        "engine": True,
+        "replica": "HFRolloutReplica",
+        "process_group_backend": "gloo",
+    }
+
+
+@pytest.mark.slow
+def test_mode_is_inactive_unless_selected():
+    assert _probe({}) == {"hf_replica": False, "hf_adapter": False}
+
+
+# --- the rollout server, in-process on the tiny policy ---
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory):
+    from verl_evidence.testing import tiny_causal_lm
+
+    directory = tmp_path_factory.mktemp("policy")
+    tiny_causal_lm(directory=directory)
+    return directory
+
+
+def _server(policy_dir, **config):
+    rollout = SimpleNamespace(response_length=12, prompt_length=64, seed=0, **config)
+    return cpu_mode.HFRolloutServer(rollout, SimpleNamespace(local_path=str(policy_dir), trust_remote_code=False), 0)
+
+
+def test_rollout_server_generates_with_its_weight_version_and_takes_new_weights(policy_dir):
+    import torch
+
+    from verl_evidence.testing import tiny_causal_lm
+
+    server = _server(policy_dir)
+    greedy = {"temperature": 0.0, "logprobs": True}
+    prompt = [5, 6, 7, 8]
+
+    async def scenario():
+        before = await server.generate(prompt, dict(greedy), "r1")
+        assert 0 < len(before.token_ids) <= 12  # response_length is the default budget, as in verl's vLLM server
+        assert len(before.log_probs) == len(before.token_ids)
+        assert before.extra_fields == {"global_steps": None}
+        state = tiny_causal_lm(seed=1).state_dict()  # other weights, ties intact (lm_head is embed_tokens)
+        assert await server.load_weights(state) == len(state)
+        await server.set_global_steps(3)
+        after = await server.generate(prompt, dict(greedy), "r2")
+        assert after.extra_fields == {"global_steps": 3}
+        assert torch.equal(server.backend.model.state_dict()["model.embed_tokens.weight"], state["model.embed_tokens.weight"])
+        return before, after
+
+    before, after = asyncio.run(scenario())
+    assert before.log_probs != after.log_probs  # generation really uses the new weights
+    assert asyncio.run(server.describe()) == {"replica_rank": 0, "global_steps": 3, "weight_syncs": 1}
+
+
+def test_rollout_server_refuses_weights_it_does_not_have(policy_dir):
+    import torch
+
+    server = _server(policy_dir)
+    with pytest.raises(KeyError, match="unknown parameters.*not_a_layer"):
+        asyncio.run(server.load_weights({"not_a_layer.weight": torch.zeros(1)}))
+
+
+def test_rollout_server_caps_the_budget_by_the_context_left(policy_dir):
+    server = _server(policy_dir)
+    long_prompt = list(range(5, 5 + 70))  # prompt_length + response_length - 70 = 6 tokens left
+    output = asyncio.run(server.generate(long_prompt, {"temperature": 0.0, "ignore_eos": True}, "r"))
+    assert len(output.token_ids) == 6
