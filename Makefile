@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast demo bench clean
+.PHONY: install test test-fast smoke demo bench clean
 
 install: $(VENV)/.installed
 
@@ -27,6 +27,12 @@ test: install
 test-fast: install
 	@HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest selected no fast tests: failing on purpose"; exit 1; fi; exit $$rc
+
+# Every recipe, 2 real training steps on this machine's CPU (verl's own trainer; docs/debug-on-cpu.md).
+SMOKE_RECIPES ?= eviomni_grpo lear_grpo evinote_grpo search_r1_baseline grace_dapo evipath_sft
+smoke: install
+	@for r in $(SMOKE_RECIPES); do echo "== $$r --smoke"; PYTHON=$(abspath $(PY)) bash recipes/$$r.sh --smoke || exit 1; done
+	@echo "== eviomni_grpo --smoke reward_preset=composite"; PYTHON=$(abspath $(PY)) bash recipes/eviomni_grpo.sh --smoke reward_preset=composite
 
 demo: install
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/verl-evidence demo $(DEMO_ARGS)

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -59,6 +60,27 @@ def _locked(path: Path):
     handle = open(path.with_suffix(".lock"), "w")
     fcntl.flock(handle, fcntl.LOCK_EX)  # two recipes starting at once build the cache once
     return handle
+
+
+# --------------------------------------------------------------------------- verl's console metrics
+
+_METRIC = re.compile(r"([\w/@.-]+):(?:np\.\w+\()?(-?[0-9.]+(?:e[-+]?[0-9]+)?|nan|inf)\)?")
+
+
+def step_metrics(output: str) -> dict[int, dict[str, float]]:
+    """Every ``step:N - key:value - ...`` line of verl's console logger, as floats per step."""
+    steps: dict[int, dict[str, float]] = {}
+    for line in output.splitlines():
+        found = line.find("step:")
+        if found < 0 or " - " not in line[found:]:
+            continue
+        head, _, rest = line[found:].partition(" - ")
+        try:
+            step = int(head.split(":", 1)[1])
+        except ValueError:
+            continue
+        steps[step] = {key: float(value) for key, value in _METRIC.findall(rest)}
+    return steps
 
 
 # --------------------------------------------------------------------------- data
