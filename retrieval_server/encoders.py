@@ -134,11 +134,26 @@ class OnnxExportError(RuntimeError):
     pass
 
 
+def _weights_stamp(model: str) -> list[list]:
+    """Name, size and modification time of a local checkpoint's weight files.
+
+    The model fingerprint reads weight sizes only, and weights retrained in place keep their sizes: an
+    export keyed on the fingerprint alone would silently serve the old model. A copied checkpoint gets new
+    times, which costs one more export, never a wrong one.
+    """
+    path = Path(model)
+    if not path.is_dir():
+        return []
+    files = sorted(f for f in path.rglob("*") if f.is_file() and f.suffix in {".safetensors", ".bin", ".pt", ".onnx"})
+    return [[f.relative_to(path).as_posix(), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+
+
 def onnx_cache_key(config: EncoderConfig) -> str:
     """Everything the exported graph depends on. Prefixes are applied to the text, so they are not part of it."""
     identity = {
         "format": ONNX_EXPORT_FORMAT,
         "fingerprint": model_fingerprint(config.model),
+        "weights": _weights_stamp(config.model),
         "pooling": config.pooling,
         "normalize": config.normalize,
         "max_length": config.max_length,

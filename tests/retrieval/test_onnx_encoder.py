@@ -7,6 +7,7 @@ the bundled FAISS index. No timing assertions (speed is shown in benchmarks/retr
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -167,3 +168,18 @@ def test_without_onnxruntime_auto_serves_with_torch_and_onnx_says_what_to_instal
         encoder = load_query_encoder(packaged_minilm_encoder(), "auto", "cpu", tmp_path)
     assert encoder.backend == "torch" and "using torch" in caplog.text
     assert not (tmp_path / "encoders").exists()  # nothing exported that could not be checked
+
+
+def test_weights_rewritten_in_place_get_a_new_export(tmp_path):
+    # Same file names and sizes (so the same model fingerprint), new contents: the old export must not be reused.
+    import shutil
+
+    model = tmp_path / "minilm"
+    shutil.copytree(packaged_minilm_encoder().model, model)
+    config = packaged_minilm_encoder().model_copy(update={"model": str(model)})
+    before = onnx_cache_key(config)
+    weights = model / "model.safetensors"
+    stat = weights.stat()
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert encoders.model_fingerprint(str(model)) == encoders.model_fingerprint(packaged_minilm_encoder().model)
+    assert onnx_cache_key(config) != before
