@@ -11,6 +11,7 @@ import asyncio
 import json
 import re
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -183,3 +184,47 @@ def test_hybrid_rerank_through_serve_matches_in_process_with_mixed_topk(hybrid_r
         assert len(hits) == k
         assert [h["document"] for h in hits] == expected
         np.testing.assert_allclose([h["score"] for h in hits], scores[0][: len(expected)], rtol=1e-4, atol=1e-5)
+
+
+def _metric(metrics_text: str, name: str) -> float:
+    return float(re.search(rf"^{name} (\S+)$", metrics_text, re.M).group(1))
+
+
+def test_a_request_whose_client_left_before_its_batch_is_never_run(hybrid_rerank_app):
+    import httpx
+
+    handle, _ = hybrid_rerank_app
+
+    def metrics() -> str:
+        return httpx.get(f"{handle.url}/metrics", timeout=30).text
+
+    def wait_for(condition, what: str, limit_s: float = 120.0) -> None:
+        deadline = time.monotonic() + limit_s
+        while not condition():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"gave up waiting for {what}")
+            time.sleep(0.05)
+
+    before = metrics()
+    queries_before = _metric(before, "retrieval_batch_queries_sum")
+    batches_before = _metric(before, "retrieval_batch_queries_count")
+    # A slow batch (about 10 s here, unloaded): hybrid 100 deep, every candidate through the cross-encoder.
+    slow_queries = [f"question {i} about rivers, deserts and the history of Africa" for i in range(96)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        slow = pool.submit(lambda: httpx.post(f"{handle.url}/retrieve", json={"queries": slow_queries, "topk": 100}, timeout=600))
+        # Counted when a batch starts: from here on, a new request waits for the next batch.
+        wait_for(lambda: _metric(metrics(), "retrieval_batch_queries_count") == batches_before + 1, "the slow batch to start")
+        assert _metric(metrics(), "retrieval_requests_in_flight") == 1
+        leaver = pool.submit(
+            lambda: httpx.post(f"{handle.url}/retrieve", json={"queries": ["Nile"] * 7, "topk": 2}, timeout=2)
+        )
+        wait_for(lambda: _metric(metrics(), "retrieval_requests_in_flight") == 2, "the second request to queue behind it")
+        with pytest.raises(httpx.TimeoutException):
+            leaver.result()
+        # Its handler is cancelled with the connection, while the slow batch still runs.
+        wait_for(lambda: _metric(metrics(), "retrieval_requests_in_flight") == 1, "the server to drop the request")
+        assert not slow.done(), "the slow batch ended before the test could show anything; make it slower"
+        assert slow.result().status_code == 200
+    after = metrics()
+    assert _metric(after, "retrieval_batch_queries_sum") - queries_before == len(slow_queries)  # the 7 never ran
+    assert _metric(after, "retrieval_batch_queries_count") == batches_before + 1
