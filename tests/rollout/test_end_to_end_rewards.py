@@ -150,3 +150,21 @@ def test_grace_single_turn_strips_thinking(base_config, tokenizer, ray_session):
     expected = grace.compute_score("nq", text, GOLD, {})
     assert score == pytest.approx(expected["score"], abs=1e-6)
     assert score == pytest.approx(0.5 + 1.0 + 2.0 * 1.0 + 3.0 * 1.0, abs=1e-6)  # format, path, alpha*R_e + beta*R_a
+
+
+def test_eviomni_row_without_passages_or_server_scores_zero_and_is_counted(base_config, tokenizer, ray_session):
+    from retrieval_server.launch import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    config = with_settings(
+        base_config,
+        {
+            "reward.reward_manager.name": "eviomni",
+            "actor_rollout_ref.rollout.custom": {"eviomni": {"retrieval_url": dead, "search_max_retries": 0}},
+        },
+    )
+    backend = ScriptedBackend(tokenizer, responder=lambda prompt: "<answer> Nile </answer>")
+    out, score, info = run_scored(config, backend, [scored_row("Which river flows into the Mediterranean?", "eviomni")])
+    assert out["response_mask"] == [0]
+    assert score == 0.0
+    assert info["retrieval_failed"] == 1.0 and info["reward_error"] == 1.0

@@ -125,3 +125,86 @@ def test_no_extract_block_means_no_continuation_and_zero_lengths(base_config, to
     assert len(backend.calls) == 3  # first part, o_r, o_e: no o_f after EOS
     assert out["extra"]["eviomni_len_r"] == 0 and out["extra"]["eviomni_len_e"] == 0
     assert out["extra"]["eviomni_answer_r"] == "<answer> Nile </answer>"
+
+
+# --- failure paths (issue 12, item 4) ---
+
+
+def test_no_passages_and_no_server_is_kept_out_of_the_loss(base_config, tokenizer):
+    from retrieval_server.launch import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    config = with_settings(
+        base_config,
+        {"actor_rollout_ref.rollout.custom": {"eviomni": {"retrieval_url": dead, "search_max_retries": 0, "search_timeout": 2}}},
+    )
+    backend = ScriptedBackend(tokenizer, responder=responder_for({}))
+    output = run_worker(config, backend, [make_row(QUESTION, "eviomni")])
+    out = unpad(output)
+    assert out["response_mask"] == [0] * len(out["response_ids"]) and len(out["response_ids"]) == 1
+    assert out["extra"]["retrieval_failed"] == 1.0 and out["extra"]["retrieval_error"]
+    assert int(out["extra"]["min_global_steps"]) == 0  # the trajectory still carries the weight version
+    assert len(backend.calls) == 1  # no reason/extract/answer generations from an empty passage block
+    assert "Doc 1" not in tokenizer.decode(backend.calls[0]["prompt_ids"])
+    # scored 0 by the manager: tests/rollout/test_end_to_end_rewards.py
+
+
+def test_masked_text_cannot_reach_the_masked_prompts_through_a_system_message(base_config, tokenizer):
+    script: dict = {}
+    system = (
+        f"Context for the assistant. Passages: {PASSAGES[0].split(chr(10))[1]} {PASSAGES[1].split(chr(10))[1]} "
+        f"Known evidence: {EVIDENCE}. Earlier reasoning: {RATIONALE}"
+    )
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": QUESTION}]
+    backend = ScriptedBackend(tokenizer, responder=responder_for(script))
+    run_worker(base_config, backend, [make_row(QUESTION, "eviomni", messages=messages, passages=PASSAGES)])
+    prompts = {}
+    for call in backend.calls:
+        text = tokenizer.decode(call["prompt_ids"])
+        if "Some parts may be hidden" in text:
+            prompts["e" if "Reasoning: [hidden]" in text else "r"] = text
+    assert set(prompts) == {"r", "e"}
+    system_part = {kind: text.split("<|im_start|>user")[0] for kind, text in prompts.items()}
+    assert "Context for the assistant" in system_part["r"] and "Context for the assistant" in system_part["e"]
+    # o_r: the evidence is hidden everywhere, the rest of the system message stays
+    assert EVIDENCE not in prompts["r"] and RATIONALE in system_part["r"]
+    # o_e: passages and rationale hidden everywhere; only the evidence (its own input) may appear
+    for piece in (PASSAGES[1].split("\n")[1], RATIONALE, "The Nile flows north through eleven countries"):
+        assert piece not in prompts["e"], piece
+    assert EVIDENCE in prompts["e"]
+
+
+class NumberedLogprobBackend(ScriptedBackend):
+    """Scripted engine whose log-prob for the i-th token of call k is -(k + i / 1000): concatenation is checkable."""
+
+    async def generate(self, request_id, **kwargs):
+        output = await super().generate(request_id, **kwargs)
+        call = len(self.calls)
+        output.log_probs = [-(call + i / 1000) for i in range(len(output.token_ids))]
+        return output
+
+
+def test_response_running_out_of_budget_is_cut_with_matching_logprobs(base_config, tokenizer):
+    from conftest import RESPONSE_LENGTH
+
+    long_answer = " <answer> " + "Nile " * RESPONSE_LENGTH + "</answer>"
+    script = {"first": FIRST}
+
+    def respond(prompt: str) -> str:
+        if prompt.endswith("</extract>"):
+            return long_answer
+        return responder_for(script)(prompt)
+
+    config = with_settings(base_config, {"actor_rollout_ref.rollout.calculate_log_probs": True})
+    backend = NumberedLogprobBackend(tokenizer, responder=respond)
+    output = run_worker(config, backend, [make_row(QUESTION, "eviomni", passages=PASSAGES)])
+    out = unpad(output)
+    first_ids = tokenizer.encode(FIRST.split("</extract>")[0] + "</extract>", add_special_tokens=False)
+    assert len(out["response_ids"]) == RESPONSE_LENGTH  # o_f ran out of the budget: cut, not overflowing
+    assert out["response_mask"] == [1] * RESPONSE_LENGTH
+    logprobs = output.batch["rollout_log_probs"][0, :RESPONSE_LENGTH].tolist()
+    # (r, e) from the first call, then o_f from the continuation call, token for token
+    assert logprobs[: len(first_ids)] == pytest.approx([-(1 + i / 1000) for i in range(len(first_ids))])
+    continuation = logprobs[len(first_ids) :]
+    assert continuation[0] <= -2  # from a later call than the first (o_f runs beside o_r and o_e)
+    assert continuation == pytest.approx([continuation[0] - i / 1000 for i in range(len(continuation))])

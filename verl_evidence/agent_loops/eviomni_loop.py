@@ -34,6 +34,7 @@ from retrieval_server.client import RetrievalError
 from verl_evidence.agent_loops.common import (
     EngineFields,
     encode,
+    message_text,
     loop_setup,
     question_of,
     row_passages,
@@ -42,7 +43,7 @@ from verl_evidence.agent_loops.common import (
 from verl_evidence.backends import cut_at_stop
 from verl_evidence.prompts import check_placeholders, load_prompt, render_prompt
 from verl_evidence.rewards.text import extract_last, strip_thinking
-from verl_evidence.tools.search_tool import SearchService, document_ids, format_documents
+from verl_evidence.tools.search_tool import SearchService, document_ids, document_texts, format_documents
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +126,21 @@ class EviOmniAgentLoop(AgentLoopBase):
     def _system_messages(self, kwargs: dict[str, Any]) -> list[dict]:
         return [dict(m) for m in kwargs.get("raw_prompt", []) if dict(m).get("role") == "system"]
 
+    def _masked_system(self, system: list[dict], hidden: list[str]) -> list[dict]:
+        """System messages for a masked-input answer: any copy of masked text in them is replaced too.
+
+        Datasets sometimes put the context in the system message; hard masking must
+        hold through every message the model receives, not only the user turn.
+        """
+        pieces = sorted({h.strip() for h in hidden if h and h.strip()}, key=len, reverse=True)
+        masked = []
+        for message in system:
+            content = message_text(message.get("content", ""))
+            for piece in pieces:
+                content = content.replace(piece, self.settings.placeholder)
+            masked.append({**message, "content": content})
+        return masked
+
     async def _generate(
         self, prompt_ids: list[int], params: dict[str, Any], stop: str, priority: int, engine: EngineFields
     ) -> tuple[list[int], list[float] | None]:
@@ -150,6 +166,50 @@ class EviOmniAgentLoop(AgentLoopBase):
         token_ids, _ = await self._generate(prompt_ids, params, "</answer>", priority, engine)
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
+    async def _without_passages(
+        self, question: str, system: list[dict], engine: EngineFields, reason: str
+    ) -> AgentLoopOutput:
+        """A row with no passages (none in the row, none retrieved): nothing to extract evidence from.
+
+        Generating from an empty passage block would train the policy on a prompt the
+        method never poses. The trajectory is one token with loss mask 0 (never
+        trained on); ``retrieval_failed`` = 1 makes the reward manager score it 0 with
+        its reason and puts it in the step's metrics.
+        """
+        logger.warning("eviomni: no passages for %r (%s): trajectory kept out of the loss", question, reason)
+        prompt_ids = await self.ct_build_initial_tokens(
+            system + [{"role": "user", "content": render_prompt(self.prompt_template, question=question, passages="")}]
+        )
+        # One token from the engine: the trajectory then carries the rollout's weight version like any other.
+        output = await self.server_manager.generate(
+            request_id=uuid4().hex, prompt_ids=prompt_ids, sampling_params={"temperature": 0.0, "max_tokens": 1}
+        )
+        engine.add(output)
+        eos = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.tokenizer.pad_token_id
+        response_ids = list(output.token_ids)[:1] or [eos]
+        fields = engine.merged_with({
+            "question": question,
+            "retrieved_ids": [],
+            "eviomni_answer_r": "",
+            "eviomni_answer_e": "",
+            "eviomni_len_r": 0,
+            "eviomni_len_e": 0,
+            "eviomni_len_p": 0,
+            "retrieval_error": reason,
+            "retrieval_failed": 1.0,
+            "turn_scores": [],
+            "tool_rewards": [],
+        })
+        return AgentLoopOutput(
+            prompt_ids=prompt_ids,
+            response_ids=response_ids,
+            response_mask=[0],
+            response_logprobs=[0.0],
+            num_turns=1,
+            metrics={"generate_sequences": 0.0, "tool_calls": 0.0},
+            extra_fields=fields,
+        )
+
     @rollout_trace_op
     async def run(self, sampling_params: dict[str, Any], priority: int = 0, **kwargs) -> AgentLoopOutput:
         s = self.settings
@@ -161,6 +221,8 @@ class EviOmniAgentLoop(AgentLoopBase):
             passages, retrieval_error = await self._passages(kwargs, question)
         passages_text = format_documents(passages)
         system = self._system_messages(kwargs)
+        if not passages:
+            return await self._without_passages(question, system, engine, retrieval_error or "no passages")
         prompt_ids = await self.ct_build_initial_tokens(
             system
             + [
@@ -186,8 +248,8 @@ class EviOmniAgentLoop(AgentLoopBase):
         continue_answer = first_text.rstrip().endswith("</extract>") and remaining > 0
         hidden = s.placeholder
         jobs = [
-            self._masked_answer(
-                system,
+            self._masked_answer(  # o_r: the evidence is hidden
+                self._masked_system(system, [evidence]),
                 sampling_params,
                 priority,
                 engine,
@@ -196,8 +258,8 @@ class EviOmniAgentLoop(AgentLoopBase):
                 rationale=rationale,
                 evidence=hidden,
             ),
-            self._masked_answer(
-                system,
+            self._masked_answer(  # o_e: the passages and the rationale are hidden
+                self._masked_system(system, [passages_text, rationale, *document_texts(passages)]),
                 sampling_params,
                 priority,
                 engine,
@@ -229,6 +291,7 @@ class EviOmniAgentLoop(AgentLoopBase):
             "eviomni_len_e": len(encode(self.tokenizer, evidence)) if evidence else 0,
             "eviomni_len_p": len(encode(self.tokenizer, passages_text)) if passages_text else 0,
             "retrieval_error": retrieval_error,
+            "retrieval_failed": 0.0,
             "turn_scores": [],
             "tool_rewards": [],
         })

@@ -33,6 +33,7 @@ ROLLOUT_STAT_KEYS: tuple[str, ...] = (
     "invalid_actions",
     "search_errors",
     "extractor_failures",
+    "retrieval_failed",
 )
 
 
@@ -124,8 +125,13 @@ class EvidenceRewardManager(RewardManagerBase):
             result = self.scorer.failure()
             stats = dict.fromkeys(ROLLOUT_STAT_KEYS, 0.0)
         else:
-            result = await self.scorer.score(sample)
             stats = rollout_stats(sample.tool_extra_fields)
+            if stats["retrieval_failed"]:
+                reason = (sample.tool_extra_fields or {}).get("retrieval_error") or "no passages"
+                logger.warning("%s reward: the rollout had no passages (%s); scoring 0", self.reward_name, reason)
+                result = self.scorer.failure()
+            else:
+                result = await self.scorer.score(sample)
         if self.logs_rollout_stats:
             result = with_rollout_stats(result, stats)
         return {"reward_score": result["score"], "reward_extra_info": result}

@@ -98,6 +98,12 @@ def document_ids(results: Sequence[dict]) -> list[str]:
     return [str((item.get("document") or {}).get("id", "")) for item in results]
 
 
+def document_texts(results: Sequence[dict]) -> list[str]:
+    """Each result's passage text, without its title (what masking must hide wherever it is copied)."""
+    texts = [split_contents(str((item.get("document", item) or {}).get("contents", "")))[1] for item in results]
+    return [t for t in texts if t]
+
+
 # ---------------------------------------------------------------------------
 # Shared rate limit
 # ---------------------------------------------------------------------------
