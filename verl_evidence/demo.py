@@ -9,11 +9,18 @@
    ``RewardLoopWorker``, ``run_single``).
 4. Print the rewards per component per case, show where each reward separates
    good from bad behaviour, and write ``outputs/demo/report.md`` with PNG plots.
+5. With ``--train``: a short real GRPO training on CPU (``recipes/eviomni_grpo.sh
+   --smoke``, verl's own trainer, the tiny warmed-up policy), its reward components
+   per step plotted in ``training.png`` / ``training.md`` next to the report.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,6 +50,14 @@ _TERMINAL_COMPONENTS = {
     "grace": ("format", "path", "content", "evidence_rouge", "answer_rouge"),
 }
 QUICK_PER_CASE = 1
+
+# --train: the EviOmni recipe's CPU smoke run, longer. Each CPU step is ~15-30 s, plus ~1 min of Ray
+# start-up and a validation pass per step (verl logs reward components only for validation).
+TRAIN_RECIPE = "eviomni_grpo.sh"
+TRAIN_STEPS = 6
+TRAIN_VALIDATION_PROMPTS = 4  # rows of the bundled EviOmni set validated before training and after each step
+TRAIN_VALIDATION_SAMPLES = 2  # samples per row, at the training temperature
+TRAIN_LOG = "training.log"
 
 
 def register(app: typer.Typer) -> None:
@@ -161,6 +176,13 @@ def demo_command(
     quick: bool = typer.Option(False, help=f"CI size: {QUICK_PER_CASE} trajectory per (rollout, case), 2 questions for a model"),
     per_case: int = typer.Option(None, help="at most N reference trajectories per (rollout, case)"),
     questions: int = typer.Option(None, help="with --model/--endpoint: number of bundled questions (default 10)"),
+    train: bool = typer.Option(
+        False, "--train",
+        help="then run a short real GRPO training on this CPU (EviOmni recipe --smoke, verl's trainer, a tiny "
+        f"policy) and plot its reward components per step (~{TRAIN_STEPS} steps: about 6-8 min on 2 cores; "
+        "the first run on a machine also warms the tiny policy up, a few minutes, cached)",
+    ),
+    train_steps: int = typer.Option(TRAIN_STEPS, min=1, help="GRPO steps of --train"),
 ) -> None:
     """Serve the bundled corpus, roll out every method, score with every reward manager, write the report."""
     from verl_evidence.eval import replay
@@ -177,6 +199,7 @@ def demo_command(
     from verl_evidence.eval.session import RANDOM_JUDGE_NOTE, make_runner, open_session
 
     started = time.monotonic()
+    recipe = training_recipe() if train else None  # before the demo's minutes: a missing recipe fails now
     quiet_library_logs()
     policy, tokenizer = options.policy_and_tokenizer(trajectories, model, endpoint, served_model, tokenizer)
     console.print(
@@ -243,5 +266,183 @@ def demo_command(
     for png in report.images:
         console.print(f"plot:   {png}")
     console.print(f"done in {time.monotonic() - started:.0f}s ({len(records)} rollouts)")
-    if failed:
+    trained = True
+    if recipe is not None:
+        trained = run_training(recipe, out, train_steps, report.markdown)
+    else:
+        console.print(
+            f"[dim]Add --train (make demo DEMO_ARGS=--train) to also run {TRAIN_STEPS} real GRPO steps of the "
+            "EviOmni recipe on this CPU with verl's trainer and plot the reward components per step (~6-8 min).[/]"
+        )
+    if failed or not trained:
         raise typer.Exit(code=1)
+
+
+# --------------------------------------------------------------------------- --train
+
+
+def training_recipe() -> Path:
+    """``recipes/eviomni_grpo.sh`` of the source checkout this package runs from, or of the current directory.
+
+    The recipes are shell scripts next to the package, not part of it: an install without
+    the checkout has none, and rebuilding their trainer command here would drift from them.
+    """
+    import verl_evidence
+
+    candidates = [Path(verl_evidence.__file__).resolve().parents[1] / "recipes", Path.cwd() / "recipes"]
+    for directory in candidates:
+        if (directory / TRAIN_RECIPE).is_file():
+            return directory / TRAIN_RECIPE
+    raise typer.BadParameter(
+        f"--train runs recipes/{TRAIN_RECIPE} --smoke from a source checkout of verl-evidence; none found in "
+        + " or ".join(str(d) for d in candidates)
+        + ". Run it from the checkout (make demo DEMO_ARGS=--train).",
+        param_hint="--train",
+    )
+
+
+def training_invocation(recipe: Path, steps: int) -> tuple[list[str], dict[str, str]]:
+    """The recipe's smoke run for ``steps`` steps, validating before training and after every step."""
+    settings = {
+        "SMOKE_STEPS": str(steps),
+        "TEST_FREQ": "1",
+        "VAL_BEFORE_TRAIN": "true",
+        "EXPERIMENT": "verl-evidence-demo",
+    }
+    command = [
+        "bash", str(recipe), "--smoke",
+        f"data.val_max_samples={TRAIN_VALIDATION_PROMPTS}",
+        f"actor_rollout_ref.rollout.val_kwargs.n={TRAIN_VALIDATION_SAMPLES}",
+        # sampled like the training rollouts (verl validates greedily by default)
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+    ]
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}  # a Ray of its own
+    env.update(settings, PYTHON=sys.executable, PYTHONUNBUFFERED="1")
+    return command, env
+
+
+def _printable(command: Sequence[str], env: dict[str, str], recipe: Path) -> str:
+    import shlex
+
+    shown = [f"recipes/{recipe.name}" if part == str(recipe) else part for part in command]
+    settings = [f"{k}={env[k]}" for k in ("SMOKE_STEPS", "TEST_FREQ", "VAL_BEFORE_TRAIN")]
+    return " ".join(settings + [shlex.quote(part) for part in shown])
+
+
+def _stream(command: list[str], env: dict[str, str], log_path: Path, steps: int) -> tuple[int, str, float | None]:
+    """Run the recipe, copy its output to ``log_path``, print one line per phase and per training step.
+
+    Returns the exit code, the whole output and when verl's trainer started (seconds after launch).
+    """
+    from verl_evidence import smoke
+    from verl_evidence.eval.training_report import format_step
+
+    started = time.monotonic()
+    trainer_started = None
+    lines: list[str] = []
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+        bufsize=1, start_new_session=True,  # its own process group: Ctrl-C stops the recipe, Ray and the trainer
+    )
+    try:
+        with open(log_path, "w", encoding="utf-8") as log:
+            assert process.stdout is not None
+            for line in process.stdout:
+                log.write(line)
+                log.flush()
+                lines.append(line)
+                elapsed = time.monotonic() - started
+                if line.startswith("# smoke run on CPU"):
+                    console.print(f"  [{elapsed:4.0f}s] preparing the tiny policy and the EviOmni data "
+                                  "(the first run on a machine warms the policy up: a few minutes, then cached)")
+                elif line.startswith("# trainer:"):
+                    trainer_started = elapsed
+                    console.print(f"  [{elapsed:4.0f}s] starting verl's trainer (Ray start-up, workers, model load)")
+                elif "step:" in line and " - " in line:
+                    for step, values in smoke.step_metrics(line).items():
+                        console.print(f"  [{elapsed:4.0f}s] {format_step(step, values, steps)}")
+        code = process.wait()
+    except BaseException:
+        _stop(process)
+        raise
+    return code, "".join(lines), trainer_started
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGINT, 30), (signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_training(recipe: Path, out: Path, steps: int, report_path: Path) -> bool:
+    """``--train``: the recipe's real CPU run, then ``training.png`` / ``training.md`` and a report section."""
+    from verl_evidence import smoke
+    from verl_evidence.eval.training_report import TRAINING_MD, TRAINING_PNG, write_training_report
+
+    command, env = training_invocation(recipe, steps)
+    printable = _printable(command, env, recipe)
+    log_path = out / TRAIN_LOG
+    console.print(Panel.fit(
+        f"training: {steps} GRPO steps of the EviOmni recipe on CPU with verl's trainer (docs/debug-on-cpu.md)\n"
+        f"{printable}\nlog: {log_path}",
+        title="demo --train",
+    ))
+    started = time.monotonic()
+    code, output, trainer_started = _stream(command, env, log_path, steps)
+    elapsed = time.monotonic() - started
+    metrics = smoke.step_metrics(output)
+    trained_steps = sorted(step for step, values in metrics.items() if step >= 1 and "critic/score/mean" in values)
+    if code != 0 or not trained_steps:
+        tail = "".join(output.splitlines(keepends=True)[-40:])
+        console.print(tail, markup=False, highlight=False)
+        reason = f"exit code {code}" if code != 0 else "no training step in its output"
+        console.print(f"[red]training failed ({reason}) after {elapsed:.0f}s; full log: {log_path}[/]")
+        _append_training_section(report_path, f"The training run failed ({reason}); see [{TRAIN_LOG}]({TRAIN_LOG}).")
+        return False
+
+    preparation = f"{trainer_started:.0f}s preparing the policy and data, " if trainer_started is not None else ""
+    intro = [
+        f"A real run of the EviOmni recipe's CPU smoke mode, {len(trained_steps)} GRPO steps:",
+        "",
+        "```bash",
+        printable,
+        "```",
+        "",
+        "verl's own trainer (`python -m verl.trainer.main_ppo`) in the CPU training mode (docs/debug-on-cpu.md): "
+        "a 2-layer tiny policy warmed up on the methods' output formats, the bundled EviOmni rows, 2 prompts x 4 "
+        f"samples per step, the `eviomni` reward manager; validation on {TRAIN_VALIDATION_PROMPTS} rows x "
+        f"{TRAIN_VALIDATION_SAMPLES} samples before training and after every step. The trainer's command and "
+        f"output: [{TRAIN_LOG}]({TRAIN_LOG}).",
+        "",
+        f"Wall time on this machine: {elapsed:.0f}s ({preparation}the rest Ray start-up, steps and validations).",
+        "",
+        "It shows the whole GRPO loop running on the EviOmni reward (rollouts, reward components, advantages, "
+        "updates, weights synced to the rollout), not that the method improves a real policy: a few steps of a "
+        "tiny model move the rewards by noise-level amounts.",
+    ]
+    result = write_training_report(metrics, out, title=f"Training: {len(trained_steps)} GRPO steps on CPU", intro=intro)
+    _append_training_section(
+        report_path,
+        f"{len(trained_steps)} real GRPO steps of the EviOmni recipe on CPU (`--train`): per-step table and "
+        f"settings in [{TRAINING_MD}]({TRAINING_MD}), trainer log in [{TRAIN_LOG}]({TRAIN_LOG}).\n\n"
+        f"![reward components per training step]({TRAINING_PNG})",
+    )
+    console.print(f"training done in {elapsed:.0f}s ({len(trained_steps)} steps)")
+    console.print(f"plot:   {result.png}")
+    console.print(f"report: {result.markdown}")
+    return True
+
+
+def _append_training_section(report_path: Path, body: str) -> None:
+    with open(report_path, "a", encoding="utf-8") as handle:
+        handle.write(f"\n## Training\n\n{body}\n")
