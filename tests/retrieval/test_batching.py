@@ -150,7 +150,10 @@ def test_a_batch_returning_too_few_results_fails_its_requests_instead_of_leaving
     assert outcomes == {name: "error: batch returned 1 results for 2 requests" for name in ("p", "q")}
 
 
-@pytest.mark.parametrize(("max_batch_size", "expected"), [(2, [["r0"], ["r1", "r2"], ["r3", "r4"], ["r5"]]), (8, [["r0"], ["r1", "r2", "r3", "r4", "r5"]])])
+@pytest.mark.parametrize(
+    ("max_batch_size", "expected"),
+    [(2, [["r0"], ["r1", "r2"], ["r3", "r4"], ["r5"]]), (8, [["r0"], ["r1", "r2", "r3", "r4", "r5"]])],
+)
 def test_a_backlog_is_split_at_max_batch_size(max_batch_size, expected):
     async def scenario() -> tuple[list[list[str]], list[str]]:
         run = ScriptedBatches()
