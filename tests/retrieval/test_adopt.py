@@ -397,3 +397,78 @@ def test_mmap_reading_shares_pages_instead_of_copying(tmp_path):
     loaded_growth = anon_mb() - before
     np.testing.assert_array_equal(mapped_result[1], loaded_result[1])
     assert loaded_growth > 25 and mapped_growth < 5, (loaded_growth, mapped_growth)
+
+
+# The comparison rule on synthetic vectors (no model): exact codes, lossy codes, no reconstruction at all.
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def unit_vectors() -> np.ndarray:
+    return _unit(np.random.default_rng(0).standard_normal((2000, 32)))
+
+
+def _nudged(vectors: np.ndarray, cosine: float) -> np.ndarray:
+    """Vectors turned away from ``vectors`` to about the given cosine (a wrong prefix measured ~0.99)."""
+    noise = np.random.default_rng(1).standard_normal(vectors.shape)
+    noise -= np.sum(noise * vectors, axis=1, keepdims=True) * vectors  # orthogonal part only
+    return _unit(cosine * vectors + np.sqrt(1 - cosine**2) * _unit(noise))
+
+
+@pytest.mark.parametrize(
+    ("factory", "method"),
+    [("Flat", "reconstruct"), ("SQfp16", "reconstruct"), ("SQ8", "requantize"), ("IVF8,PQ8x4", "requantize"), ("HNSW16,Flat", "reconstruct")],
+)
+def test_compare_accepts_own_vectors_and_refuses_a_near_miss(unit_vectors, factory, method):
+    import faiss
+
+    from retrieval_server.adopt import compare
+
+    index = faiss.index_factory(32, factory, faiss.METRIC_INNER_PRODUCT)
+    index.train(unit_vectors)
+    index.add(unit_vectors)
+    rows = np.arange(0, 2000, 50)
+    right = compare(index, rows, unit_vectors[rows])
+    assert right.passed and right.method == method, (min(right.cosines), right.method)
+    near_miss = compare(index, rows, _nudged(unit_vectors[rows], 0.99))
+    assert not near_miss.passed
+    if not right.lossy:
+        assert not any(near_miss.matched)
+    # Lossy codes are coarser than a 0.99 nudge: some rows keep their code (12/40 measured for 8-bit PQ8),
+    # which is why they need 90% of the sample rather than all of it, and why this check is weaker.
+    unnormalised = compare(index, rows, 2.5 * unit_vectors[rows])  # same direction, other length
+    assert not unnormalised.passed
+
+
+def test_compare_falls_back_to_self_search_without_reconstruction(unit_vectors):
+    import faiss
+
+    from retrieval_server.adopt import compare
+
+    index = faiss.IndexIDMap(faiss.IndexFlatIP(32))  # cannot reconstruct; ids = rows here
+    index.add_with_ids(unit_vectors, np.arange(len(unit_vectors)))
+    rows = np.arange(0, 2000, 50)
+    right = compare(index, rows, unit_vectors[rows])
+    assert right.method == "self-search" and right.passed
+    assert not compare(index, rows, _nudged(unit_vectors[rows], 0.9)).passed
+
+
+@pytest.mark.slow
+def test_adopting_lossy_conversions_compares_codes(converted, search_r1_index, make_encoder, tmp_path):
+    """SQ8 and IVF-PQ files (as FlashRAG users may have them): verified through the index's own codes."""
+    for name in ("conv-sq8", "conv-IVF4_PQ16x4"):
+        manifest = adopt_index(
+            search_r1_index["root"] / name / "dense.faiss", search_r1_index["corpus"], tmp_path / name, search_r1_declaration(),
+            sample=SAMPLE, show_progress=False, make_encoder=make_encoder,
+        )  # fmt: skip
+        verification = manifest["adopted"]["verification"]
+        assert verification["method"] == "requantize" and verification["lossy_codes"] is True
+        assert verification["matched"] >= 0.9 * SAMPLE
+    with pytest.raises(AdoptionError, match="passage_prefix='passage: '"):
+        adopt_index(
+            search_r1_index["root"] / "conv-sq8" / "dense.faiss", search_r1_index["corpus"], tmp_path / "wrong",
+            search_r1_declaration(passage_prefix=""), sample=SAMPLE, show_progress=False, make_encoder=make_encoder,
+        )  # fmt: skip
