@@ -72,7 +72,12 @@ REPLICA = textwrap.dedent(
 def replica_memory(index_path: Path, mmap: bool, replicas: int = 2) -> list[dict]:
     """Start ``replicas`` processes on one index; their memory once all of them are up."""
     procs = [
-        subprocess.Popen([sys.executable, "-c", REPLICA, str(index_path), "1" if mmap else "0"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", REPLICA, str(index_path), "1" if mmap else "0"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(replicas)
     ]
     try:
@@ -168,16 +173,36 @@ def conversion_section(workdir: Path, n: int, d: int, recall_queries: int) -> di
     del flat
     source = read_dense_index(flat_path, mmap=True)
     overhead = reading_overhead(workdir, d)
-    rows = [{"target": "flat", "factory": "Flat", "file_bytes": flat_path.stat().st_size, "loaded_bytes": loaded_bytes(flat_path) - overhead, "recall": [{"search_params": "", "recall@10": 1.0}], "seconds": 0.0}]
+    rows = [
+        {
+            "target": "flat",
+            "factory": "Flat",
+            "file_bytes": flat_path.stat().st_size,
+            "loaded_bytes": loaded_bytes(flat_path) - overhead,
+            "recall": [{"search_params": "", "recall@10": 1.0}],
+            "seconds": 0.0,
+        }
+    ]
     for target in ("fp16", "sq8", "hnsw", "ivf-pq"):
         factory = resolve_factory(target, n, d)
         started = time.perf_counter()
-        index, recall, _ = convert_flat(source, factory, train_sample=min(n, 100_000), recall_queries=recall_queries, k=10)
+        index, recall, _ = convert_flat(
+            source, factory, train_sample=min(n, 100_000), recall_queries=recall_queries, k=10
+        )
         seconds = time.perf_counter() - started
         path = workdir / f"{target}.index"
         faiss.write_index(index, str(path))
         del index
-        rows.append({"target": target, "factory": factory, "file_bytes": path.stat().st_size, "loaded_bytes": loaded_bytes(path) - overhead, "recall": recall, "seconds": round(seconds, 1)})
+        rows.append(
+            {
+                "target": target,
+                "factory": factory,
+                "file_bytes": path.stat().st_size,
+                "loaded_bytes": loaded_bytes(path) - overhead,
+                "recall": recall,
+                "seconds": round(seconds, 1),
+            }
+        )
         path.unlink()
         print(f"  converted to {factory} in {seconds:.1f} s", flush=True)
     for row in rows:
@@ -194,7 +219,11 @@ def wiki18_plan(measured: dict | None = None) -> list[dict]:
         "Flat (fp32)": (d * 4, 0, "flat"),
         "SQfp16 (fp16)": (d * 2, 0, "fp16"),
         "SQ8": (d, fixed_bytes("SQ8", d), "sq8"),
-        "HNSW32,Flat": (d * 4 + 2 * 32 * 4 + 32 * 4 / 31 + 4 + 8, 0, "hnsw"),  # vectors + level-0 links + upper levels + level/offset
+        "HNSW32,Flat": (
+            d * 4 + 2 * 32 * 4 + 32 * 4 / 31 + 4 + 8,
+            0,
+            "hnsw",
+        ),  # vectors + level-0 links + upper levels + level/offset
         "IVF65536,PQ96": (96 + 8, fixed_bytes("IVF65536,PQ96", d), "ivf-pq"),  # code + int64 id per vector
         "IVF65536,PQ64": (64 + 8, fixed_bytes("IVF65536,PQ64", d), None),
         "IVF65536,PQ48": (48 + 8, fixed_bytes("IVF65536,PQ48", d), None),
@@ -213,26 +242,43 @@ def print_report(report: dict) -> None:
     replicas = report.get("replicas")
     if replicas:
         mb = 2**20
-        print(f"\n== 2 replicas on one {replicas['n']} x {replicas['d']} Flat index ({replicas['index_bytes'] / mb:.0f} MiB) ==")
+        print(
+            f"\n== 2 replicas on one {replicas['n']} x {replicas['d']} Flat index ({replicas['index_bytes'] / mb:.0f} MiB) =="
+        )
         print(f"{'mode':6} {'replica':>7} {'RSS MiB':>8} {'anon MiB':>9} {'file MiB':>9} {'PSS MiB':>8}")
         sums = {}
         for mode in ("read", "mmap"):
             for i, m in enumerate(replicas[mode]):
-                print(f"{mode:6} {i:>7} {m['VmRSS'] / mb:8.0f} {m['RssAnon'] / mb:9.0f} {m['RssFile'] / mb:9.0f} {m['Pss'] / mb:8.0f}")
+                print(
+                    f"{mode:6} {i:>7} {m['VmRSS'] / mb:8.0f} {m['RssAnon'] / mb:9.0f} {m['RssFile'] / mb:9.0f} {m['Pss'] / mb:8.0f}"
+                )
             sums[mode] = sum(m["Pss"] for m in replicas[mode])
-        print(f"sum of PSS: read {sums['read'] / mb:.0f} MiB, mmap {sums['mmap'] / mb:.0f} MiB -> ratio mmap/read {sums['mmap'] / sums['read']:.2f}")
+        print(
+            f"sum of PSS: read {sums['read'] / mb:.0f} MiB, mmap {sums['mmap'] / mb:.0f} MiB -> ratio mmap/read {sums['mmap'] / sums['read']:.2f}"
+        )
         anon = {mode: sum(m["RssAnon"] for m in replicas[mode]) for mode in ("read", "mmap")}
-        print(f"private (anonymous) memory: read {anon['read'] / mb:.0f} MiB, mmap {anon['mmap'] / mb:.0f} MiB -> ratio {anon['mmap'] / anon['read']:.2f}")
+        print(
+            f"private (anonymous) memory: read {anon['read'] / mb:.0f} MiB, mmap {anon['mmap'] / mb:.0f} MiB -> ratio {anon['mmap'] / anon['read']:.2f}"
+        )
     conv = report.get("conversion")
     if conv:
         print(f"\n== convert_flat on {conv['n']} x {conv['d']} clustered synthetic vectors ==")
-        print(f"(RAM: anonymous memory a process gains reading the index, less {conv['reading_overhead_bytes'] / 2**20:.1f} MiB for reading an empty one)")
+        print(
+            f"(RAM: anonymous memory a process gains reading the index, less {conv['reading_overhead_bytes'] / 2**20:.1f} MiB for reading an empty one)"
+        )
         flat = conv["rows"][0]
-        print(f"{'target':8} {'factory':18} {'file B/vec':>10} {'RAM B/vec':>10} {'x Flat':>7} {'build s':>8}  recall@10 (params)")
+        print(
+            f"{'target':8} {'factory':18} {'file B/vec':>10} {'RAM B/vec':>10} {'x Flat':>7} {'build s':>8}  recall@10 (params)"
+        )
         for row in conv["rows"]:
-            recall = ", ".join(f"{r['recall@10']:.3f}" + (f" ({r['search_params']})" if r["search_params"] else "") for r in row["recall"])
+            recall = ", ".join(
+                f"{r['recall@10']:.3f}" + (f" ({r['search_params']})" if r["search_params"] else "")
+                for r in row["recall"]
+            )
             ratio = row["loaded_per_vector_bytes"] / flat["loaded_per_vector_bytes"]
-            print(f"{row['target']:8} {row['factory']:18} {row['per_vector_bytes']:10.1f} {row['loaded_per_vector_bytes']:10.1f} {ratio:7.3f} {row['seconds']:8.1f}  {recall}")
+            print(
+                f"{row['target']:8} {row['factory']:18} {row['per_vector_bytes']:10.1f} {row['loaded_per_vector_bytes']:10.1f} {ratio:7.3f} {row['seconds']:8.1f}  {recall}"
+            )
     print(f"\n== wiki-18 ({WIKI18_PASSAGES:,} x {WIKI18_DIM}) ==")
     print(f"{'option':16} {'arithmetic GiB':>15} {'from measured B/vec':>20}")
     for row in wiki18_plan(conv):

@@ -112,7 +112,7 @@ def _norm_ratios(stored: np.ndarray, fresh: np.ndarray) -> np.ndarray:
 
 
 def _innermost(index):
-    """The index that holds the vectors: HNSW's storage, a refine index's base, ... (else the index)."""
+    """The index that holds the vectors: an HNSW index's storage, else the index itself."""
     import faiss
 
     index = faiss.downcast_index(index)
@@ -159,8 +159,17 @@ def compare(index, rows: np.ndarray, fresh: np.ndarray) -> Verification:
         ratio = _norm_ratios(stored, expected)
         matched = (cos >= MIN_COSINE) & (np.abs(ratio - 1) <= MAX_NORM_RATIO_ERROR)
         method = "requantize" if lossy else "reconstruct"
-        return Verification(rows.tolist(), method, cos.tolist(), ratio.tolist(), matched.tolist(), lossy=lossy, details={"stored": stored})
-    # No way to read vectors back: a passage's own vector must be its best hit (a score tie counts).
+        return Verification(
+            rows.tolist(),
+            method,
+            cos.tolist(),
+            ratio.tolist(),
+            matched.tolist(),
+            lossy=lossy,
+            details={"stored": stored},
+        )
+    # No way to read vectors back: a passage's own vector must be its best hit (a score tie counts), scoring
+    # about its own squared length. Looser than the cosine test (the index may score approximately): weaker.
     scores, hits = index.search(np.ascontiguousarray(fresh, dtype=np.float32), 10)
     own = np.array([scores[i][list(hits[i]).index(r)] if r in hits[i] else -np.inf for i, r in enumerate(rows)])
     expected = np.sum(fresh * fresh, axis=1)
@@ -192,7 +201,9 @@ def _variants(declared: EncoderConfig) -> list[tuple[dict, EncoderConfig]]:
     seen = set()
     for pooling in poolings:
         for prefix in prefixes:
-            change = {k: v for k, v in {"pooling": pooling, "passage_prefix": prefix}.items() if getattr(declared, k) != v}
+            change = {
+                k: v for k, v in {"pooling": pooling, "passage_prefix": prefix}.items() if getattr(declared, k) != v
+            }
             key = tuple(sorted(change.items()))
             if change and key not in seen:
                 seen.add(key)
@@ -200,14 +211,20 @@ def _variants(declared: EncoderConfig) -> list[tuple[dict, EncoderConfig]]:
     for max_length in (128, 256, 512):
         if max_length != declared.max_length:
             out.append(({"max_length": max_length}, declared.model_copy(update={"max_length": max_length})))
-    out.append(({"normalize": not declared.normalize}, declared.model_copy(update={"normalize": not declared.normalize})))
+    out.append(
+        ({"normalize": not declared.normalize}, declared.model_copy(update={"normalize": not declared.normalize}))
+    )
     return out
 
 
 def _flag(setting: str, value: object) -> str:
     if isinstance(value, bool):
         return f"--{'' if value else 'no-'}{setting}"
-    return f"--{setting.replace('_', '-')} {value!r}" if isinstance(value, str) else f"--{setting.replace('_', '-')} {value}"
+    return (
+        f"--{setting.replace('_', '-')} {value!r}"
+        if isinstance(value, str)
+        else f"--{setting.replace('_', '-')} {value}"
+    )
 
 
 def misaligned_rows(index, rows: np.ndarray, fresh: np.ndarray) -> list[tuple[int, int]]:
@@ -219,7 +236,13 @@ def misaligned_rows(index, rows: np.ndarray, fresh: np.ndarray) -> list[tuple[in
 
 
 def diagnose(
-    index, rows: np.ndarray, texts: list[str], fresh: np.ndarray, declared: EncoderConfig, make_encoder: EncoderFactory, base: Verification
+    index,
+    rows: np.ndarray,
+    texts: list[str],
+    fresh: np.ndarray,
+    declared: EncoderConfig,
+    make_encoder: EncoderFactory,
+    base: Verification,
 ) -> str:
     """Name what differs between the declaration and the stored vectors: row order, or one of the usual mistakes."""
     shifted = misaligned_rows(index, rows, fresh)
@@ -234,7 +257,10 @@ def diagnose(
         stored_norms = np.linalg.norm(base.details["stored"], axis=1)
         unit = bool(np.all(np.abs(stored_norms - 1) <= MAX_NORM_RATIO_ERROR))
         if declared.normalize and not unit:
-            lines.append(f"normalize: the stored vectors are not unit length (norms {stored_norms.min():.3g}-{stored_norms.max():.3g}); declared normalize=True")
+            lines.append(
+                f"normalize: the stored vectors are not unit length (norms {stored_norms.min():.3g}-"
+                f"{stored_norms.max():.3g}); declared normalize=True"
+            )
         elif not declared.normalize and unit and not np.allclose(base.norm_ratios, 1, atol=MAX_NORM_RATIO_ERROR):
             lines.append("normalize: the stored vectors are unit length; declared normalize=False")
     best: tuple[float, dict] | None = None
@@ -269,9 +295,13 @@ def _check_index_file(index, index_file: Path) -> None:
     import faiss
 
     if index.metric_type != faiss.METRIC_INNER_PRODUCT:
-        raise AdoptionError(f"{index_file} ranks by metric {index.metric_type} (L2 = 1); the server serves inner-product indexes only")
+        raise AdoptionError(
+            f"{index_file} ranks by metric {index.metric_type} (L2 = 1); the server serves inner-product indexes only"
+        )
     if isinstance(faiss.downcast_index(index), (faiss.IndexIDMap, faiss.IndexIDMap2)):
-        raise AdoptionError(f"{index_file} maps vectors to custom ids (IndexIDMap); the server needs FAISS id i = corpus line i")
+        raise AdoptionError(
+            f"{index_file} maps vectors to custom ids (IndexIDMap); the server needs FAISS id i = corpus line i"
+        )
 
 
 def index_factory_of(index) -> str:
@@ -300,7 +330,9 @@ def _link(source: Path, destination: Path, how: str) -> str:
     return how
 
 
-def _convert_corpus(corpus: Path, output_dir: Path, corpus_sha256: str, expected_rows: int, index_file: Path, show_progress: bool) -> int:
+def _convert_corpus(
+    corpus: Path, output_dir: Path, corpus_sha256: str, expected_rows: int, index_file: Path, show_progress: bool
+) -> int:
     """Corpus JSONL -> docstore.arrow, unless the docstore already holds this corpus; returns its row count."""
     docstore_path = output_dir / DOCSTORE
     source_path = output_dir / DOCSTORE_SOURCE
@@ -367,12 +399,16 @@ def adopt_index(
     with open(output_dir / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the same lock as the builder: never two writers in one directory
         try:
-            return _adopt_locked(index_file, corpus, output_dir, encoder, sample, link, bm25, seed, show_progress, make_encoder)
+            return _adopt_locked(
+                index_file, corpus, output_dir, encoder, sample, link, bm25, seed, show_progress, make_encoder
+            )
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _adopt_locked(index_file, corpus, output_dir, declared, sample, link, bm25, seed, show_progress, make_encoder) -> dict:
+def _adopt_locked(
+    index_file, corpus, output_dir, declared, sample, link, bm25, seed, show_progress, make_encoder
+) -> dict:
     from retrieval_server.encoders import describe
 
     started = time.time()
@@ -403,7 +439,9 @@ def _adopt_locked(index_file, corpus, output_dir, declared, sample, link, bm25, 
     verification = compare(index, rows, fresh)
     if not verification.passed:
         failed = [i for i, ok in enumerate(verification.matched) if not ok][:8]  # diagnose on passages that failed
-        why = diagnose(index, rows[failed], [texts[i] for i in failed], fresh[failed], declared, make_encoder, verification)
+        why = diagnose(
+            index, rows[failed], [texts[i] for i in failed], fresh[failed], declared, make_encoder, verification
+        )
         raise AdoptionError(
             f"refusing to adopt {index_file}: passages of {corpus} re-encoded with the declared encoder "
             f"({_describe_declaration(declared)}) do not match their stored vectors.\n  {verification.summary()}.\n  {why}"
@@ -426,7 +464,9 @@ def _adopt_locked(index_file, corpus, output_dir, declared, sample, link, bm25, 
         "dim": dim,
         "index": {"factory": index_factory_of(index), "metric": "inner_product", "file": DENSE_INDEX, "ntotal": ntotal},
         "docstore": DOCSTORE,
-        "bm25": {"dir": BM25_DIR, "tokenizer": "bm25s.Tokenizer(stopwords=en)", "tokenizer_vocab": BM25_TOKENIZER_VOCAB} if bm25 else None,
+        "bm25": {"dir": BM25_DIR, "tokenizer": "bm25s.Tokenizer(stopwords=en)", "tokenizer_vocab": BM25_TOKENIZER_VOCAB}
+        if bm25
+        else None,
         "shards": None,  # adopted: the vectors live only in the index file
         "adopted": {
             "index_file": str(index_file.resolve()),

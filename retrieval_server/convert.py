@@ -198,7 +198,9 @@ def convert_index(
             "convert from the Flat index it was made from"
         )
     factory = resolve_factory(target, int(source.ntotal), int(source.d))
-    index, recall, rows = convert_flat(source, factory, train_sample, chunk_size, recall_queries, k, search_params, seed, show_progress)
+    index, recall, rows = convert_flat(
+        source, factory, train_sample, chunk_size, recall_queries, k, search_params, seed, show_progress
+    )
     count = int(source.ntotal)
 
     output_dir.mkdir(parents=True, exist_ok=True)

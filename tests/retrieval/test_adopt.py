@@ -33,7 +33,13 @@ def _search_r1_encode(texts: list[str], prefix: str) -> np.ndarray:
     out = []
     with torch.no_grad():
         for start in range(0, len(texts), 16):
-            batch = tokenizer([prefix + t for t in texts[start : start + 16]], padding=True, truncation=True, max_length=256, return_tensors="pt")
+            batch = tokenizer(
+                [prefix + t for t in texts[start : start + 16]],
+                padding=True,
+                truncation=True,
+                max_length=256,
+                return_tensors="pt",
+            )
             hidden = model(**batch).last_hidden_state
             mask = batch["attention_mask"][..., None].bool()
             pooled = hidden.masked_fill(~mask, 0.0).sum(dim=1) / mask.sum(dim=1)
@@ -57,7 +63,9 @@ def write_flat_ip(path: Path, vectors: np.ndarray) -> Path:
 
 def search_r1_declaration(**changes) -> EncoderConfig:
     """What a user of Search-R1's e5 index declares (with MiniLM in e5's place)."""
-    declared = EncoderConfig(model=packaged_minilm_path(), pooling="mean", query_prefix="query: ", passage_prefix="passage: ", max_length=256)
+    declared = EncoderConfig(
+        model=packaged_minilm_path(), pooling="mean", query_prefix="query: ", passage_prefix="passage: ", max_length=256
+    )
     return declared.model_copy(update=changes)
 
 
@@ -98,7 +106,15 @@ def make_encoder():
 @pytest.fixture(scope="module")
 def adopted(search_r1_index, make_encoder) -> Path:
     output = search_r1_index["root"] / "adopted"
-    adopt_index(search_r1_index["index"], search_r1_index["corpus"], output, search_r1_declaration(), sample=SAMPLE, show_progress=False, make_encoder=make_encoder)
+    adopt_index(
+        search_r1_index["index"],
+        search_r1_index["corpus"],
+        output,
+        search_r1_declaration(),
+        sample=SAMPLE,
+        show_progress=False,
+        make_encoder=make_encoder,
+    )
     return output
 
 
@@ -108,14 +124,21 @@ def test_adopt_verifies_and_writes_a_manifest(adopted, search_r1_index):
 
     manifest = json.loads((adopted / "manifest.json").read_text())
     assert manifest["count"] == PASSAGES and manifest["dim"] == 384
-    assert manifest["index"] == {"factory": "Flat", "metric": "inner_product", "file": "dense.faiss", "ntotal": PASSAGES}
+    assert manifest["index"] == {
+        "factory": "Flat",
+        "metric": "inner_product",
+        "file": "dense.faiss",
+        "ntotal": PASSAGES,
+    }
     assert manifest["encoder"]["passage_prefix"] == "passage: " and manifest["encoder"]["query_prefix"] == "query: "
     assert manifest["encoder"]["pooling"] == "mean" and manifest["encoder"]["fingerprint"].startswith("sha256:")
     verification = manifest["adopted"]["verification"]
     assert verification["matched"] == verification["sampled_rows"] == SAMPLE and verification["method"] == "reconstruct"
     assert verification["cosine_min"] > 0.9999  # our encoder reproduces Search-R1's vectors
     # The index is linked, not copied; the docstore holds the corpus in order.
-    assert (adopted / "dense.faiss").is_symlink() and (adopted / "dense.faiss").resolve() == search_r1_index["index"].resolve()
+    assert (adopted / "dense.faiss").is_symlink() and (adopted / "dense.faiss").resolve() == search_r1_index[
+        "index"
+    ].resolve()
     store = DocumentStore(adopted / "docstore.arrow")
     assert store.ids() == [str(i) for i in range(PASSAGES)]
     assert store.lookup_one(5)["contents"].startswith('"')
@@ -131,7 +154,9 @@ def test_adopted_index_serves_the_brute_force_top_k(adopted, search_r1_index, re
 
     questions = [q["question"] for q in load_qa(bundled_qa_path())[:12]]
     expected_scores = _search_r1_encode(questions, "query: ") @ search_r1_index["vectors"].T
-    handle = start_server(ServerConfig(index_dir=adopted, app_name="retrieval-adopted", route_prefix="/adopted", max_batch_size=8))
+    handle = start_server(
+        ServerConfig(index_dir=adopted, app_name="retrieval-adopted", route_prefix="/adopted", max_batch_size=8)
+    )
     try:
         assert not handle.owns_serve
         with RetrievalClient(handle.url) as client:
@@ -182,7 +207,13 @@ def random_bert(tmp_path_factory):
     for hidden in (384, 256):
         directory = tmp_path_factory.mktemp(f"bert{hidden}")
         torch.manual_seed(0)
-        config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=hidden, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256)
+        config = BertConfig(
+            vocab_size=tokenizer.vocab_size,
+            hidden_size=hidden,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=256,
+        )
         BertModel(config).save_pretrained(directory)
         tokenizer.save_pretrained(directory)
         paths[hidden] = str(directory)
@@ -214,7 +245,15 @@ def test_corpus_shifted_by_one_line_is_refused(search_r1_index, make_encoder, tm
     shifted = tmp_path / "shifted.jsonl"
     shifted.write_text(lines[-1] + "".join(lines[:-1]))
     with pytest.raises(AdoptionError) as info:
-        adopt_index(search_r1_index["index"], shifted, tmp_path / "idx", search_r1_declaration(), sample=SAMPLE, show_progress=False, make_encoder=make_encoder)
+        adopt_index(
+            search_r1_index["index"],
+            shifted,
+            tmp_path / "idx",
+            search_r1_declaration(),
+            sample=SAMPLE,
+            show_progress=False,
+            make_encoder=make_encoder,
+        )
     assert "0/16 sampled passages match" in str(info.value)
     pairs = [(int(a), int(b)) for a, b in re.findall(r"passage (\d+) is vector (\d+)", str(info.value))]
     assert "rows do not line up" in str(info.value) and pairs, str(info.value)
@@ -239,7 +278,14 @@ def _refuse_model(config):
 def test_row_count_mismatch_names_both_files(random_flat, rows):
     corpus = write_search_r1_corpus(random_flat["root"] / f"c{rows}.jsonl", [f"p{i}" for i in range(rows)])
     with pytest.raises(AdoptionError) as info:
-        adopt_index(random_flat["index"], corpus, random_flat["root"] / "out", search_r1_declaration(), show_progress=False, make_encoder=_refuse_model)
+        adopt_index(
+            random_flat["index"],
+            corpus,
+            random_flat["root"] / "out",
+            search_r1_declaration(),
+            show_progress=False,
+            make_encoder=_refuse_model,
+        )
     message = str(info.value)
     assert str(corpus) in message and str(random_flat["index"]) in message and "10 vectors" in message
     assert not (random_flat["root"] / "out" / "manifest.json").exists()
@@ -254,9 +300,22 @@ def test_l2_index_and_missing_files_are_refused(random_flat):
     index.add(np.zeros((10, 8), dtype=np.float32))
     faiss.write_index(index, str(l2))
     with pytest.raises(AdoptionError, match="inner-product"):
-        adopt_index(l2, random_flat["corpus"], random_flat["root"] / "out", search_r1_declaration(), show_progress=False, make_encoder=_refuse_model)
+        adopt_index(
+            l2,
+            random_flat["corpus"],
+            random_flat["root"] / "out",
+            search_r1_declaration(),
+            show_progress=False,
+            make_encoder=_refuse_model,
+        )
     with pytest.raises(AdoptionError, match="does not exist"):
-        adopt_index(random_flat["root"] / "nope.index", random_flat["corpus"], random_flat["root"] / "out", search_r1_declaration(), make_encoder=_refuse_model)
+        adopt_index(
+            random_flat["root"] / "nope.index",
+            random_flat["corpus"],
+            random_flat["root"] / "out",
+            search_r1_declaration(),
+            make_encoder=_refuse_model,
+        )
 
 
 def test_cli_adopt_reports_row_mismatch_without_traceback(random_flat):
@@ -266,7 +325,18 @@ def test_cli_adopt_reports_row_mismatch_without_traceback(random_flat):
 
     corpus = write_search_r1_corpus(random_flat["root"] / "c9.jsonl", [f"p{i}" for i in range(9)])
     result = CliRunner().invoke(
-        app, ["adopt", "--index", str(random_flat["index"]), "--corpus", str(corpus), "-o", str(random_flat["root"] / "out"), "--model", packaged_minilm_path()]
+        app,
+        [
+            "adopt",
+            "--index",
+            str(random_flat["index"]),
+            "--corpus",
+            str(corpus),
+            "-o",
+            str(random_flat["root"] / "out"),
+            "--model",
+            packaged_minilm_path(),
+        ],
     )
     assert result.exit_code == 2
     assert "holds 9 passages but index" in result.output and "Traceback" not in result.output
@@ -281,7 +351,14 @@ def converted(adopted, search_r1_index) -> dict:
 
     root = search_r1_index["root"]
     return {
-        target: convert_index(adopted, root / f"conv-{target.replace(',', '_')}", target, recall_queries=PASSAGES, k=10, show_progress=False)
+        target: convert_index(
+            adopted,
+            root / f"conv-{target.replace(',', '_')}",
+            target,
+            recall_queries=PASSAGES,
+            k=10,
+            show_progress=False,
+        )
         for target in ("fp16", "sq8", "hnsw", "IVF4,PQ16x4")
     }
 
@@ -291,7 +368,11 @@ def test_convert_reports_recall_against_flat(converted, adopted):
     from retrieval_server.index import verify_index
 
     fp16, sq8, hnsw, ivfpq = (converted[t] for t in ("fp16", "sq8", "hnsw", "IVF4,PQ16x4"))
-    assert (fp16["index"]["factory"], sq8["index"]["factory"], hnsw["index"]["factory"]) == ("SQfp16", "SQ8", "HNSW32,Flat")
+    assert (fp16["index"]["factory"], sq8["index"]["factory"], hnsw["index"]["factory"]) == (
+        "SQfp16",
+        "SQ8",
+        "HNSW32,Flat",
+    )
     assert fp16["converted"]["recall"][0]["recall@10"] >= 0.99  # fp16 rounding changes no neighbour sets here
     assert sq8["converted"]["recall"][0]["recall@10"] >= 0.9
     assert [r["search_params"] for r in hnsw["converted"]["recall"]] == ["efSearch=16", "efSearch=64", "efSearch=256"]
@@ -320,7 +401,9 @@ def test_converted_index_serves_memory_mapped(converted, adopted, search_r1_inde
     questions = [q["question"] for q in load_qa(bundled_qa_path())[:8]]
     expected_scores = _search_r1_encode(questions, "query: ") @ search_r1_index["vectors"].T
     out = search_r1_index["root"] / "conv-fp16"
-    handle = start_server(ServerConfig(index_dir=out, app_name="retrieval-fp16", route_prefix="/fp16", mmap_index=True, max_batch_size=8))
+    handle = start_server(
+        ServerConfig(index_dir=out, app_name="retrieval-fp16", route_prefix="/fp16", mmap_index=True, max_batch_size=8)
+    )
     try:
         with RetrievalClient(handle.url) as client:
             results = client.retrieve(questions, topk=3)
@@ -382,10 +465,8 @@ def test_mmap_reading_shares_pages_instead_of_copying(tmp_path):
     queries = np.random.default_rng(2).standard_normal((5, 128)).astype(np.float32)
 
     def anon_mb() -> float:
-        for line in open("/proc/self/status"):
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) / 1024
-        raise AssertionError("no RssAnon in /proc/self/status")
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) / 1024 for line in status if line.startswith("RssAnon:"))
 
     before = anon_mb()
     mapped = read_dense_index(path, mmap=True)
@@ -420,7 +501,13 @@ def _nudged(vectors: np.ndarray, cosine: float) -> np.ndarray:
 
 @pytest.mark.parametrize(
     ("factory", "method"),
-    [("Flat", "reconstruct"), ("SQfp16", "reconstruct"), ("SQ8", "requantize"), ("IVF8,PQ8x4", "requantize"), ("HNSW16,Flat", "reconstruct")],
+    [
+        ("Flat", "reconstruct"),
+        ("SQfp16", "reconstruct"),
+        ("SQ8", "requantize"),
+        ("IVF8,PQ8x4", "requantize"),
+        ("HNSW16,Flat", "reconstruct"),
+    ],
 )
 def test_compare_accepts_own_vectors_and_refuses_a_near_miss(unit_vectors, factory, method):
     import faiss
