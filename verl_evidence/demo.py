@@ -51,10 +51,11 @@ _TERMINAL_COMPONENTS = {
 }
 QUICK_PER_CASE = 1
 
-# --train: the EviOmni recipe's CPU smoke run, longer. Each CPU step is ~15-30 s, plus ~1 min of Ray
-# start-up and a validation pass per step (verl logs reward components only for validation).
+# --train: the EviOmni recipe's CPU smoke run, longer. Measured on 2 cores: ~1.5 min of Ray start-up, model
+# load and the first validation, then ~12-35 s per step with its validation (verl logs reward components
+# only for validation), so 8 steps take ~3-6 min.
 TRAIN_RECIPE = "eviomni_grpo.sh"
-TRAIN_STEPS = 6
+TRAIN_STEPS = 8
 TRAIN_VALIDATION_PROMPTS = 4  # rows of the bundled EviOmni set validated before training and after each step
 TRAIN_VALIDATION_SAMPLES = 2  # samples per row, at the training temperature
 TRAIN_LOG = "training.log"
@@ -179,8 +180,8 @@ def demo_command(
     train: bool = typer.Option(
         False, "--train",
         help="then run a short real GRPO training on this CPU (EviOmni recipe --smoke, verl's trainer, a tiny "
-        f"policy) and plot its reward components per step (~{TRAIN_STEPS} steps: about 6-8 min on 2 cores; "
-        "the first run on a machine also warms the tiny policy up, a few minutes, cached)",
+        f"policy) and plot its reward components per step ({TRAIN_STEPS} steps: ~3-6 min on 2 cores; the first "
+        "run on a machine also warms the tiny policy up once, up to ~15 min)",
     ),
     train_steps: int = typer.Option(TRAIN_STEPS, min=1, help="GRPO steps of --train"),
 ) -> None:
@@ -272,7 +273,7 @@ def demo_command(
     else:
         console.print(
             f"[dim]Add --train (make demo DEMO_ARGS=--train) to also run {TRAIN_STEPS} real GRPO steps of the "
-            "EviOmni recipe on this CPU with verl's trainer and plot the reward components per step (~6-8 min).[/]"
+            "EviOmni recipe on this CPU with verl's trainer and plot the reward components per step (~3-6 min).[/]"
         )
     if failed or not trained:
         raise typer.Exit(code=1)
@@ -354,8 +355,8 @@ def _stream(command: list[str], env: dict[str, str], log_path: Path, steps: int)
                 lines.append(line)
                 elapsed = time.monotonic() - started
                 if line.startswith("# smoke run on CPU"):
-                    console.print(f"  [{elapsed:4.0f}s] preparing the tiny policy and the EviOmni data "
-                                  "(the first run on a machine warms the policy up: a few minutes, then cached)")
+                    console.print(f"  [{elapsed:4.0f}s] preparing the tiny policy and the EviOmni data (the first run "
+                                  "on a machine warms it up with verl's SFT trainer: up to ~15 min, then cached)")
                 elif line.startswith("# trainer:"):
                     trainer_started = elapsed
                     console.print(f"  [{elapsed:4.0f}s] starting verl's trainer (Ray start-up, workers, model load)")
