@@ -76,8 +76,9 @@ ve_smoke() {
   : "${RETRIEVAL_PORT:=8000}"
   if [ "$method" = evipath_sft ]; then
     SMOKE_ARGS=(
-      +model.override_config.attn_implementation=sdpa model.use_remove_padding=false
+      +model.override_config.attn_implementation=sdpa
       model.enable_gradient_checkpointing=false engine.strategy=fsdp2 engine.dtype=float32
+      "++engine.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
       engine.use_torch_compile=false data.num_workers=0 trainer.device=cpu
       trainer.total_training_steps="${SMOKE_STEPS:-2}"
     )
@@ -89,8 +90,11 @@ ve_smoke() {
     actor_rollout_ref.rollout.agent.num_workers=1 reward.num_workers=1 data.dataloader_num_workers=0
     actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.ref.strategy=fsdp2
     actor_rollout_ref.actor.fsdp_config.dtype=float32 actor_rollout_ref.ref.fsdp_config.dtype=float32
+    # FSDP computes in bf16 unless told otherwise: fp32 throughout, so the actor's log-probs match the rollout's
+    "++actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
+    "++actor_rollout_ref.ref.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
     actor_rollout_ref.actor.fsdp_config.use_torch_compile=false actor_rollout_ref.ref.fsdp_config.use_torch_compile=false
-    +actor_rollout_ref.model.override_config.attn_implementation=sdpa actor_rollout_ref.model.use_remove_padding=false
+    +actor_rollout_ref.model.override_config.attn_implementation=sdpa
     actor_rollout_ref.model.enable_gradient_checkpointing=false
     actor_rollout_ref.rollout.calculate_log_probs=true
     ++actor_rollout_ref.rollout.custom.evidence_search.max_obs_tokens=256

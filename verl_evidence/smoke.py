@@ -30,20 +30,17 @@ import os
 import random
 import re
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
 # Bump when the policy, the warm-up data or the method data change shape: caches keyed by it are rebuilt.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 3
 POLICY_HIDDEN = 128
 POLICY_LAYERS = 2
 WARMUP_ROWS_PER_FORMAT = 8
-WARMUP_EPOCHS = 30
-WARMUP_BATCH = 4  # small batches: more updates per example seen
+WARMUP_STEPS = 500  # single-example AdamW steps per family (~0.09 CPU-s each for a ~950-token example)
 WARMUP_LR = 3e-3
 SMOKE_TOPK = 2  # passages per EviOmni prompt: ~900 tokens with the byte-level tokenizer
 
@@ -134,13 +131,18 @@ def _warmup_examples(rows: list[dict], target: Callable[[dict], list[dict] | Non
     return examples
 
 
+def _short(text: str, words: int = 8) -> str:
+    # Short spans: the warm-up teaches the format; copying long spans is what RL is for.
+    return " ".join(text.split()[:words])
+
+
 def _eviomni_target(row: dict) -> list[dict] | None:
     truth = row["reward_model"]["ground_truth"]
     evidence, answer = _first(truth.get("evidence")), _first(truth.get("target"))
     if not evidence or not answer:
         return None
-    rationale = f"The question asks: {row['extra_info']['question']} One passage states it."
-    return [{"role": "assistant", "content": f"<reason>{rationale}</reason><extract>{evidence}</extract><answer>{answer}</answer>"}]
+    reply = f"<reason>One passage answers it.</reason><extract>{_short(evidence)}</extract><answer>{answer}</answer>"
+    return [{"role": "assistant", "content": reply}]
 
 
 def _eviomni_masked_answers(rows: list[dict], count: int) -> list[dict]:
@@ -155,7 +157,7 @@ def _eviomni_masked_answers(rows: list[dict], count: int) -> list[dict]:
         evidence, answer = _first(truth.get("evidence")), _first(truth.get("target"))
         passages = format_documents([{"document": p} for p in row["extra_info"].get("passages") or []])
         masked = "[hidden]"
-        fields = {"question": row["extra_info"]["question"], "passages": passages, "rationale": "One passage states it.", "evidence": evidence}
+        fields = {"question": row["extra_info"]["question"], "passages": passages, "rationale": "One passage answers it.", "evidence": _short(evidence)}
         fields["evidence" if index % 2 else "passages"] = masked
         if index % 2 == 0:
             fields["rationale"] = masked
@@ -179,8 +181,9 @@ def _search_target(with_note: bool) -> Callable[[dict], list[dict] | None]:
         if not answer or passage is None:
             return None
         # The search loop appends retrieved documents inside the assistant turn, as these tokens.
-        observation = information_text(format_documents([{"document": {"id": "d", "contents": passage}}]))
-        note = f"<summary>*{evidence}*</summary>\n" if with_note else ""
+        title, _, body = passage.partition("\n")
+        observation = information_text(format_documents([{"document": {"id": "d", "contents": f"{title}\n{_short(body, 12)}"}}]))
+        note = f"<summary>*{_short(evidence)}*</summary>\n" if with_note else ""
         text = f"<search>{question}</search>\n\n{observation}\n\n{note}<answer>{answer}</answer>"
         return [{"role": "assistant", "content": text}]
 
@@ -196,28 +199,48 @@ def _grace_target(row: dict) -> list[dict] | None:
         evidence = _first(truth.get("evidence"))
         if not evidence:
             return None
-        return [{"role": "assistant", "content": f"<evidence>{evidence}</evidence>\n<answer>{answer}</answer>"}]
-    return [{"role": "assistant", "content": f"<llm>The context does not say; I recall it.</llm>\n<answer>{answer}</answer>"}]
+        return [{"role": "assistant", "content": f"<evidence>{_short(evidence)}</evidence>\n<answer>{answer}</answer>"}]
+    return [{"role": "assistant", "content": f"<llm>I recall it.</llm>\n<answer>{answer}</answer>"}]
+
+
+FAMILIES = {  # recipes that share a prompt format share a warmed-up policy
+    "eviomni": "eviomni", "lear": "eviomni", "composite": "eviomni",
+    "evinote": "search", "search_r1": "search",
+    "grace": "grace",
+}
+
+
+def warmup_examples(family: str, tokenizer_dir: Path) -> list[dict]:
+    """Chat examples (``messages``) in the output format of one family of recipes."""
+    n = WARMUP_ROWS_PER_FORMAT
+    if family == "eviomni":
+        rows = _rows(method_data("eviomni", tokenizer_dir))
+        # Mostly the trained (r, e, o_f) format; a few knowledge-masked answer prompts (o_r, o_e) so those answers
+        # keep their tags, but not so many that "</answer>" crowds out "</reason>" in a model this small.
+        return _warmup_examples(rows, _eviomni_target, n, seed=1) + _eviomni_masked_answers(rows, 2)
+    if family == "search":
+        return _warmup_examples(_rows(method_data("evinote", tokenizer_dir)), _search_target(with_note=True), n, seed=2) + (
+            _warmup_examples(_rows(method_data("search_r1", tokenizer_dir)), _search_target(with_note=False), n // 2, seed=3)
+        )
+    if family == "grace":
+        rows = _rows(method_data("grace", tokenizer_dir))
+        examples = []
+        for answerable in (True, False):
+            subset = [r for r in rows if bool(r["reward_model"]["ground_truth"].get("answerable")) == answerable]
+            examples += _warmup_examples(subset, _grace_target, n // 2, seed=4 + answerable)
+        return examples
+    raise ValueError(f"unknown warm-up family {family!r}")
 
 
 def warmup_data(tokenizer_dir: Path) -> Path:
-    """Chat-format parquet (``messages``) teaching every method's output format, for verl's SFT trainer."""
+    """Every family's examples as chat-format parquet (``messages``): the data of the evipath_sft smoke run."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     out = smoke_dir() / "data" / "warmup.parquet"
     if out.exists():
         return out
-    n = WARMUP_ROWS_PER_FORMAT
-    eviomni_rows = _rows(method_data("eviomni", tokenizer_dir))
-    examples = _warmup_examples(eviomni_rows, _eviomni_target, n, seed=1)
-    examples += _eviomni_masked_answers(eviomni_rows, n)
-    examples += _warmup_examples(_rows(method_data("evinote", tokenizer_dir)), _search_target(with_note=True), n, seed=2)
-    examples += _warmup_examples(_rows(method_data("search_r1", tokenizer_dir)), _search_target(with_note=False), n // 2, seed=3)
-    grace_rows = _rows(method_data("grace", tokenizer_dir))
-    for answerable in (True, False):
-        subset = [r for r in grace_rows if bool(r["reward_model"]["ground_truth"].get("answerable")) == answerable]
-        examples += _warmup_examples(subset, _grace_target, n // 2, seed=4 + answerable)
+    examples = [e for family in sorted(set(FAMILIES.values())) for e in warmup_examples(family, tokenizer_dir)]
     pq.write_table(pa.Table.from_pylist(examples), out.with_suffix(".tmp.parquet"))
     out.with_suffix(".tmp.parquet").replace(out)
     return out
@@ -254,67 +277,70 @@ def random_policy(directory: Path) -> Path:
     return directory
 
 
-def sft_command(model: Path, train_files: Path, output_dir: Path, epochs: int, lr: float, batch: int, max_length: int) -> list[str]:
-    """verl's SFT trainer on one CPU process (the same flags the evipath_sft recipe's --smoke uses)."""
-    return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc_per_node=1",
-        "-m", "verl.trainer.sft_trainer",
-        f"model.path={model}", "+model.override_config.attn_implementation=sdpa", "model.enable_gradient_checkpointing=false",
-        # Padded batches with per-sequence attention: packing (remove_padding) needs flash-attention's varlen kernels.
-        "model.use_remove_padding=false",
-        f"data.train_files={train_files}", "data.val_files=null", "data.messages_key=messages",
-        f"data.train_batch_size={batch}", f"data.micro_batch_size_per_gpu={batch}", f"data.max_length={max_length}",
-        "data.truncation=left", "data.pad_mode=no_padding", "data.num_workers=0",
-        f"optim.lr={lr}", "optim.lr_warmup_steps_ratio=0", "optim.weight_decay=0",
-        "engine.strategy=fsdp2", "engine.dtype=float32", "engine.use_torch_compile=false",
-        f"trainer.total_epochs={epochs}", "trainer.n_gpus_per_node=1", "trainer.nnodes=1", "trainer.device=cpu",
-        f"trainer.default_local_dir={output_dir}", "trainer.logger=[console]", "trainer.save_freq=-1",
-        "trainer.test_freq=-1", "checkpoint.save_contents=[model,extra,hf_model]",
-        "trainer.project_name=verl-evidence-smoke", "trainer.experiment_name=warmup",
-    ]
+def warm_up(base: Path, examples: list[dict], out: Path, steps: int = WARMUP_STEPS, lr: float = WARMUP_LR) -> list[float]:
+    """Supervised warm-up on ``examples``: loss on the assistant turn only, one example per AdamW step.
+
+    A plain PyTorch loop, not verl's SFT trainer: on CPU verl's trainer spends about
+    5x the CPU time per example (0.5 s against 0.09 s measured here for a ~950-token
+    example), and the warm-up runs before every first smoke run on a machine and in
+    CI. verl's SFT trainer itself is exercised by ``recipes/evipath_sft.sh --smoke``.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # small matrices: one thread does the most work per CPU-second
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, attn_implementation="sdpa")
+    encoded = []
+    for example in examples:
+        messages = list(example["messages"])
+        prompt = tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=False)
+        full = tokenizer.apply_chat_template(messages, tokenize=False)
+        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        full_ids = tokenizer(full, add_special_tokens=False)["input_ids"]
+        labels = [-100] * len(prompt_ids) + full_ids[len(prompt_ids) :]
+        encoded.append((torch.tensor([full_ids]), torch.tensor([labels])))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    order = random.Random(0)
+    losses: list[float] = []
+    model.train()
+    queue: list[int] = []
+    for _ in range(steps):
+        if not queue:
+            queue = order.sample(range(len(encoded)), len(encoded))
+        input_ids, labels = encoded[queue.pop()]
+        loss = model(input_ids=input_ids, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(round(loss.item(), 4))
+    model.eval()
+    torch.set_num_threads(threads)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.replace(out)
+    return losses
 
 
-def cpu_environment() -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(VERL_PLATFORM="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    return env
-
-
-def warmed_up_policy() -> Path:
-    """The warmed-up tiny policy (HF directory), built once per machine."""
+def warmed_up_policy(family: str) -> Path:
+    """The tiny policy warmed up on one family's format (HF directory), built once per machine."""
     root = smoke_dir()
-    policy = root / "policy"
+    policy = root / f"policy-{family}"
     if (policy / "model.safetensors").exists():
         return policy
-    with _locked(root / "policy"):
-        if (policy / "model.safetensors").exists():
-            return policy
-        base = random_policy(root / "random_policy")
-        data = warmup_data(base)
-        work = root / "warmup_run"
-        shutil.rmtree(work, ignore_errors=True)
-        log = root / "warmup.log"
-        with open(log, "w") as handle:
-            result = subprocess.run(
-                sft_command(base, data, work, WARMUP_EPOCHS, WARMUP_LR, batch=WARMUP_BATCH, max_length=1536),
-                env=cpu_environment(), stdout=handle, stderr=subprocess.STDOUT, check=False,
-            )
-        if result.returncode != 0:
-            raise RuntimeError(f"the smoke policy's warm-up (verl SFT trainer) failed; see {log}")
-        checkpoints = sorted(work.glob("global_step_*/huggingface"), key=lambda p: int(p.parent.name.split("_")[-1]))
-        if not checkpoints or not (checkpoints[-1] / "model.safetensors").exists():
-            raise RuntimeError(f"the warm-up finished without a Hugging Face checkpoint in {work}; see {log}")
-        shutil.copytree(checkpoints[-1], policy.with_suffix(".tmp"), dirs_exist_ok=True)
-        policy.with_suffix(".tmp").replace(policy)
-        shutil.rmtree(work, ignore_errors=True)
-        (root / "warmup_loss.json").write_text(json.dumps(_losses(log)))
+    with _locked(policy):
+        if not (policy / "model.safetensors").exists():
+            base = random_policy(root / "random_policy") if not (root / "random_policy" / "model.safetensors").exists() else root / "random_policy"
+            losses = warm_up(base, warmup_examples(family, base), policy)
+            (root / f"warmup-{family}.json").write_text(json.dumps({"steps": len(losses), "loss": losses}))
+            logger.info("smoke policy %s: warm-up loss %.3f -> %.3f", family, losses[0], sum(losses[-20:]) / 20)
     return policy
-
-
-def _losses(log: Path) -> list[float]:
-    import re
-
-    return [float(x) for x in re.findall(r"train/loss:([0-9.]+)", log.read_text())]
 
 
 def nli_judge() -> Path:
@@ -332,11 +358,14 @@ def prepare(method: str) -> dict[str, str]:
     """What ``recipes/<method>.sh --smoke`` needs: policy, data, and (EviNote) the judge, as shell variables."""
     if method not in METHODS:
         raise ValueError(f"unknown smoke method {method!r}; one of {', '.join(METHODS)}")
-    with _locked(smoke_dir() / "prepare"):
-        policy = warmed_up_policy()
-        if method == "evipath_sft":
-            data = warmup_data(policy)
-            return {"MODEL_PATH": str(smoke_dir() / "random_policy"), "TRAIN_FILES": str(data)}
+    root = smoke_dir()
+    with _locked(root / "prepare"):
+        base = root / "random_policy"
+        if not (base / "model.safetensors").exists():
+            random_policy(base)
+        if method == "evipath_sft":  # verl's SFT trainer from the random policy on every family's format
+            return {"MODEL_PATH": str(base), "TRAIN_FILES": str(warmup_data(base))}
+        policy = warmed_up_policy(FAMILIES[method])
         data = method_data(method, policy)
         variables = {"MODEL_PATH": str(policy), "TRAIN_FILES": str(data), "VAL_FILES": str(data)}
         if method == "evinote":
