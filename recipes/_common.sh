@@ -57,6 +57,8 @@ ve_smoke() {
   local method="$1" prepared
   export VERL_PLATFORM=cpu HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}" TRANSFORMERS_OFFLINE="${TRANSFORMERS_OFFLINE:-1}"
   export TOKENIZERS_PARALLELISM=false
+  # The retrieval server command lives beside the interpreter (a venv need not be activated).
+  PATH="$(dirname "$(command -v "$VE_PYTHON")"):$PATH"
   echo "# smoke run on CPU: preparing the tiny policy and the $method data (cached after the first run)" >&2
   prepared="$("$VE_PYTHON" -m verl_evidence.cli smoke prepare "$method")" || exit 1
   local name value

@@ -40,7 +40,9 @@ FORMAT_VERSION = 3
 POLICY_HIDDEN = 128
 POLICY_LAYERS = 2
 WARMUP_ROWS_PER_FORMAT = 8
-WARMUP_STEPS = 500  # single-example AdamW steps per family (~0.09 CPU-s each for a ~950-token example)
+# Single-example AdamW steps per family (~0.09 CPU-s each for a ~950-token example). The search format
+# (query, observation, note, answer) takes longer to pick up than the other two.
+WARMUP_STEPS = {"eviomni": 500, "search": 800, "grace": 500}
 WARMUP_LR = 3e-3
 SMOKE_TOPK = 2  # passages per EviOmni prompt: ~900 tokens with the byte-level tokenizer
 
@@ -182,9 +184,9 @@ def _search_target(with_note: bool) -> Callable[[dict], list[dict] | None]:
             return None
         # The search loop appends retrieved documents inside the assistant turn, as these tokens.
         title, _, body = passage.partition("\n")
-        observation = information_text(format_documents([{"document": {"id": "d", "contents": f"{title}\n{_short(body, 12)}"}}]))
-        note = f"<summary>*{_short(evidence)}*</summary>\n" if with_note else ""
-        text = f"<search>{question}</search>\n\n{observation}\n\n{note}<answer>{answer}</answer>"
+        observation = information_text(format_documents([{"document": {"id": "d", "contents": f"{title}\n{_short(body, 8)}"}}]))
+        note = f"<summary>*{_short(evidence, 6)}*</summary>\n" if with_note else ""
+        text = f"<search>{_short(question, 6)}</search>\n\n{observation}\n\n{note}<answer>{answer}</answer>"
         return [{"role": "assistant", "content": text}]
 
     return target
@@ -220,7 +222,7 @@ def warmup_examples(family: str, tokenizer_dir: Path) -> list[dict]:
         return _warmup_examples(rows, _eviomni_target, n, seed=1) + _eviomni_masked_answers(rows, 2)
     if family == "search":
         return _warmup_examples(_rows(method_data("evinote", tokenizer_dir)), _search_target(with_note=True), n, seed=2) + (
-            _warmup_examples(_rows(method_data("search_r1", tokenizer_dir)), _search_target(with_note=False), n // 2, seed=3)
+            _warmup_examples(_rows(method_data("search_r1", tokenizer_dir)), _search_target(with_note=False), n // 4, seed=3)
         )
     if family == "grace":
         rows = _rows(method_data("grace", tokenizer_dir))
@@ -277,7 +279,7 @@ def random_policy(directory: Path) -> Path:
     return directory
 
 
-def warm_up(base: Path, examples: list[dict], out: Path, steps: int = WARMUP_STEPS, lr: float = WARMUP_LR) -> list[float]:
+def warm_up(base: Path, examples: list[dict], out: Path, steps: int = 500, lr: float = WARMUP_LR) -> list[float]:
     """Supervised warm-up on ``examples``: loss on the assistant turn only, one example per AdamW step.
 
     A plain PyTorch loop, not verl's SFT trainer: on CPU verl's trainer spends about
@@ -337,7 +339,7 @@ def warmed_up_policy(family: str) -> Path:
     with _locked(policy):
         if not (policy / "model.safetensors").exists():
             base = random_policy(root / "random_policy") if not (root / "random_policy" / "model.safetensors").exists() else root / "random_policy"
-            losses = warm_up(base, warmup_examples(family, base), policy)
+            losses = warm_up(base, warmup_examples(family, base), policy, steps=WARMUP_STEPS.get(family, 500))
             (root / f"warmup-{family}.json").write_text(json.dumps({"steps": len(losses), "loss": losses}))
             logger.info("smoke policy %s: warm-up loss %.3f -> %.3f", family, losses[0], sum(losses[-20:]) / 20)
     return policy
