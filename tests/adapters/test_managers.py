@@ -314,6 +314,7 @@ SEARCH_STATS = {
     "invalid_actions": 1,
     "search_errors": 0,
     "extractor_failures": 1,
+    "retrieval_failed": 0,
     "searches": ["a", "b", "c"],  # not numeric: never logged
     "termination": "answer",
 }
