@@ -67,7 +67,7 @@ ve_smoke() {
     if [ -z "${!name:-}" ]; then eval "$name=$value"; export "${name?}"; fi
   done <<< "$prepared"
   : "${MODEL:=smoke}" "${TP:=1}" "${NNODES:=1}" "${GPUS_PER_NODE:=1}" "${ROLLOUT_ENGINE:=hf}"
-  : "${BATCH:=2}" "${MINI_BATCH:=2}" "${GROUP_SIZE:=4}" "${EPOCHS:=1}" "${STEPS:=${SMOKE_STEPS:-2}}" "${WARMUP_STEPS:=0}"
+  : "${BATCH:=2}" "${MINI_BATCH:=2}" "${GROUP_SIZE:=8}" "${EPOCHS:=1}" "${STEPS:=${SMOKE_STEPS:-2}}" "${WARMUP_STEPS:=0}"
   : "${PROMPT_LEN:=1024}" "${RESPONSE_LEN:=160}" "${OVERLONG_LEN:=32}" "${MAX_SEARCHES:=1}" "${TOPK:=1}"
   : "${MAX_TOKENS_PER_GPU:=8192}" "${VAL_BEFORE_TRAIN:=false}" "${TEST_FREQ:=-1}" "${SAVE_FREQ:=-1}"
   : "${MICRO_BATCH:=4}" "${GRAD_ACCUM:=1}" "${MAX_LENGTH:=1536}" "${LOGGER:=[console]}"
