@@ -70,7 +70,7 @@ ve_smoke() {
   : "${BATCH:=2}" "${MINI_BATCH:=2}" "${GROUP_SIZE:=8}" "${EPOCHS:=1}" "${STEPS:=${SMOKE_STEPS:-2}}" "${WARMUP_STEPS:=0}"
   : "${PROMPT_LEN:=1024}" "${RESPONSE_LEN:=160}" "${OVERLONG_LEN:=32}" "${MAX_SEARCHES:=1}" "${TOPK:=1}"
   : "${MAX_TOKENS_PER_GPU:=8192}" "${VAL_BEFORE_TRAIN:=false}" "${TEST_FREQ:=-1}" "${SAVE_FREQ:=-1}"
-  : "${MICRO_BATCH:=4}" "${GRAD_ACCUM:=1}" "${MAX_LENGTH:=1536}" "${LOGGER:=[console]}"
+  : "${MICRO_BATCH:=2}" "${GRAD_ACCUM:=1}" "${MAX_LENGTH:=1536}" "${LOGGER:=[console]}"
   # A learning rate large enough that one update visibly moves the policy: step 2's rollout-vs-actor
   # log-prob gap then shows whether the rollout really generates from the synced weights.
   : "${LR:=1e-4}"
