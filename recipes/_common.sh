@@ -99,7 +99,8 @@ ve_smoke() {
     +actor_rollout_ref.model.override_config.attn_implementation=sdpa
     actor_rollout_ref.model.enable_gradient_checkpointing=false
     actor_rollout_ref.rollout.calculate_log_probs=true
-    ++actor_rollout_ref.rollout.custom.evidence_search.max_obs_tokens=256
+    # the search recipes: observation cut as the warm-up saw it (verl_evidence.smoke.SMOKE_MAX_OBS_TOKENS)
+    ++actor_rollout_ref.rollout.custom.evidence_search.max_obs_tokens="${MAX_OBS_TOKENS:-256}"
     trainer.total_training_steps="${SMOKE_STEPS:-2}"
   )
 }

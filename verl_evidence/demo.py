@@ -191,7 +191,6 @@ def demo_command(
     from verl_evidence.eval.cli import RESULTS_FILE
     from verl_evidence.eval.datasets import ROLLOUTS, bundled_rows, examples_from_rows
     from verl_evidence.eval.progress import (
-        cancel_pending_tasks,
         metrics_rich_table,
         quiet_library_logs,
         run_with_progress,
@@ -234,7 +233,6 @@ def demo_command(
             examples = examples_from_rows(rows)
         runner = make_runner(session, policy)
         records = run_with_progress(runner, examples, ResultsCache(cache_path), console)
-        cancel_pending_tasks()
         sep = separation(records)
         extra = []
         if sep:

@@ -5,8 +5,8 @@ the recipe's ordinary verl command line in the CPU training mode
 (:mod:`verl_evidence.cpu_mode`) with small batch, group and length settings:
 
 1. a tiny policy (a 2-layer Qwen2 of hidden size 128 with the offline
-   byte-level tokenizer) **warmed up** with verl's own SFT trainer on the
-   methods' output formats, built from the bundled questions' gold answers
+   byte-level tokenizer) **warmed up** (a short supervised loop, :func:`warm_up`)
+   on the methods' output formats, built from the bundled questions' gold answers
    and evidence. A random tiny policy scores 0 on every sample, so GRPO's
    advantages and gradients would all be 0 and the run would prove nothing;
    the warm-up makes it write the tags often enough for rewards to differ
@@ -36,7 +36,7 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 # Bump when the policy, the warm-up data or the method data change shape: caches keyed by it are rebuilt.
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 POLICY_HIDDEN = 128
 POLICY_LAYERS = 2
 WARMUP_ROWS_PER_FORMAT = 8
@@ -45,6 +45,10 @@ WARMUP_ROWS_PER_FORMAT = 8
 WARMUP_STEPS = {"eviomni": 500, "search": 800, "grace": 500}
 WARMUP_LR = 3e-3
 SMOKE_TOPK = 2  # passages per EviOmni prompt: ~900 tokens with the byte-level tokenizer
+# Search recipes: one passage per search cut at this many tokens, and a response budget that holds a query, that
+# observation, the final-turn notice, a note and an answer (~330 tokens with the byte-level tokenizer).
+SMOKE_MAX_OBS_TOKENS = 96
+SMOKE_SEARCH_RESPONSE_LEN = 384
 
 METHODS = ("eviomni", "lear", "evinote", "search_r1", "grace", "composite", "evipath_sft")
 
@@ -123,11 +127,15 @@ def _first(values, default: str = "") -> str:
 
 
 def _warmup_examples(rows: list[dict], target: Callable[[dict], list[dict] | None], count: int, seed: int) -> list[dict]:
+    """Chat examples: the row's prompt and an assistant reply (a message, or ``segments`` of one turn)."""
     examples = []
     for row in random.Random(seed).sample(rows, len(rows)):
         reply = target(row)
-        if reply:
+        if reply and "role" in reply[0]:
             examples.append({"messages": list(row["prompt"]) + reply})
+        elif reply:
+            text = "".join(segment["text"] for segment in reply)
+            examples.append({"messages": list(row["prompt"]) + [{"role": "assistant", "content": text}], "segments": reply})
         if len(examples) == count:
             break
     return examples
@@ -168,12 +176,22 @@ def _eviomni_masked_answers(rows: list[dict], count: int) -> list[dict]:
     return examples
 
 
-def _search_target(with_note: bool) -> Callable[[dict], list[dict] | None]:
+def _search_target(with_note: bool, tokenizer) -> Callable[[dict], list[dict] | None]:
+    """One search, its observation, (a note,) the answer: laid out token for token as the search loop builds it.
+
+    The policy's turns are encoded on their own and the context between them is the
+    loop's own pieces (``"\n\n<information>"``, the document tokens cut at the smoke
+    run's ``max_obs_tokens``, ``"</information>\n\n"``, the final-turn notice), so the
+    tiny policy sees at warm-up exactly the token sequence it continues at rollout.
+    Context pieces carry no loss (``trained: False``), as they carry no loss in RL.
+    """
+    from verl_evidence.agent_loops.common import encode
+    from verl_evidence.agent_loops.search_loop import SearchLoopSettings
     from verl_evidence.bundled import load_corpus
-    from verl_evidence.evipath.protocol import information_text
     from verl_evidence.tools.search_tool import format_documents
 
     corpus = {doc["id"]: doc["contents"] for doc in load_corpus()}
+    notice = SearchLoopSettings().final_turn_notice  # the smoke run allows one search: its answer turn is the last
 
     def target(row: dict) -> list[dict] | None:
         truth = row["reward_model"]["ground_truth"]
@@ -182,12 +200,17 @@ def _search_target(with_note: bool) -> Callable[[dict], list[dict] | None]:
         passage = next((text for text in corpus.values() if evidence and evidence in text), None)
         if not answer or passage is None:
             return None
-        # The search loop appends retrieved documents inside the assistant turn, as these tokens.
-        title, _, body = passage.partition("\n")
-        observation = information_text(format_documents([{"document": {"id": "d", "contents": f"{title}\n{_short(body, 8)}"}}]))
+        documents = encode(tokenizer, format_documents([{"document": {"id": "d", "contents": passage}}]))
+        observation = tokenizer.decode(documents[:SMOKE_MAX_OBS_TOKENS])
         note = f"<summary>*{_short(evidence, 6)}*</summary>\n" if with_note else ""
-        text = f"<search>{_short(question, 6)}</search>\n\n{observation}\n\n{note}<answer>{answer}</answer>"
-        return [{"role": "assistant", "content": text}]
+        return [
+            {"text": f"<search>{_short(question, 6)}</search>", "trained": True},
+            {"text": "\n\n<information>", "trained": False},
+            {"text": observation, "trained": False, "ids": documents[:SMOKE_MAX_OBS_TOKENS]},
+            {"text": "</information>\n\n", "trained": False},
+            {"text": notice, "trained": False},
+            {"text": f"{note}<answer>{answer}</answer>", "trained": True},
+        ]
 
     return target
 
@@ -221,8 +244,11 @@ def warmup_examples(family: str, tokenizer_dir: Path) -> list[dict]:
         # keep their tags, but not so many that "</answer>" crowds out "</reason>" in a model this small.
         return _warmup_examples(rows, _eviomni_target, n, seed=1) + _eviomni_masked_answers(rows, 2)
     if family == "search":
-        return _warmup_examples(_rows(method_data("evinote", tokenizer_dir)), _search_target(with_note=True), n, seed=2) + (
-            _warmup_examples(_rows(method_data("search_r1", tokenizer_dir)), _search_target(with_note=False), n // 4, seed=3)
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        return _warmup_examples(_rows(method_data("evinote", tokenizer_dir)), _search_target(True, tokenizer), n, seed=2) + (
+            _warmup_examples(_rows(method_data("search_r1", tokenizer_dir)), _search_target(False, tokenizer), n // 4, seed=3)
         )
     if family == "grace":
         rows = _rows(method_data("grace", tokenizer_dir))
@@ -242,7 +268,10 @@ def warmup_data(tokenizer_dir: Path) -> Path:
     out = smoke_dir() / "data" / "warmup.parquet"
     if out.exists():
         return out
-    examples = [e for family in sorted(set(FAMILIES.values())) for e in warmup_examples(family, tokenizer_dir)]
+    examples = [
+        {"messages": e["messages"]}  # verl's SFT data: chat messages only
+        for family in sorted(set(FAMILIES.values())) for e in warmup_examples(family, tokenizer_dir)
+    ]
     pq.write_table(pa.Table.from_pylist(examples), out.with_suffix(".tmp.parquet"))
     out.with_suffix(".tmp.parquet").replace(out)
     return out
@@ -279,6 +308,26 @@ def random_policy(directory: Path) -> Path:
     return directory
 
 
+def _example_ids(tokenizer, example: dict) -> tuple[list[int], list[int]]:
+    """Token ids and labels of one example: loss on what the policy writes, -100 on prompt and context."""
+    messages = list(example["messages"])
+    prompt = tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=False)
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    if "segments" not in example:
+        full = tokenizer.apply_chat_template(messages, tokenize=False)
+        full_ids = tokenizer(full, add_special_tokens=False)["input_ids"]
+        return full_ids, [-100] * len(prompt_ids) + full_ids[len(prompt_ids) :]
+    from verl_evidence.agent_loops.search_loop import assistant_turn_end_ids
+
+    ids, labels = list(prompt_ids), [-100] * len(prompt_ids)
+    for segment in example["segments"]:
+        piece = segment.get("ids") or tokenizer(segment["text"], add_special_tokens=False)["input_ids"]
+        ids += piece
+        labels += piece if segment["trained"] else [-100] * len(piece)
+    end = assistant_turn_end_ids(tokenizer)  # the turn ends (EOS) after the answer
+    return ids + end, labels + end
+
+
 def warm_up(base: Path, examples: list[dict], out: Path, steps: int = 500, lr: float = WARMUP_LR) -> list[float]:
     """Supervised warm-up on ``examples``: loss on the assistant turn only, one example per AdamW step.
 
@@ -297,12 +346,7 @@ def warm_up(base: Path, examples: list[dict], out: Path, steps: int = 500, lr: f
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, attn_implementation="sdpa")
     encoded = []
     for example in examples:
-        messages = list(example["messages"])
-        prompt = tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=False)
-        full = tokenizer.apply_chat_template(messages, tokenize=False)
-        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        full_ids = tokenizer(full, add_special_tokens=False)["input_ids"]
-        labels = [-100] * len(prompt_ids) + full_ids[len(prompt_ids) :]
+        full_ids, labels = _example_ids(tokenizer, example)
         encoded.append((torch.tensor([full_ids]), torch.tensor([labels])))
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     order = random.Random(0)
@@ -370,6 +414,8 @@ def prepare(method: str) -> dict[str, str]:
         policy = warmed_up_policy(FAMILIES[method])
         data = method_data(method, policy)
         variables = {"MODEL_PATH": str(policy), "TRAIN_FILES": str(data), "VAL_FILES": str(data)}
+        if FAMILIES[method] == "search":
+            variables.update(MAX_OBS_TOKENS=str(SMOKE_MAX_OBS_TOKENS), RESPONSE_LEN=str(SMOKE_SEARCH_RESPONSE_LEN))
         if method == "evinote":
             variables["NLI_MODEL"] = str(nli_judge())
         return variables

@@ -69,12 +69,10 @@ def test_eviomni_recipe_trains_on_cpu():
 def test_evinote_recipe_trains_on_cpu_with_the_search_server_and_nli_judge(retrieval_env):
     output = run_smoke("evinote_grpo.sh", env=retrieval_env)
     metrics = step_metrics(output, 2)
-    assert metrics["num_turns/max"] >= 3  # a search turn, its observation, and the next turn
-    assert "critic/score/mean" in metrics and "actor/grad_norm" in metrics  # rewards scored, actor updated
-    assert metrics["training/rollout_probs_diff_valid"] == 1.0
-    assert metrics["training/rollout_probs_diff_mean"] < 1e-4, metrics
-    # Not asserted yet: a within-group reward spread. The warmed-up tiny policy searches but rarely completes the
-    # annotated-note + answer format that EviNote's reward gates on, so step 2's advantages are often all 0.
+    assert metrics["num_turns/max"] >= 4  # user, the search turn, its observation, the answer turn
+    # Rewards differ within a group: some samples close an annotated <summary> and an <answer> (gate + EQR from the
+    # NLI judge actor), others do not (0).
+    assert_learning_signal(metrics)
 
 
 def test_grace_dapo_recipe_trains_on_cpu_through_verls_dapo_manager():

@@ -325,3 +325,39 @@ def test_per_turn_cap_without_action_is_corrected_not_fatal(base_config, search_
     assert feedback.startswith("\nThat was not a valid action")
     assert feedback.endswith("No searches are left: give your final answer now inside <answer> and </answer>.\n")
     assert out["extra"]["invalid_actions"] == 1 and out["extra"]["termination"] == "answer"
+
+
+def test_smoke_warm_up_lays_out_tokens_as_the_loop_does(base_config, search_url, tokenizer, model_dir, tmp_path, monkeypatch):
+    """The smoke policy's search warm-up (verl_evidence.smoke) is the token sequence this loop builds and continues."""
+    from verl_evidence import smoke
+    from verl_evidence.agent_loops.search_loop import SearchLoopSettings
+
+    monkeypatch.setenv("VERL_EVIDENCE_SMOKE_DIR", str(tmp_path))
+    example = next(e for e in smoke.warmup_examples("search", model_dir) if "<summary>" in e["messages"][-1]["content"])
+    policy = [tokenizer.encode(s["text"], add_special_tokens=False) for s in example["segments"] if s["trained"]]
+    search_text, answer_text = (s["text"] for s in example["segments"] if s["trained"])
+    backend = ScriptedBackend(tokenizer, turns=[search_text, answer_text])
+    config = search_config(base_config, search_url, max_turns=2, topk=1, max_obs_tokens=smoke.SMOKE_MAX_OBS_TOKENS)
+    question = example["messages"][-2]["content"]
+    out = unpad(run_worker(config, backend, [make_row(question, "evidence_search", messages=example["messages"][:-1])]))
+
+    ids, labels = smoke._example_ids(tokenizer, example)
+    n_prompt = len(out["prompt_ids"])
+    assert ids[:n_prompt] == out["prompt_ids"]
+    runs = segments(out["response_ids"], out["response_mask"])
+    assert [m for m, _ in runs] == [1, 0, 1]
+    assert [runs[0][1], runs[2][1]] == policy  # the policy's turns, token for token
+    # the context the loop inserts: same wrapper, document cut and final-turn notice as the warm-up's
+    context = ids[n_prompt + len(policy[0]) :][: len(runs[1][1])]
+    opening = tokenizer.encode("\n\n<information>", add_special_tokens=False)
+    assert runs[1][1][: len(opening)] == context[: len(opening)] == opening
+    closing = tokenizer.encode("</information>\n\n", add_special_tokens=False) + tokenizer.encode(
+        SearchLoopSettings().final_turn_notice, add_special_tokens=False
+    )
+    assert runs[1][1][-len(closing) :] == closing
+    assert len(runs[1][1]) == len(opening) + smoke.SMOKE_MAX_OBS_TOKENS + len(closing)
+    assert context[-len(closing) :] == closing
+    assert ids[n_prompt + len(policy[0]) + len(runs[1][1]) :][: len(policy[1])] == policy[1]
+    # loss only on what the policy writes (and the end of its turn)
+    trained = [token for token, label in zip(ids, labels, strict=True) if label != -100]
+    assert trained[: len(policy[0]) + len(policy[1])] == policy[0] + policy[1]

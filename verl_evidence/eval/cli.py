@@ -92,7 +92,6 @@ def eval_command(
     from verl_evidence.eval.cache import ResultsCache
     from verl_evidence.eval.datasets import ROLLOUTS, bundled_rows, examples_from_rows, load_rows
     from verl_evidence.eval.progress import (
-        cancel_pending_tasks,
         metrics_rich_table,
         quiet_library_logs,
         run_with_progress,
@@ -146,7 +145,6 @@ def eval_command(
 
             runner.policy_id += f"|evidence_search:{json.dumps(search_settings, sort_keys=True)}"
         records = run_with_progress(runner, examples, cache, console)
-        cancel_pending_tasks()
         report = write_report(records, out, title=f"Evaluation of {policy.policy_id}", notes=session.notes)
     console.print(metrics_rich_table(records, title=f"{policy.policy_id}"))
     for note in session.notes:

@@ -16,7 +16,7 @@ from verl_evidence.eval.records import EvalRecord
 from verl_evidence.eval.report import format_value
 from verl_evidence.eval.runner import EvalExample, EvalRunner
 
-__all__ = ["cancel_pending_tasks", "metrics_rich_table", "run_with_progress"]
+__all__ = ["metrics_rich_table", "run_with_progress"]
 
 
 def run_with_progress(
@@ -41,7 +41,8 @@ def run_with_progress(
         def on_done(record: EvalRecord) -> None:
             progress.advance(tasks[record.rollout])
 
-        return asyncio.get_event_loop().run_until_complete(runner.run(examples, cache=cache, on_done=on_done))
+        # asyncio.run cancels what is still pending (e.g. the in-process judge's batcher) before closing its loop
+        return asyncio.run(runner.run(examples, cache=cache, on_done=on_done))
 
 
 def metrics_rich_table(records: Sequence[EvalRecord], title: str = "metrics") -> Table:
@@ -58,16 +59,6 @@ def metrics_rich_table(records: Sequence[EvalRecord], title: str = "metrics") ->
         if any(v is not None for v in values):
             table.add_row(METRIC_LABELS[name], *[format_value(v) for v in values])
     return table
-
-
-def cancel_pending_tasks() -> None:
-    """Let background tasks (e.g. the in-process judge's batcher) end before the event loop is dropped."""
-    loop = asyncio.get_event_loop()
-    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-    for task in pending:
-        task.cancel()
-    if pending:
-        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
 
 
 def quiet_library_logs() -> None:
