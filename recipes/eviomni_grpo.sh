@@ -7,10 +7,12 @@ source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 ve_parse_args "$@"
 ve_smoke "${VARIANT:-eviomni}"
 
-MODEL="${MODEL:-qwen2.5-7b}"; ve_model_preset
-GPUS_PER_NODE="${GPUS_PER_NODE:-8}"
-TRAIN_FILES="${TRAIN_FILES:-data/eviomni/train.parquet}"; VAL_FILES="${VAL_FILES:-data/eviomni/test.parquet}"
-EXPERIMENT="${EXPERIMENT:-eviomni-grpo-$MODEL}"
+# RECIPE_*: a wrapper's defaults (lear_grpo.sh)
+MODEL="${MODEL:-${RECIPE_MODEL:-qwen2.5-7b}}"; ve_model_preset
+GPUS_PER_NODE="${GPUS_PER_NODE:-${RECIPE_GPUS_PER_NODE:-8}}"
+DATA_DIR="${RECIPE_DATA:-data/eviomni}"
+TRAIN_FILES="${TRAIN_FILES:-$DATA_DIR/train.parquet}"; VAL_FILES="${VAL_FILES:-$DATA_DIR/test.parquet}"
+EXPERIMENT="${EXPERIMENT:-${RECIPE_NAME:-eviomni-grpo}-$MODEL}"
 LR="${LR:-1e-6}"; KL_COEF="${KL_COEF:-0.01}"; CLIP="${CLIP:-0.2}"; EPS_STD="${EPS_STD:-0.1}"
 GROUP_SIZE="${GROUP_SIZE:-8}"; BATCH="${BATCH:-128}"; MINI_BATCH="${MINI_BATCH:-64}"; EPOCHS="${EPOCHS:-1}"
 PROMPT_LEN="${PROMPT_LEN:-2048}"; RESPONSE_LEN="${RESPONSE_LEN:-768}"; TEMPERATURE="${TEMPERATURE:-1.0}"

@@ -36,7 +36,7 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 # Bump when the policy, the warm-up data or the method data change shape: caches keyed by it are rebuilt.
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 POLICY_HIDDEN = 128
 POLICY_LAYERS = 2
 WARMUP_ROWS_PER_FORMAT = 8
@@ -115,6 +115,28 @@ def method_data(method: str, tokenizer_dir: Path) -> Path:
     return out
 
 
+def warmed_up_rows(method: str, tokenizer_dir: Path) -> Path:
+    """``method``'s prepared rows restricted to the questions its family was warmed up on (cached).
+
+    The search recipes' rewards turn on the exact answer (Search-R1's EM, EviNote's
+    gate), which a 2-layer policy can only know by heart: training on the questions
+    it memorised is what gives their GRPO groups a spread. The other families' rewards
+    give partial credit (F1, ROUGE-L), so they train on every bundled row.
+    """
+    out = smoke_dir() / "data" / f"{method}-warmed.parquet"
+    if out.exists():
+        return out
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    questions = {e["question"] for e in warmup_examples(FAMILIES[method], tokenizer_dir)}
+    rows = [r for r in _rows(method_data(method, tokenizer_dir)) if r["extra_info"]["question"] in questions]
+    tmp = out.with_suffix(".tmp.parquet")
+    pq.write_table(pa.Table.from_pylist(rows), tmp)
+    tmp.replace(out)
+    return out
+
+
 def _rows(path: Path) -> list[dict]:
     import pyarrow.parquet as pq
 
@@ -131,11 +153,13 @@ def _warmup_examples(rows: list[dict], target: Callable[[dict], list[dict] | Non
     examples = []
     for row in random.Random(seed).sample(rows, len(rows)):
         reply = target(row)
+        question = row["extra_info"]["question"]
         if reply and "role" in reply[0]:
-            examples.append({"messages": list(row["prompt"]) + reply})
+            examples.append({"messages": list(row["prompt"]) + reply, "question": question})
         elif reply:
             text = "".join(segment["text"] for segment in reply)
-            examples.append({"messages": list(row["prompt"]) + [{"role": "assistant", "content": text}], "segments": reply})
+            messages = list(row["prompt"]) + [{"role": "assistant", "content": text}]
+            examples.append({"messages": messages, "segments": reply, "question": question})
         if len(examples) == count:
             break
     return examples
@@ -247,9 +271,11 @@ def warmup_examples(family: str, tokenizer_dir: Path) -> list[dict]:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-        return _warmup_examples(_rows(method_data("evinote", tokenizer_dir)), _search_target(True, tokenizer), n, seed=2) + (
-            _warmup_examples(_rows(method_data("search_r1", tokenizer_dir)), _search_target(False, tokenizer), n // 4, seed=3)
-        )
+        with_note = _warmup_examples(_rows(method_data("evinote", tokenizer_dir)), _search_target(True, tokenizer), n, seed=2)
+        # Search-R1's prompt with the same questions, without notes: its exact-match reward then has answers to find.
+        questions = {e["question"] for e in with_note}
+        search_r1 = [r for r in _rows(method_data("search_r1", tokenizer_dir)) if r["extra_info"]["question"] in questions]
+        return with_note + _warmup_examples(search_r1, _search_target(False, tokenizer), n // 4, seed=3)
     if family == "grace":
         rows = _rows(method_data("grace", tokenizer_dir))
         examples = []
@@ -413,6 +439,8 @@ def prepare(method: str) -> dict[str, str]:
             return {"MODEL_PATH": str(base), "TRAIN_FILES": str(warmup_data(base))}
         policy = warmed_up_policy(FAMILIES[method])
         data = method_data(method, policy)
+        if FAMILIES[method] == "search":
+            data = warmed_up_rows(method, policy)
         variables = {"MODEL_PATH": str(policy), "TRAIN_FILES": str(data), "VAL_FILES": str(data)}
         if FAMILIES[method] == "search":
             variables.update(MAX_OBS_TOKENS=str(SMOKE_MAX_OBS_TOKENS), RESPONSE_LEN=str(SMOKE_SEARCH_RESPONSE_LEN))

@@ -403,3 +403,28 @@ def test_unreachable_remote_server_fails_fast() -> None:
     assert result.returncode == 1
     assert "no retrieval server answers at http://127.0.0.2:9 and it is not this machine" in result.stderr
     assert "# trainer:" not in result.stdout  # the trainer never starts without its server
+
+
+@pytest.mark.parametrize(
+    ("script", "method", "args"),
+    [("lear_grpo.sh", "lear", []), ("eviomni_grpo.sh", "eviomni", []), ("eviomni_grpo.sh", "eviomni", ["reward_preset=composite"])],
+)
+def test_smoke_settings_win_over_a_wrappers_defaults(tmp_path: Path, script: str, method: str, args: list[str]) -> None:
+    """--smoke's policy and data reach the trainer, also through lear_grpo.sh (whose defaults once shadowed them)."""
+    python = tmp_path / "python"  # a stand-in for `smoke prepare`: its answer, without building the tiny policy
+    python.write_text(
+        "#!/usr/bin/env bash\n"
+        'if [ "$*" = "-m verl_evidence.cli smoke prepare $SMOKE_METHOD" ]; then\n'
+        "  echo MODEL_PATH=/smoke/policy; echo TRAIN_FILES=/smoke/$SMOKE_METHOD.parquet; echo VAL_FILES=/smoke/val.parquet\n"
+        "  exit 0\nfi\nexit 9\n"
+    )
+    python.chmod(0o755)
+    result = dry_run(script, "--smoke", *args, PYTHON=str(python), SMOKE_METHOD=method)
+    assert result.returncode == 0, result.stderr
+    command = result.stdout.split("# trainer:\n", 1)[1].replace("\\\n", " ")
+    values = overrides(shlex.split(command)[3:])
+    assert values["actor_rollout_ref.model.path"] == "/smoke/policy"
+    assert values["data.train_files"] == f"/smoke/{method}.parquet"
+    assert values["trainer.n_gpus_per_node"] == "1" and values["trainer.device"] == "cpu"
+    assert values["trainer.experiment_name"] == f"smoke-{method}"
+    assert values["reward.reward_kwargs.variant"] == method

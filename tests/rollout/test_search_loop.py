@@ -338,8 +338,7 @@ def test_smoke_warm_up_lays_out_tokens_as_the_loop_does(base_config, search_url,
     search_text, answer_text = (s["text"] for s in example["segments"] if s["trained"])
     backend = ScriptedBackend(tokenizer, turns=[search_text, answer_text])
     config = search_config(base_config, search_url, max_turns=2, topk=1, max_obs_tokens=smoke.SMOKE_MAX_OBS_TOKENS)
-    question = example["messages"][-2]["content"]
-    out = unpad(run_worker(config, backend, [make_row(question, "evidence_search", messages=example["messages"][:-1])]))
+    out = unpad(run_worker(config, backend, [make_row(example["question"], "evidence_search", messages=example["messages"][:-1])]))
 
     ids, labels = smoke._example_ids(tokenizer, example)
     n_prompt = len(out["prompt_ids"])
