@@ -56,7 +56,7 @@ QUICK_PER_CASE = 1
 # only for validation), so 8 steps take ~3-6 min.
 TRAIN_RECIPE = "eviomni_grpo.sh"
 TRAIN_STEPS = 8
-TRAIN_VALIDATION_PROMPTS = 4  # rows of the bundled EviOmni set validated before training and after each step
+TRAIN_VALIDATION_PROMPTS = 4  # rows of the smoke validation set (its warmed-up questions), validated before training and after each step
 TRAIN_VALIDATION_SAMPLES = 2  # samples per row, at the training temperature
 TRAIN_LOG = "training.log"
 
