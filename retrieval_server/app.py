@@ -145,7 +145,7 @@ Result = TypeVar("Result")
 
 
 class BacklogBatcher(Generic[Item, Result]):
-    """One batch at a time; each batch is what queued while the previous one ran.
+    """Batches of whatever queued while earlier batches ran, up to ``concurrency`` batches at once.
 
     An idle replica runs a lone request at once (no timer to wait out); under load
     every request that arrived during a batch joins the next one, up to
@@ -153,21 +153,34 @@ class BacklogBatcher(Generic[Item, Result]):
     batch on its timer *before* waiting for the running batch (ray/serve/batching.py,
     ``_process_batches``), so a backlog is cut into timer-sized slivers.
     ``max_wait_s`` > 0 adds a wait for company before each batch (fewer, larger
-    batches at the cost of latency).
+    batches at the cost of latency). ``concurrency`` > 1 lets a new batch start while
+    others run (one per CPU thread of a CPU encoder): no core idles while one batch
+    finishes its slowest part, and a batch never waits for another to end.
     """
 
-    def __init__(self, run_batch: Callable[[list[Item]], Awaitable[list[Result]]], max_batch_size: int, max_wait_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        run_batch: Callable[[list[Item]], Awaitable[list[Result]]],
+        max_batch_size: int,
+        max_wait_s: float = 0.0,
+        concurrency: int = 1,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         self._run_batch = run_batch
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
+        self.concurrency = concurrency
         self._queue: asyncio.Queue[tuple[Item, asyncio.Future[Result]]] = asyncio.Queue()
-        self._worker: asyncio.Task[None] | None = None
+        self._workers: set[asyncio.Task[None]] = set()
 
     async def submit(self, item: Item) -> Result:
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait((item, future))
-        if self._worker is None or self._worker.done():
-            self._worker = asyncio.create_task(self._drain())
+        if len(self._workers) < self.concurrency:
+            worker = asyncio.create_task(self._drain())
+            self._workers.add(worker)
+            worker.add_done_callback(self._workers.discard)
         return await future
 
     async def _drain(self) -> None:
@@ -206,7 +219,12 @@ class RetrievalServer:
         self.retriever = Retriever(self.config)
         self.metrics = ServerMetrics()
         self.started = time.time()
-        self.batcher = BacklogBatcher(self._retrieve_batch, self.config.max_batch_size, self.config.batch_wait_timeout_s)
+        self.batcher = BacklogBatcher(
+            self._retrieve_batch,
+            self.config.max_batch_size,
+            self.config.batch_wait_timeout_s,
+            concurrency=self.config.batch_concurrency_for(getattr(self.retriever.encoder, "backend", None)),
+        )
         logger.info("retrieval replica ready: %d passages, method=%s", self.retriever.size, self.config.method)
 
     def _unauthorized(self, request: Request) -> JSONResponse | None:
@@ -308,6 +326,7 @@ class RetrievalServer:
             "replica_pid": os.getpid(),
             "torch_threads": torch.get_num_threads(),
             "encoder_backend": getattr(self.retriever.encoder, "backend", None),  # None: bm25 needs no encoder
+            "batch_concurrency": self.batcher.concurrency,
         }
 
     @fastapi_app.get("/metrics")

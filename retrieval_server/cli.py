@@ -43,6 +43,9 @@ def serve(
         None, min=1, help="onnx: threads a large batch is split over (default: --cpus-per-replica, rounded down)"
     ),
     max_batch_size: int = typer.Option(64),
+    batch_concurrency: Optional[int] = typer.Option(
+        None, min=1, help="batches a replica runs at once (default: its encode threads with onnx, 1 with torch)"
+    ),
     batch_wait_ms: float = typer.Option(0.0, help="Extra wait for company before each batch; 0: a batch is what queued while the previous one ran"),
     max_queries_per_request: int = typer.Option(512),
     max_topk: int = typer.Option(100),
@@ -60,7 +63,7 @@ def serve(
         rerank_model=rerank_model, rerank_top_n=rerank_top_n, search_params=search_params, mmap_index=mmap_index, host=host, port=port, ingress=ingress,
         num_replicas=replicas, num_cpus_per_replica=cpus_per_replica, num_gpus_per_replica=gpus_per_replica,
         torch_threads=torch_threads, encoder_backend=encoder_backend, encode_threads=encode_threads,
-        max_batch_size=max_batch_size, batch_wait_timeout_s=batch_wait_ms / 1000.0,
+        max_batch_size=max_batch_size, batch_concurrency=batch_concurrency, batch_wait_timeout_s=batch_wait_ms / 1000.0,
         max_queries_per_request=max_queries_per_request, max_topk=max_topk, max_query_chars=max_query_chars, token=token,
     )  # fmt: skip
     handle = start_server(config, address=address)

@@ -149,6 +149,12 @@ class ServerConfig(BaseModel):
         description="Extra wait for company before each batch; 0: a batch is whatever queued while the previous one ran",
     )
     max_ongoing_requests: int | None = Field(default=None, description="Default: 2 x max_batch_size")
+    batch_concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        description="Batches a replica runs at once. Default: its encode threads with an ONNX (CPU) encoder, so each "
+        "core runs a batch and none idles while another batch finishes; 1 with torch (one device, its own threads)",
+    )
 
     # Placement.
     num_replicas: int = Field(default=1, ge=1)
@@ -198,6 +204,11 @@ class ServerConfig(BaseModel):
     @property
     def effective_encode_threads(self) -> int:
         return self.encode_threads or max(1, int(self.num_cpus_per_replica))
+
+    def batch_concurrency_for(self, encoder_backend: str | None) -> int:
+        if self.batch_concurrency is not None:
+            return self.batch_concurrency
+        return self.effective_encode_threads if encoder_backend in ("onnx", "onnx-int8") else 1
 
     @property
     def effective_max_ongoing_requests(self) -> int:

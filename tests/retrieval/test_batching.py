@@ -169,3 +169,58 @@ def test_a_backlog_is_split_at_max_batch_size(max_batch_size, expected):
     batches, results = asyncio.run(scenario())
     assert batches == expected
     assert results == [f"result of r{i}" for i in range(6)]
+
+
+def test_with_concurrency_two_a_batch_starts_while_another_runs_and_a_third_waits():
+    async def scenario() -> tuple[list[list[str]], list[str]]:
+        run = ScriptedBatches()
+        batcher = BacklogBatcher(run, max_batch_size=8, concurrency=2)
+        tasks = [asyncio.create_task(batcher.submit("first"))]
+        await run.started(0)
+        tasks.append(asyncio.create_task(batcher.submit("second")))
+        await run.started(1)  # did not wait for batch 0: a second batch runs beside it
+        tasks += [asyncio.create_task(batcher.submit(name)) for name in ("third", "fourth")]
+        await _queued(batcher, 2)  # both slots busy: these wait, together
+        assert len(run.batches) == 2
+        run.finish(1)  # the second batch ends first; its slot takes the backlog
+        await run.started(2)
+        run.finish(0)
+        run.finish(2)
+        return run.batches, list(await asyncio.wait_for(asyncio.gather(*tasks), timeout=10))
+
+    batches, results = asyncio.run(scenario())
+    assert batches == [["first"], ["second"], ["third", "fourth"]]
+    assert results == ["result of first", "result of second", "result of third", "result of fourth"]
+
+
+def test_with_concurrency_one_batches_never_overlap():
+    async def scenario() -> list[list[str]]:
+        run = ScriptedBatches()
+        batcher = BacklogBatcher(run, max_batch_size=8, concurrency=1)
+        tasks = [asyncio.create_task(batcher.submit("first"))]
+        await run.started(0)
+        tasks.append(asyncio.create_task(batcher.submit("second")))
+        await _queued(batcher, 1)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert len(run.batches) == 1  # the second request waits for the running batch
+        run.finish(0)
+        run.finish(1)
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
+        return run.batches
+
+    assert asyncio.run(scenario()) == [["first"], ["second"]]
+
+
+def test_batch_concurrency_defaults_follow_the_encoder(tmp_path):
+    from retrieval_server.config import ServerConfig
+
+    config = ServerConfig(index_dir=tmp_path, num_cpus_per_replica=2)
+    assert config.batch_concurrency_for("onnx") == 2  # a batch per core of a CPU encoder
+    assert config.batch_concurrency_for("onnx-int8") == 2
+    assert config.batch_concurrency_for("torch") == 1  # one device: its own threads parallelise a batch
+    assert config.batch_concurrency_for(None) == 1  # bm25: no encoder
+    assert ServerConfig(index_dir=tmp_path, num_cpus_per_replica=2, encode_threads=3).batch_concurrency_for("onnx") == 3
+    assert ServerConfig(index_dir=tmp_path, batch_concurrency=4).batch_concurrency_for("torch") == 4
+    with pytest.raises(ValueError):
+        BacklogBatcher(lambda items: items, max_batch_size=8, concurrency=0)
