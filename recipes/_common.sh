@@ -60,7 +60,7 @@ ve_smoke() {
   # The retrieval server command lives beside the interpreter (a venv need not be activated).
   PATH="$(dirname "$(command -v "$VE_PYTHON")"):$PATH"
   echo "# smoke run on CPU: preparing the tiny policy and the $method data (cached after the first run)" >&2
-  prepared="$("$VE_PYTHON" -m verl_evidence.cli smoke prepare "$method")" || exit 1
+  prepared="$("$VE_PYTHON" -m verl_evidence.smoke prepare "$method")" || exit 1
   local name value
   while IFS='=' read -r name value; do
     [ -n "$name" ] || continue
@@ -88,6 +88,7 @@ ve_smoke() {
   fi
   SMOKE_ARGS=(
     trainer.device=cpu +ray_kwargs.ray_init.num_gpus="$GPUS_PER_NODE" ray_kwargs.ray_init.num_cpus=16
+    +ray_kwargs.ray_init.include_dashboard=false  # seconds of start-up and a process on a small machine
     transfer_queue.backend.SimpleStorage.num_data_storage_units=1
     actor_rollout_ref.rollout.agent.num_workers=1 reward.num_workers=1 data.dataloader_num_workers=0
     actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.ref.strategy=fsdp2

@@ -173,24 +173,33 @@ class BacklogBatcher(Generic[Item, Result]):
         self.concurrency = concurrency
         self._queue: asyncio.Queue[tuple[Item, asyncio.Future[Result]]] = asyncio.Queue()
         self._workers: set[asyncio.Task[None]] = set()
+        self._running = 0  # batches running now
 
     async def submit(self, item: Item) -> Result:
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait((item, future))
+        self._spawn()
+        return await future
+
+    def _spawn(self) -> None:
         if len(self._workers) < self.concurrency:
             worker = asyncio.create_task(self._drain())
             self._workers.add(worker)
             worker.add_done_callback(self._workers.discard)
-        return await future
 
     async def _drain(self) -> None:
         while not self._queue.empty():
             if self.max_wait_s > 0 and self._queue.qsize() < self.max_batch_size:
                 await asyncio.sleep(self.max_wait_s)
-            taken = [self._queue.get_nowait() for _ in range(min(self._queue.qsize(), self.max_batch_size))]
+            # A fair share of the backlog per free slot: two idle slots split it rather than one taking it all.
+            share = -(-self._queue.qsize() // max(1, self.concurrency - self._running))
+            taken = [self._queue.get_nowait() for _ in range(min(self._queue.qsize(), self.max_batch_size, share))]
+            if not self._queue.empty():
+                self._spawn()  # the rest goes to another slot, if one is free
             live = [(item, future) for item, future in taken if not future.done()]  # skip requests whose client left
             if not live:
                 continue
+            self._running += 1
             try:
                 results = await self._run_batch([item for item, _ in live])
                 if len(results) != len(live):  # zip would leave the unmatched requests waiting forever
@@ -200,6 +209,8 @@ class BacklogBatcher(Generic[Item, Result]):
                     if not future.done():
                         future.set_exception(err)
                 continue
+            finally:
+                self._running -= 1
             for (_, future), result in zip(live, results):
                 if not future.done():
                     future.set_result(result)

@@ -464,3 +464,28 @@ def register(root) -> None:
             typer.echo(f"{name}={shlex.quote(value)}")
 
     root.add_typer(smoke_app, name="smoke")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m verl_evidence.smoke prepare METHOD``: what the recipes call (``verl-evidence smoke prepare``
+    without importing every command of the CLI, which costs seconds on a small machine)."""
+    import shlex
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] != "prepare":
+        print(f"usage: python -m verl_evidence.smoke prepare {{{','.join(METHODS)}}}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        variables = prepare(args[1])
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for name, value in variables.items():
+        print(f"{name}={shlex.quote(value)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -414,7 +414,7 @@ def test_smoke_settings_win_over_a_wrappers_defaults(tmp_path: Path, script: str
     python = tmp_path / "python"  # a stand-in for `smoke prepare`: its answer, without building the tiny policy
     python.write_text(
         "#!/usr/bin/env bash\n"
-        'if [ "$*" = "-m verl_evidence.cli smoke prepare $SMOKE_METHOD" ]; then\n'
+        'if [ "$*" = "-m verl_evidence.smoke prepare $SMOKE_METHOD" ]; then\n'
         "  echo MODEL_PATH=/smoke/policy; echo TRAIN_FILES=/smoke/$SMOKE_METHOD.parquet; echo VAL_FILES=/smoke/val.parquet\n"
         "  exit 0\nfi\nexit 9\n"
     )
@@ -428,3 +428,13 @@ def test_smoke_settings_win_over_a_wrappers_defaults(tmp_path: Path, script: str
     assert values["trainer.n_gpus_per_node"] == "1" and values["trainer.device"] == "cpu"
     assert values["trainer.experiment_name"] == f"smoke-{method}"
     assert values["reward.reward_kwargs.variant"] == method
+
+
+def test_smoke_prepare_entry_point_names_the_methods_on_bad_input(tmp_path: Path) -> None:
+    env = {**os.environ, "VERL_EVIDENCE_SMOKE_DIR": str(tmp_path)}
+    run = [sys.executable, "-m", "verl_evidence.smoke"]
+    unknown = subprocess.run([*run, "prepare", "nope"], capture_output=True, text=True, env=env, timeout=120)
+    assert unknown.returncode == 2 and "unknown smoke method 'nope'" in unknown.stderr, unknown.stderr
+    assert "evinote" in unknown.stderr and not unknown.stdout
+    usage = subprocess.run(run, capture_output=True, text=True, env=env, timeout=120)
+    assert usage.returncode == 2 and "usage: python -m verl_evidence.smoke prepare" in usage.stderr

@@ -224,3 +224,18 @@ def test_batch_concurrency_defaults_follow_the_encoder(tmp_path):
     assert ServerConfig(index_dir=tmp_path, batch_concurrency=4).batch_concurrency_for("torch") == 4
     with pytest.raises(ValueError):
         BacklogBatcher(lambda items: items, max_batch_size=8, concurrency=0)
+
+
+def test_idle_slots_share_a_backlog_instead_of_one_taking_it_all():
+    async def scenario() -> list[list[str]]:
+        run = ScriptedBatches()
+        batcher = BacklogBatcher(run, max_batch_size=8, concurrency=2)
+        tasks = [asyncio.create_task(batcher.submit(f"r{i}")) for i in range(5)]
+        await run.started(0)
+        await run.started(1)
+        for batch in (0, 1):
+            run.finish(batch)
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
+        return run.batches
+
+    assert asyncio.run(scenario()) == [["r0", "r1", "r2"], ["r3", "r4"]]
