@@ -17,7 +17,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-RESPONSE_LENGTH = 8192
+from rollout_helpers import RESPONSE_LENGTH  # noqa: E402  (one definition, importable by the tests)
 PROMPT_LENGTH = 8192
 
 

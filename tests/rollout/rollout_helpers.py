@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+RESPONSE_LENGTH = 8192  # data.max_response_length of the rollout tests' verl config
+
 
 def with_settings(config, updates: dict[str, Any]):
     """A copy of ``config`` with dotted keys set (new keys allowed, like Hydra's ``+key=``)."""

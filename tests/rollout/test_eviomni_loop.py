@@ -185,7 +185,7 @@ class NumberedLogprobBackend(ScriptedBackend):
 
 
 def test_response_running_out_of_budget_is_cut_with_matching_logprobs(base_config, tokenizer):
-    from conftest import RESPONSE_LENGTH
+    from rollout_helpers import RESPONSE_LENGTH  # not `from conftest`: another directory's conftest may own that name
 
     long_answer = " <answer> " + "Nile " * RESPONSE_LENGTH + "</answer>"
     script = {"first": FIRST}

@@ -50,6 +50,27 @@ logger = logging.getLogger(__name__)
 LOOP_NAME = "eviomni"
 
 
+def _extra_fields(question: str, **values: Any) -> dict[str, Any]:
+    """The trajectory's ``extra_fields`` (the reward manager's inputs): every key, with ``values`` over defaults."""
+    fields: dict[str, Any] = {
+        "question": question,
+        "retrieved_ids": [],
+        "eviomni_answer_r": "",
+        "eviomni_answer_e": "",
+        "eviomni_len_r": 0,
+        "eviomni_len_e": 0,
+        "eviomni_len_p": 0,
+        "retrieval_error": None,
+        "retrieval_failed": 0.0,
+        "turn_scores": [],
+        "tool_rewards": [],
+    }
+    unknown = set(values) - set(fields)
+    if unknown:
+        raise KeyError(f"unknown extra field(s): {sorted(unknown)}")
+    return {**fields, **values}
+
+
 @dataclass(frozen=True)
 class EviOmniLoopSettings:
     prompt: str = "eviomni_reason_extract"
@@ -187,19 +208,7 @@ class EviOmniAgentLoop(AgentLoopBase):
         engine.add(output)
         eos = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.tokenizer.pad_token_id
         response_ids = list(output.token_ids)[:1] or [eos]
-        fields = engine.merged_with({
-            "question": question,
-            "retrieved_ids": [],
-            "eviomni_answer_r": "",
-            "eviomni_answer_e": "",
-            "eviomni_len_r": 0,
-            "eviomni_len_e": 0,
-            "eviomni_len_p": 0,
-            "retrieval_error": reason,
-            "retrieval_failed": 1.0,
-            "turn_scores": [],
-            "tool_rewards": [],
-        })
+        fields = engine.merged_with(_extra_fields(question, retrieval_error=reason, retrieval_failed=1.0))
         return AgentLoopOutput(
             prompt_ids=prompt_ids,
             response_ids=response_ids,
@@ -282,19 +291,16 @@ class EviOmniAgentLoop(AgentLoopBase):
             response_ids += answer_ids
 
         response_ids = response_ids[: self.response_length]
-        extra_fields = engine.merged_with({
-            "question": question,
-            "retrieved_ids": document_ids(passages),
-            "eviomni_answer_r": answer_r,
-            "eviomni_answer_e": answer_e,
-            "eviomni_len_r": len(encode(self.tokenizer, rationale)) if rationale else 0,
-            "eviomni_len_e": len(encode(self.tokenizer, evidence)) if evidence else 0,
-            "eviomni_len_p": len(encode(self.tokenizer, passages_text)) if passages_text else 0,
-            "retrieval_error": retrieval_error,
-            "retrieval_failed": 0.0,
-            "turn_scores": [],
-            "tool_rewards": [],
-        })
+        extra_fields = engine.merged_with(_extra_fields(
+            question,
+            retrieved_ids=document_ids(passages),
+            eviomni_answer_r=answer_r,
+            eviomni_answer_e=answer_e,
+            eviomni_len_r=len(encode(self.tokenizer, rationale)) if rationale else 0,
+            eviomni_len_e=len(encode(self.tokenizer, evidence)) if evidence else 0,
+            eviomni_len_p=len(encode(self.tokenizer, passages_text)) if passages_text else 0,
+            retrieval_error=retrieval_error,
+        ))
         return AgentLoopOutput(
             prompt_ids=prompt_ids,
             response_ids=response_ids,
