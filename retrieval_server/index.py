@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import time
 from pathlib import Path
@@ -320,6 +321,42 @@ def known_model_copies() -> list[str]:
         return []
 
 
+CORPUS_STAT_CACHE = "corpus-checksum.json"
+
+
+def corpus_sha256(corpus: Path, index_dir: Path) -> str:
+    """The corpus file's sha256, re-read only when the file is not the one last hashed for this index.
+
+    Hashing wiki-18's 14 GB JSONL takes about a minute, at every server start. As git
+    does for its index, the checksum is kept beside the index with the file's
+    identity (resolved path, device, inode, size, mtime in ns) and reused while all
+    of them match; an edit in place changes mtime and size. A read-only index
+    directory just means hashing every time.
+    """
+    corpus = Path(corpus)
+    stat = corpus.stat()
+    identity = {
+        "path": str(corpus.resolve()), "device": stat.st_dev, "inode": stat.st_ino,
+        "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+    }  # fmt: skip
+    cache = Path(index_dir) / CORPUS_STAT_CACHE
+    try:
+        cached = json.loads(cache.read_text())
+        if cached.get("identity") == identity and isinstance(cached.get("sha256"), str):
+            return cached["sha256"]
+    except (OSError, ValueError):
+        pass
+    digest = file_sha256(corpus)
+    tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps({"identity": identity, "sha256": digest}))
+        os.replace(tmp, cache)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        logger.debug("corpus checksum not cached in %s: %s", cache, err)
+    return digest
+
+
 def verify_index(index_dir: Path, corpus: Path | None = None, encoder: EncoderConfig | None = None) -> dict:
     """Check that manifest, corpus, model and index files agree; raise :class:`IndexMismatchError` naming the files.
 
@@ -344,7 +381,7 @@ def verify_index(index_dir: Path, corpus: Path | None = None, encoder: EncoderCo
         corpus = Path(corpus) if corpus is not None else recorded_corpus
         if not corpus.exists():
             problems.append(f"corpus {corpus} does not exist (the index {manifest_path} was built from {recorded_corpus})")
-        elif corpus.stat().st_size != manifest["corpus"]["size"] or file_sha256(corpus) != manifest["corpus"]["sha256"]:
+        elif corpus.stat().st_size != manifest["corpus"]["size"] or corpus_sha256(corpus, index_dir) != manifest["corpus"]["sha256"]:
             problems.append(
                 f"corpus {corpus} has changed or is a different file: its sha256 differs from the "
                 f"{manifest['corpus']['sha256'][:12]}... recorded in {manifest_path} for {recorded_corpus}"

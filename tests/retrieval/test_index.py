@@ -331,3 +331,39 @@ def test_a_stuck_builder_fails_the_wait_with_a_deadline(tmp_path):
         with pytest.raises(TimeoutError, match=f"building the index in {index_dir} for over 1 s .*\\.build\\.lock"):
             build_index(config, encoder=CountingEncoder(), show_progress=False, lock_timeout_s=1.0)
     assert not (index_dir / "manifest.json").exists()
+
+
+def test_corpus_checksum_is_reused_until_the_file_changes(tmp_path, small_index, monkeypatch):
+    """A start does not re-hash an unchanged corpus (minutes for wiki-18); an edit in place is still caught."""
+    import os
+
+    import retrieval_server.index as index_module
+
+    index_dir = tmp_path / "index"
+    shutil.copytree(small_index, index_dir)
+    (index_dir / index_module.CORPUS_STAT_CACHE).unlink(missing_ok=True)
+    corpus = write_corpus(tmp_path / "corpus.jsonl")
+    hashed: list[Path] = []
+    real = index_module.file_sha256
+    monkeypatch.setattr(index_module, "file_sha256", lambda path: hashed.append(Path(path)) or real(path))
+
+    verify_index(index_dir, corpus=corpus)
+    verify_index(index_dir, corpus=corpus)
+    assert hashed == [corpus]  # the second start trusted the recorded checksum of the same file
+
+    # Same size, different content, mtime moved on (as any write does): hashed again, and refused.
+    text = corpus.read_text()
+    corpus.write_text(text.replace("Egypt", "Sudan"))
+    stat = corpus.stat()
+    os.utime(corpus, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    with pytest.raises(IndexMismatchError, match="has changed"):
+        verify_index(index_dir, corpus=corpus)
+    assert hashed == [corpus, corpus]
+
+    # An index directory it cannot write to: the checksum is still right, just not kept.
+    def refuse(*args, **kwargs):
+        raise PermissionError("read-only index directory")
+
+    monkeypatch.setattr(index_module.os, "replace", refuse)
+    fresh = write_corpus(tmp_path / "fresh.jsonl", PASSAGES[:3])
+    assert index_module.corpus_sha256(fresh, index_dir) == real(fresh)
