@@ -207,13 +207,13 @@ def _search_target(with_note: bool, tokenizer) -> Callable[[dict], list[dict] | 
     """One search, its observation, (a note,) the answer: laid out token for token as the search loop builds it.
 
     The policy's turns are encoded on their own and the context between them is the
-    loop's own pieces (``"\n\n<information>"``, the document tokens cut at the smoke
-    run's ``max_obs_tokens``, ``"</information>\n\n"``, the final-turn notice), so the
+    loop's own pieces (``INFORMATION_OPEN``, the document tokens cut at the smoke
+    run's ``max_obs_tokens``, ``INFORMATION_CLOSE``, the final-turn notice), so the
     tiny policy sees at warm-up exactly the token sequence it continues at rollout.
     Context pieces carry no loss (``trained: False``), as they carry no loss in RL.
     """
     from verl_evidence.agent_loops.common import encode
-    from verl_evidence.agent_loops.search_loop import SearchLoopSettings
+    from verl_evidence.agent_loops.search_loop import INFORMATION_CLOSE, INFORMATION_OPEN, SearchLoopSettings
     from verl_evidence.bundled import load_corpus
     from verl_evidence.tools.search_tool import format_documents
 
@@ -232,9 +232,9 @@ def _search_target(with_note: bool, tokenizer) -> Callable[[dict], list[dict] | 
         note = f"<summary>*{_short(evidence, 6)}*</summary>\n" if with_note else ""
         return [
             {"text": f"<search>{_short(question, 6)}</search>", "trained": True},
-            {"text": "\n\n<information>", "trained": False},
+            {"text": INFORMATION_OPEN, "trained": False},
             {"text": observation, "trained": False, "ids": documents[:SMOKE_MAX_OBS_TOKENS]},
-            {"text": "</information>\n\n", "trained": False},
+            {"text": INFORMATION_CLOSE, "trained": False},
             {"text": notice, "trained": False},
             {"text": f"{note}<answer>{answer}</answer>", "trained": True},
         ]

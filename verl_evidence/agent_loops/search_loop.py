@@ -70,6 +70,9 @@ logger = logging.getLogger(__name__)
 
 LOOP_NAME = "evidence_search"
 ACTION_STOPS = ["</search>", "</answer>"]
+# What wraps an inline observation's document tokens (each piece encoded on its own)
+INFORMATION_OPEN = "\n\n<information>"
+INFORMATION_CLOSE = "</information>\n\n"
 PAPER_ACTION_STOPS = ["</action>", "</answer>"]
 OBSERVATION_ROLES = ("inline", "user")
 OBSERVATIONS = ("passages", "extract", "executor")
@@ -513,9 +516,9 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
                 if s.action_format == "search":
                     user_content = information_text(texts[0])
                     inline_ids = (
-                        encode_cached(self.tokenizer, "\n\n<information>")
+                        encode_cached(self.tokenizer, INFORMATION_OPEN)
                         + inline_ids
-                        + encode_cached(self.tokenizer, "</information>\n\n")
+                        + encode_cached(self.tokenizer, INFORMATION_CLOSE)
                     )
                 else:
                     user_content = observation_text(texts)
