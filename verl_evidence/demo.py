@@ -181,7 +181,7 @@ def demo_command(
         False, "--train",
         help="then run a short real GRPO training on this CPU (EviOmni recipe --smoke, verl's trainer, a tiny "
         f"policy) and plot its reward components per step ({TRAIN_STEPS} steps: ~3-6 min on 2 cores; the first "
-        "run on a machine also warms the tiny policy up once, up to ~15 min)",
+        "run on a machine also warms the tiny policy up once, about a minute)",
     ),
     train_steps: int = typer.Option(TRAIN_STEPS, min=1, help="GRPO steps of --train"),
 ) -> None:
@@ -304,6 +304,8 @@ def training_invocation(recipe: Path, steps: int) -> tuple[list[str], dict[str, 
     """The recipe's smoke run for ``steps`` steps, validating before training and after every step."""
     settings = {
         "SMOKE_STEPS": str(steps),
+        # the smoke data is the 8 warmed-up questions (4 steps of 2 per epoch): epochs enough for every step asked
+        "EPOCHS": str(steps),
         "TEST_FREQ": "1",
         "VAL_BEFORE_TRAIN": "true",
         "EXPERIMENT": "verl-evidence-demo",
@@ -325,7 +327,7 @@ def _printable(command: Sequence[str], env: dict[str, str], recipe: Path) -> str
     import shlex
 
     shown = [f"recipes/{recipe.name}" if part == str(recipe) else part for part in command]
-    settings = [f"{k}={env[k]}" for k in ("SMOKE_STEPS", "TEST_FREQ", "VAL_BEFORE_TRAIN")]
+    settings = [f"{k}={env[k]}" for k in ("SMOKE_STEPS", "EPOCHS", "TEST_FREQ", "VAL_BEFORE_TRAIN")]
     return " ".join(settings + [shlex.quote(part) for part in shown])
 
 
@@ -354,7 +356,7 @@ def _stream(command: list[str], env: dict[str, str], log_path: Path, steps: int)
                 elapsed = time.monotonic() - started
                 if line.startswith("# smoke run on CPU"):
                     console.print(f"  [{elapsed:4.0f}s] preparing the tiny policy and the EviOmni data (the first run "
-                                  "on a machine warms it up with verl's SFT trainer: up to ~15 min, then cached)")
+                                  "on a machine warms it up: about a minute, then cached)")
                 elif line.startswith("# trainer:"):
                     trainer_started = elapsed
                     console.print(f"  [{elapsed:4.0f}s] starting verl's trainer (Ray start-up, workers, model load)")
@@ -418,8 +420,8 @@ def run_training(recipe: Path, out: Path, steps: int, report_path: Path) -> bool
         "```",
         "",
         "verl's own trainer (`python -m verl.trainer.main_ppo`) in the CPU training mode (docs/debug-on-cpu.md): "
-        "a 2-layer tiny policy warmed up on the methods' output formats, the bundled EviOmni rows, 2 prompts x 4 "
-        f"samples per step, the `eviomni` reward manager; validation on {TRAIN_VALIDATION_PROMPTS} rows x "
+        "a 2-layer tiny policy warmed up on the methods' output formats, the bundled EviOmni rows it was warmed up "
+        f"on, 2 prompts x 8 samples per step, the `eviomni` reward manager; validation on {TRAIN_VALIDATION_PROMPTS} rows x "
         f"{TRAIN_VALIDATION_SAMPLES} samples before training and after every step. The trainer's command and "
         f"output: [{TRAIN_LOG}]({TRAIN_LOG}).",
         "",

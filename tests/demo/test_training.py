@@ -220,6 +220,7 @@ def test_the_invocation_is_the_recipes_smoke_run_with_validation_every_step(monk
     assert f"data.val_max_samples={demo.TRAIN_VALIDATION_PROMPTS}" in command
     assert f"actor_rollout_ref.rollout.val_kwargs.n={demo.TRAIN_VALIDATION_SAMPLES}" in command
     assert env["SMOKE_STEPS"] == "5" and env["TEST_FREQ"] == "1" and env["VAL_BEFORE_TRAIN"] == "true"
+    assert env["EPOCHS"] == "5"  # the 8 smoke rows give 4 steps per epoch: enough epochs for every step asked
     assert env["PYTHON"] == sys.executable and env["PYTHONUNBUFFERED"] == "1"
     assert "RAY_ADDRESS" not in env  # a Ray of its own, not the caller's cluster
 
@@ -246,7 +247,7 @@ def test_run_training_streams_the_log_and_links_the_plot_from_the_report(tmp_pat
     assert "](training.md)" in report and "![reward components per training step](training.png)" in report
     check_png(out / "training.png")
     training_md = (out / "training.md").read_text()
-    assert "SMOKE_STEPS=3 TEST_FREQ=1 VAL_BEFORE_TRAIN=true bash recipes/eviomni_grpo.sh --smoke" in training_md
+    assert "SMOKE_STEPS=3 EPOCHS=3 TEST_FREQ=1 VAL_BEFORE_TRAIN=true bash recipes/eviomni_grpo.sh --smoke" in training_md
     assert table_rows(training_md)[1]["2"][1] == "0.250"
     printed = capsys.readouterr().out
     assert "step 2/3, train reward 0.250" in printed and "before training, val reward 0.050" in printed
