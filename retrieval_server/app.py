@@ -182,10 +182,10 @@ class BacklogBatcher(Generic[Item, Result]):
         return await future
 
     def _spawn(self) -> None:
+        # Not a done-callback: it runs only after the woken caller, whose next submit would find no free slot.
+        self._workers = {worker for worker in self._workers if not worker.done()}
         if len(self._workers) < self.concurrency:
-            worker = asyncio.create_task(self._drain())
-            self._workers.add(worker)
-            worker.add_done_callback(self._workers.discard)
+            self._workers.add(asyncio.create_task(self._drain()))
 
     async def _drain(self) -> None:
         while not self._queue.empty():

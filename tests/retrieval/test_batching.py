@@ -239,3 +239,17 @@ def test_idle_slots_share_a_backlog_instead_of_one_taking_it_all():
         return run.batches
 
     assert asyncio.run(scenario()) == [["r0", "r1", "r2"], ["r3", "r4"]]
+
+
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_a_request_right_after_a_batch_ends_is_served(concurrency):
+    """The finished worker's done-callback runs after the caller resumes: a submit then must still start a batch."""
+
+    async def scenario() -> list[str]:
+        run = ScriptedBatches(hold=False)
+        batcher = BacklogBatcher(run, max_batch_size=8, concurrency=concurrency)
+        first = await batcher.submit("a")
+        second = await batcher.submit("b")  # awaited in this task: no new task gives the callback time to run
+        return [first, second]
+
+    assert asyncio.run(asyncio.wait_for(scenario(), timeout=5)) == ["result of a", "result of b"]
