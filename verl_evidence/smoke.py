@@ -454,9 +454,14 @@ def prepare(method: str) -> dict[str, str]:
         return variables
 
 
-def register(root) -> None:
+def shell_assignments(method: str) -> list[str]:
+    """``prepare(method)`` as ``NAME=value`` lines a recipe reads (values shell-quoted)."""
     import shlex
 
+    return [f"{name}={shlex.quote(value)}" for name, value in prepare(method).items()]
+
+
+def register(root) -> None:
     import typer
 
     smoke_app = typer.Typer(help="Smoke runs of the recipes on CPU (tiny warmed-up policy, bundled data).", no_args_is_help=True)
@@ -464,8 +469,8 @@ def register(root) -> None:
     @smoke_app.command("prepare")
     def prepare_command(method: str = typer.Argument(..., help=" | ".join(METHODS))) -> None:
         """Build (or reuse) the smoke policy, data and judge; print them as shell assignments for the recipes."""
-        for name, value in prepare(method).items():
-            typer.echo(f"{name}={shlex.quote(value)}")
+        for line in shell_assignments(method):
+            typer.echo(line)
 
     root.add_typer(smoke_app, name="smoke")
 
@@ -473,7 +478,6 @@ def register(root) -> None:
 def main(argv: list[str] | None = None) -> int:
     """``python -m verl_evidence.smoke prepare METHOD``: what the recipes call (``verl-evidence smoke prepare``
     without importing every command of the CLI, which costs seconds on a small machine)."""
-    import shlex
     import sys
 
     args = sys.argv[1:] if argv is None else argv
@@ -482,12 +486,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
-        variables = prepare(args[1])
+        lines = shell_assignments(args[1])
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    for name, value in variables.items():
-        print(f"{name}={shlex.quote(value)}")
+    print("\n".join(lines))
     return 0
 
 
