@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 
 # pytest exits 5 when it collected nothing: that is a broken suite, not a pass.
 test: install
-	@HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_ARGS); rc=$$?; \
+	@HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q --durations=15 $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing on purpose"; exit 1; fi; exit $$rc
 
 # The fast tier: tests not marked slow (no Ray or Serve, no CLI/trainer subprocesses, no heavy model work;
