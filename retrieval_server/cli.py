@@ -51,6 +51,7 @@ def serve(
     max_topk: int = typer.Option(100),
     max_query_chars: int = typer.Option(2048),
     token: Optional[str] = typer.Option(None, envvar="RETRIEVAL_SERVER_TOKEN", help="Require 'Authorization: Bearer <token>'"),
+    access_log: bool = typer.Option(False, help="Ray Serve's access log line per request (off: it costs CPU at high request rates)"),
 ) -> None:
     """Serve /retrieve until interrupted. With no arguments: the bundled corpus with the packaged MiniLM on 127.0.0.1."""
     from retrieval_server.config import ServerConfig
@@ -65,6 +66,7 @@ def serve(
         torch_threads=torch_threads, encoder_backend=encoder_backend, encode_threads=encode_threads,
         max_batch_size=max_batch_size, batch_concurrency=batch_concurrency, batch_wait_timeout_s=batch_wait_ms / 1000.0,
         max_queries_per_request=max_queries_per_request, max_topk=max_topk, max_query_chars=max_query_chars, token=token,
+        access_log=access_log,
     )  # fmt: skip
     handle = start_server(config, address=address)
     typer.echo(

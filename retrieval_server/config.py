@@ -186,6 +186,11 @@ class ServerConfig(BaseModel):
         "replicas serve HTTP themselves; measured ~7x the requests/s of the Python proxy here), 'proxy' (Serve's "
         "Python proxy), 'auto' (haproxy when its binary is installed). A cluster started elsewhere keeps its own",
     )
+    access_log: bool = Field(
+        default=False,
+        description="Ray Serve's access log line per request in the replica's log. Off by default: at hundreds of "
+        "requests/s it costs CPU the encoder needs (/metrics counts requests and statuses either way)",
+    )
     route_prefix: str = "/"
     app_name: str = "retrieval"
     token: str | None = None

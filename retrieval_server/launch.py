@@ -285,6 +285,7 @@ def build_application(config: ServerConfig):
     return RetrievalServer.options(
         num_replicas=config.num_replicas,
         max_ongoing_requests=config.effective_max_ongoing_requests,
+        logging_config={"enable_access_log": config.access_log},
         ray_actor_options={"num_cpus": config.num_cpus_per_replica, "num_gpus": config.num_gpus_per_replica},
     ).bind(config.model_dump(mode="json"))
 

@@ -253,3 +253,15 @@ def test_a_request_right_after_a_batch_ends_is_served(concurrency):
         return [first, second]
 
     assert asyncio.run(asyncio.wait_for(scenario(), timeout=5)) == ["result of a", "result of b"]
+
+
+def test_the_deployment_writes_no_access_log_line_per_request_unless_asked(tmp_path):
+    from retrieval_server.config import ServerConfig
+    from retrieval_server.launch import build_application
+
+    def access_log(**options) -> bool:
+        app = build_application(ServerConfig(index_dir=tmp_path, **options))
+        return app._bound_deployment._deployment_config.logging_config["enable_access_log"]
+
+    assert access_log() is False  # hundreds of lines a second cost the encoder's CPU
+    assert access_log(access_log=True) is True
