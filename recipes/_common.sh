@@ -69,7 +69,9 @@ ve_smoke() {
   : "${MODEL:=smoke}" "${TP:=1}" "${NNODES:=1}" "${GPUS_PER_NODE:=1}" "${ROLLOUT_ENGINE:=hf}"
   : "${BATCH:=2}" "${MINI_BATCH:=2}" "${GROUP_SIZE:=8}" "${EPOCHS:=1}" "${STEPS:=${SMOKE_STEPS:-2}}" "${WARMUP_STEPS:=0}"
   : "${PROMPT_LEN:=1024}" "${RESPONSE_LEN:=160}" "${OVERLONG_LEN:=32}" "${MAX_SEARCHES:=1}" "${TOPK:=1}"
-  : "${MAX_TOKENS_PER_GPU:=8192}" "${VAL_BEFORE_TRAIN:=false}" "${TEST_FREQ:=-1}" "${SAVE_FREQ:=-1}"
+  # Small packs: without flash-attention's varlen kernels, sdpa masks a packed micro-batch as one sequence, so its
+  # attention costs the square of the pack (measured, EviOmni step 2: log-prob + update 20.3 s at 8192, 6.6 s at 2048).
+  : "${MAX_TOKENS_PER_GPU:=2048}" "${VAL_BEFORE_TRAIN:=false}" "${TEST_FREQ:=-1}" "${SAVE_FREQ:=-1}"
   : "${MICRO_BATCH:=2}" "${GRAD_ACCUM:=1}" "${MAX_LENGTH:=1536}" "${LOGGER:=[console]}"
   # A learning rate large enough that one update visibly moves the policy: step 2's rollout-vs-actor
   # log-prob gap then shows whether the rollout really generates from the synced weights.
