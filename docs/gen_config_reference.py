@@ -75,6 +75,7 @@ MEANINGS: dict[str, str] = {
     "search_loop.search_failed_text": "`<information>` body when retrieval fails",
     "search_loop.search_timeout": "seconds per retrieval request",
     "search_loop.search_max_retries": "retries of a failed request (5xx, connection errors)",
+    "search_loop.search_wait_for_server_s": "seconds to wait for the server's /health before the first search (null: env `VERL_EVIDENCE_RETRIEVAL_WAIT_S`, which a recipe sets when it starts its own server beside the trainer; else 0)",
     "search_loop.search_backoff": "retry backoff base, seconds (`backoff * 2**attempt`)",
     "search_loop.search_max_concurrency": "requests in flight per worker process and URL",
     "search_loop.search_requests_per_second": "rate limit per worker process and URL (null: none)",
@@ -93,6 +94,7 @@ MEANINGS: dict[str, str] = {
     "eviomni_loop.topk": "passages fetched from the server",
     "eviomni_loop.search_timeout": "seconds per retrieval request",
     "eviomni_loop.search_max_retries": "retries of a failed request",
+    "eviomni_loop.search_wait_for_server_s": "seconds to wait for the server's /health before the first search (null: env `VERL_EVIDENCE_RETRIEVAL_WAIT_S`, else 0)",
     "eviomni_loop.masked_answer_max_tokens": "length of o_r and o_e",
     "eviomni_loop.masked_answer_temperature": "null: the rollout's sampling params; a number overrides",
     # verl_evidence.tools.search_tool.SearchTool (tool YAML `config`)
@@ -106,6 +108,7 @@ MEANINGS: dict[str, str] = {
     "search_tool.max_concurrency": "requests in flight per worker process and URL",
     "search_tool.requests_per_second": "rate limit per worker process and URL (null: none)",
     "search_tool.burst": "token-bucket size (null: max(1, requests_per_second))",
+    "search_tool.wait_for_server_s": "seconds to wait for the server's /health before the first search (null: env `VERL_EVIDENCE_RETRIEVAL_WAIT_S`, else 0)",
     # retrieval_server.config.ServerConfig fields without a description
     "server.index_dir": "index directory written by `index build`",
     "server.corpus": "must be the corpus the manifest recorded (null: the recorded one)",
@@ -387,6 +390,7 @@ def render() -> str:
         "max_concurrency": service.max_concurrency,
         "requests_per_second": service.requests_per_second,
         "burst": service.burst,
+        "wait_for_server_s": None,
     }
     add(
         "The `config` mapping of the tool's entry in the tool YAML (`class_name: "
@@ -438,6 +442,12 @@ def render() -> str:
                     "retrieval server URL when the config gives none",
                 ),
                 ("`VERL_EVIDENCE_RETRIEVAL_TOKEN`", "search loop, `search` tool", "bearer token sent to the server"),
+                (
+                    "`VERL_EVIDENCE_RETRIEVAL_WAIT_S`",
+                    "search loops, `search` tool",
+                    "seconds to wait for the server's `/health` before the first search; the searching recipes set "
+                    "it (to `SERVER_WAIT`) when they start their own server beside the trainer",
+                ),
                 ("`RETRIEVAL_SERVER_TOKEN`", "`serve`", "same as `--token`"),
                 (
                     "`VERL_EVIDENCE_CACHE`",

@@ -27,8 +27,8 @@ usage: $(basename "$0") [--dry-run] [--smoke] [--no-server] [hydra.key=value ...
   key=value     extra Hydra overrides, appended last (they win)
 
 Environment: MODEL (qwen2.5-1.5b|qwen2.5-3b|qwen2.5-7b|qwen3-4b|qwen3-8b|llama3.2-3b|llama3.1-8b),
-MODEL_PATH, NNODES, GPUS_PER_NODE, TP, TRAIN_FILES, VAL_FILES, RETRIEVAL_URL, START_SERVER
-and every hyperparameter named at the top of the recipe. See docs/recipes.md.
+MODEL_PATH, NNODES, GPUS_PER_NODE, TP, TRAIN_FILES, VAL_FILES, RETRIEVAL_URL, START_SERVER,
+SERVER_ARGS, SERVER_WAIT (600 s), SERVER_FIRST (1: start the trainer only once the server answers) and every hyperparameter named at the top of the recipe. See docs/recipes.md.
 EOF
 }
 
@@ -151,6 +151,22 @@ sys.exit(0 if httpx.get(sys.argv[1].rstrip("/") + "/health", timeout=2.0).status
 EOF
 }
 
+# Until the server answers /health: if it exits first (a bad index, a busy port) or SERVER_WAIT runs out, say so and
+# stop the trainer (the recipe shell's verl child), which would otherwise wait for it.
+ve_watch_server() {
+  local url="$1" server_pid="$2" recipe_pid="$3" waited=0 problem=""
+  until ve_server_healthy "$url"; do
+    if ! kill -0 "$server_pid" 2>/dev/null; then problem="the retrieval server exited before it answered at $url"; break; fi
+    if [ "$waited" -ge "${SERVER_WAIT:-600}" ]; then problem="no retrieval server at $url after ${waited}s"; break; fi
+    sleep 1
+    waited=$((waited + 1))
+  done
+  [ -n "$problem" ] || { echo "# retrieval server ready at $url after ${waited}s" >&2; return 0; }
+  echo "$problem: stopping the trainer" >&2
+  pkill -TERM -P "$recipe_pid" -f verl.trainer.main_ppo 2>/dev/null || true
+  return 1
+}
+
 # Searching methods: use RETRIEVAL_URL if a server answers there, else start one
 # (SERVER_ARGS are passed to `verl-evidence serve`) and stop it when the recipe exits.
 ve_retrieval_server() {
@@ -165,7 +181,7 @@ ve_retrieval_server() {
   echo "# retrieval server: $RETRIEVAL_URL"
   if [ "$START_SERVER" = 0 ]; then return 0; fi
   if [ "$DRY_RUN" = 1 ]; then
-    echo "# started first unless a server already answers there:"
+    echo "# started beside the trainer unless a server already answers there (SERVER_FIRST=1: before it):"
     ve_print "${serve[@]}"
     return 0
   fi
@@ -178,6 +194,13 @@ ve_retrieval_server() {
   "${serve[@]}" &
   VE_SERVER_PID=$!
   trap 'kill "$VE_SERVER_PID" 2>/dev/null || true' EXIT
+  if [ "${SERVER_FIRST:-0}" != 1 ]; then
+    # The trainer starts while the server loads its index (minutes for wiki-18), instead of after it: every
+    # rollout worker waits for /health before its first search, and a watcher stops the trainer if the server dies.
+    export VERL_EVIDENCE_RETRIEVAL_WAIT_S="${SERVER_WAIT:-600}"
+    ve_watch_server "$RETRIEVAL_URL" "$VE_SERVER_PID" "$$" &
+    return 0
+  fi
   local waited=0
   until ve_server_healthy "$RETRIEVAL_URL"; do
     if ! kill -0 "$VE_SERVER_PID" 2>/dev/null; then echo "the retrieval server exited" >&2; exit 1; fi

@@ -311,8 +311,13 @@ def test_slurm_dry_run(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(700)  # the serve step may take its own 600 s limit
-def test_recipe_starts_and_stops_the_retrieval_server(tmp_path: Path) -> None:
-    """_common.sh's server step, for real: `verl-evidence serve` (bundled corpus) until /health answers."""
+@pytest.mark.parametrize("server_first", [False, True], ids=["beside-the-trainer", "server-first"])
+def test_recipe_starts_and_stops_the_retrieval_server(tmp_path: Path, server_first: bool) -> None:
+    """_common.sh's server step, for real: `verl-evidence serve` (bundled corpus).
+
+    By default the recipe goes on at once (the trainer would start while the server loads) and the first search
+    waits for /health through the env the step exports; SERVER_FIRST=1 waits for /health in the script.
+    """
     import signal
     import socket
     import time
@@ -329,20 +334,21 @@ ve_parse_args
 RETRIEVAL_PORT={port}
 ve_retrieval_server
 echo "pid=$VE_SERVER_PID"
+echo "wait_s=${{VERL_EVIDENCE_RETRIEVAL_WAIT_S:-unset}}"
 python - <<'PY'
-import httpx, json, os
-reply = httpx.post(os.environ["VERL_EVIDENCE_RETRIEVAL_URL"] + "/retrieve", json={{"queries": ["Where do the two Niles meet?"], "topk": 2}}, timeout=30)
-print("hits=" + json.dumps([h["document"]["id"] for h in reply.json()["result"][0]]))
+import asyncio, json, time
+from verl_evidence.tools.search_tool import SearchService
+started = time.monotonic()
+hits = asyncio.run(SearchService(topk=2).search(["Where do the two Niles meet?"]))[0]
+print("hits=" + json.dumps([h["document"]["id"] for h in hits]))
+print(f"searched_after={{time.monotonic() - started:.1f}}")
 PY
 """
-    result = subprocess.run(
-        ["bash", "-c", script],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=600,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "SERVER_WAIT": "300"},
-    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "SERVER_WAIT": "300", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env.pop("VERL_EVIDENCE_RETRIEVAL_WAIT_S", None)
+    if server_first:
+        env["SERVER_FIRST"] = "1"
+    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=600, env=env)
     pid_lines = [line for line in result.stdout.splitlines() if line.startswith("pid=")]
     assert pid_lines, f"the server step did not start a server:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
     pid = int(pid_lines[0][4:])
@@ -351,6 +357,13 @@ PY
         assert f"# retrieval server: http://127.0.0.1:{port}" in result.stdout
         hits = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("hits="))[5:])
         assert len(hits) == 2
+        searched_after = float(next(line for line in result.stdout.splitlines() if line.startswith("searched_after="))[15:])
+        if server_first:
+            assert "wait_s=unset" in result.stdout and searched_after < 5  # the server answered before the search
+        else:
+            # The search itself waited for the server to load (about 20 s here; a cold start is never under 3 s).
+            assert "wait_s=300" in result.stdout and searched_after > 3
+            assert f"# retrieval server ready at http://127.0.0.1:{port}" in result.stderr
         deadline = time.monotonic() + 120  # the recipe's EXIT trap stopped the server it started
         while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
             time.sleep(1)
@@ -360,6 +373,40 @@ PY
     finally:
         if Path(f"/proc/{pid}").exists():
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_server_that_dies_while_the_trainer_starts_stops_the_trainer(tmp_path: Path) -> None:
+    """The watcher beside the trainer: a server that exits before /health ends the run with its reason."""
+    import socket
+    import time
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    missing = tmp_path / "no-such-index"
+    script = f"""
+set -uo pipefail
+source {RECIPES}/_common.sh
+ve_parse_args
+RETRIEVAL_PORT={port}
+SERVER_ARGS="--index-dir {missing}"
+ve_retrieval_server
+# stands in for verl's trainer: a child of the recipe shell with the trainer's module on its command line
+python - verl.trainer.main_ppo <<'PY'
+import time
+time.sleep(300)
+PY
+echo "trainer_rc=$?"
+"""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "SERVER_WAIT": "300", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env.pop("SERVER_FIRST", None)
+    started = time.monotonic()
+    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=400, env=env)
+    assert time.monotonic() - started < 200, "the stand-in trainer ran its full 300 s"
+    assert "the retrieval server exited before it answered" in result.stderr and "stopping the trainer" in result.stderr
+    assert "trainer_rc=143" in result.stdout  # SIGTERM
+    assert str(missing) in result.stderr  # the server's own message names what is missing
 
 
 @pytest.mark.slow  # verl.trainer.main_ppo in a subprocess

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -222,3 +223,74 @@ def test_verl_tool_agent_loop_drives_the_search_tool(base_config, search_url, to
     policy_text = tokenizer.decode([t for t, m in zip(out["response_ids"], out["response_mask"], strict=True) if m])
     assert "<tool_call>" in policy_text and "The answer is the Nile." in policy_text
     assert backend.remaining_turns == 0
+
+
+def _health_server_after(delay_s: float):
+    """A plain HTTP server answering /health 200, listening only after ``delay_s`` (a server loading its index)."""
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802  (http.server's name)
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    servers = []
+
+    def start_later():
+        time.sleep(delay_s)
+        server = ThreadingHTTPServer(("127.0.0.1", port), Health)
+        servers.append(server)
+        server.serve_forever()
+
+    threading.Thread(target=start_later, daemon=True).start()
+    return f"http://127.0.0.1:{port}", servers
+
+
+def test_the_first_search_waits_for_a_server_still_loading_and_later_ones_do_not():
+    from verl_evidence.tools.search_tool import wait_until_ready
+
+    url, servers = _health_server_after(1.5)
+
+    async def scenario():
+        started = time.monotonic()
+        # three concurrent first searches share one probe
+        await asyncio.gather(*(wait_until_ready(url, wait_s=30) for _ in range(3)))
+        first = time.monotonic() - started
+        started = time.monotonic()
+        await wait_until_ready(url, wait_s=30)
+        return first, time.monotonic() - started
+
+    try:
+        first, again = asyncio.run(scenario())
+    finally:
+        for server in servers:
+            server.shutdown()
+    assert 1.5 <= first < 10
+    assert again < 0.05
+
+
+def test_a_server_that_never_answers_fails_the_waiting_searches_once_then_searches_go_on(monkeypatch):
+    from retrieval_server.client import RetrievalUnavailableError
+    from verl_evidence.tools.search_tool import RETRIEVAL_WAIT_ENV, SearchService, wait_until_ready
+
+    url, _ = _health_server_after(3600)  # never within the test
+
+    async def scenario():
+        with pytest.raises(RetrievalUnavailableError, match=r"no retrieval server answered .*/health within 1 s"):
+            await wait_until_ready(url, wait_s=1.0)
+        started = time.monotonic()
+        await wait_until_ready(url, wait_s=1.0)  # not held again: the client's own retries take over
+        return time.monotonic() - started
+
+    assert asyncio.run(scenario()) < 0.05
+    monkeypatch.setenv(RETRIEVAL_WAIT_ENV, "42")
+    assert SearchService(url).wait_for_server_s == 42.0  # the recipes' env reaches every service
+    assert SearchService(url, wait_for_server_s=0).wait_for_server_s == 0.0

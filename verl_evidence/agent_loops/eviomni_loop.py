@@ -81,6 +81,8 @@ class EviOmniLoopSettings:
     topk: int = 5
     search_timeout: float = 30.0
     search_max_retries: int = 3
+    # seconds to wait for /health before the first search (None: env VERL_EVIDENCE_RETRIEVAL_WAIT_S, else 0)
+    search_wait_for_server_s: float | None = None
     masked_answer_max_tokens: int = 64
     # None: o_r / o_e use the rollout's sampling params; a number overrides the temperature
     masked_answer_temperature: float | None = None
@@ -131,6 +133,7 @@ class EviOmniAgentLoop(AgentLoopBase):
                 timeout=s.search_timeout,
                 max_retries=s.search_max_retries,
                 retriever=self._retriever,
+                wait_for_server_s=s.search_wait_for_server_s,
             )
         return self._search
 

@@ -128,6 +128,8 @@ class SearchLoopSettings:
     search_timeout: float = 30.0
     search_max_retries: int = 3
     search_backoff: float = 0.5
+    # seconds to wait for /health before the first search (None: env VERL_EVIDENCE_RETRIEVAL_WAIT_S, else 0)
+    search_wait_for_server_s: float | None = None
     search_max_concurrency: int = 64
     search_requests_per_second: float | None = None
     # evidence extractor (EviOmni Algorithm 2): none | policy | openai
@@ -321,6 +323,7 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
             timeout=s.search_timeout,
             max_retries=s.search_max_retries,
             backoff=s.search_backoff,
+            wait_for_server_s=s.search_wait_for_server_s,
             max_concurrency=s.search_max_concurrency,
             requests_per_second=s.search_requests_per_second,
             retriever=retriever,

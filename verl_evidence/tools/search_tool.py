@@ -27,11 +27,19 @@ from typing import Any, Protocol
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
-from retrieval_server.client import AsyncRetrievalClient, RetrievalError, RetrievalRequestError
+from retrieval_server.client import (
+    AsyncRetrievalClient,
+    RetrievalError,
+    RetrievalRequestError,
+    RetrievalUnavailableError,
+)
 
 logger = logging.getLogger(__name__)
 
 RETRIEVAL_URL_ENV = "VERL_EVIDENCE_RETRIEVAL_URL"
+# Seconds a process waits, before its first search, for the server to answer /health: set by a recipe that starts
+# the trainer while its own server is still loading the index (0: search at once, fail over to the retry policy).
+RETRIEVAL_WAIT_ENV = "VERL_EVIDENCE_RETRIEVAL_WAIT_S"
 DEFAULT_TOPK = 3
 
 SEARCH_TOOL_SCHEMA = {
@@ -184,6 +192,42 @@ def shared_client(url: str, timeout: float, max_retries: int, backoff: float, to
     return per_loop[key]
 
 
+_READY: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Task]] = weakref.WeakKeyDictionary()
+
+
+async def _wait_for_health(url: str, wait_s: float, token: str | None, poll_s: float = 1.0) -> None:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    deadline = time.monotonic() + wait_s
+    started = time.monotonic()
+    async with httpx.AsyncClient(timeout=2.0, headers=headers) as http:
+        while True:
+            try:
+                if (await http.get(f"{url}/health")).status_code == 200:
+                    logger.info("retrieval server %s ready after %.1f s", url, time.monotonic() - started)
+                    return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() >= deadline:
+                raise RetrievalUnavailableError(f"no retrieval server answered {url}/health within {wait_s:.0f} s")
+            await asyncio.sleep(poll_s)
+
+
+async def wait_until_ready(url: str, wait_s: float, token: str | None = None) -> None:
+    """Wait (once per event loop and URL, shared by every caller) until the server answers ``/health``.
+
+    After a failed wait later searches are not held again: they meet the client's own retry policy.
+    """
+    per_loop = _READY.setdefault(asyncio.get_running_loop(), {})
+    if url not in per_loop:
+        per_loop[url] = asyncio.ensure_future(_wait_for_health(url, wait_s, token))
+    task = per_loop[url]
+    if task.done() and task.exception() is not None:
+        return  # reported once, by the first caller
+    await asyncio.shield(task)
+
+
 def resolve_retrieval_url(url: str | None) -> str:
     url = url or os.environ.get(RETRIEVAL_URL_ENV)
     if not url:
@@ -213,8 +257,12 @@ class SearchService:
         requests_per_second: float | None = None,
         burst: int | None = None,
         retriever: Retriever | None = None,
+        wait_for_server_s: float | None = None,
     ) -> None:
         self.url = resolve_retrieval_url(retrieval_url) if retriever is None else (retrieval_url or "in-process")
+        if wait_for_server_s is None:
+            wait_for_server_s = float(os.environ.get(RETRIEVAL_WAIT_ENV) or 0.0)
+        self.wait_for_server_s = float(wait_for_server_s)
         self.topk = int(topk)
         self.timeout, self.max_retries, self.backoff = float(timeout), int(max_retries), float(backoff)
         self.token = token or os.environ.get("VERL_EVIDENCE_RETRIEVAL_TOKEN")
@@ -224,6 +272,8 @@ class SearchService:
         self.retriever = retriever
 
     async def search(self, queries: list[str], topk: int | None = None) -> list[list[dict]]:
+        if self.retriever is None and self.wait_for_server_s > 0:
+            await wait_until_ready(self.url, self.wait_for_server_s, self.token)
         client = self.retriever or shared_client(self.url, self.timeout, self.max_retries, self.backoff, self.token)
         limiter = shared_rate_limiter(self.url, self.max_concurrency, self.requests_per_second, self.burst)
         async with limiter:
@@ -255,7 +305,8 @@ class SearchTool(BaseTool):
     Config keys (the ``config`` mapping of the tool YAML): ``retrieval_url``
     (or env ``VERL_EVIDENCE_RETRIEVAL_URL``), ``topk``, ``timeout``,
     ``max_retries``, ``backoff``, ``max_concurrency``, ``requests_per_second``,
-    ``burst``, ``max_queries``.
+    ``burst``, ``max_queries``, ``wait_for_server_s`` (seconds to wait for ``/health``
+    before the first search; default: env ``VERL_EVIDENCE_RETRIEVAL_WAIT_S``, else 0).
     """
 
     def __init__(self, config: dict, tool_schema: OpenAIFunctionToolSchema | None = None) -> None:
@@ -273,6 +324,7 @@ class SearchTool(BaseTool):
             max_concurrency=int(cfg.get("max_concurrency", 64)),
             requests_per_second=cfg.get("requests_per_second"),
             burst=cfg.get("burst"),
+            wait_for_server_s=cfg.get("wait_for_server_s"),
         )
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[ToolResponse, float, dict]:
