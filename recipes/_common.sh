@@ -256,6 +256,11 @@ ve_search_overrides() {
       ++actor_rollout_ref.rollout.custom.evidence_search.topk="${TOPK:?}"
       ++actor_rollout_ref.rollout.custom.evidence_search.max_turns="$turns"
     )
+    # A server loading beside the trainer: said in the config too, which reaches workers on every node (the env
+    # variable reaches only this node's).
+    if [ -n "${VERL_EVIDENCE_RETRIEVAL_WAIT_S:-}" ]; then
+      SEARCH_ARGS+=(++actor_rollout_ref.rollout.custom.evidence_search.search_wait_for_server_s="$VERL_EVIDENCE_RETRIEVAL_WAIT_S")
+    fi
   fi
 }
 
