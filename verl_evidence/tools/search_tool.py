@@ -223,8 +223,8 @@ async def wait_until_ready(url: str, wait_s: float, token: str | None = None) ->
     if url not in per_loop:
         per_loop[url] = asyncio.ensure_future(_wait_for_health(url, wait_s, token))
     task = per_loop[url]
-    if task.done() and task.exception() is not None:
-        return  # reported once, by the first caller
+    if task.done() and (task.cancelled() or task.exception() is not None):
+        return  # reported once, to the callers that waited
     await asyncio.shield(task)
 
 
