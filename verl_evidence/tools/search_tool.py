@@ -24,6 +24,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
+import httpx
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
@@ -196,11 +197,10 @@ _READY: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.T
 
 
 async def _wait_for_health(url: str, wait_s: float, token: str | None, poll_s: float = 1.0) -> None:
-    import httpx
-
+    # A bare probe, not the client's health(): a server still loading is expected here, not worth its retry warnings.
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    deadline = time.monotonic() + wait_s
     started = time.monotonic()
+    deadline = started + wait_s
     async with httpx.AsyncClient(timeout=2.0, headers=headers) as http:
         while True:
             try:
