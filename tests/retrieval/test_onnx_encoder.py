@@ -183,3 +183,17 @@ def test_weights_rewritten_in_place_get_a_new_export(tmp_path):
     os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
     assert encoders.model_fingerprint(str(model)) == encoders.model_fingerprint(packaged_minilm_encoder().model)
     assert onnx_cache_key(config) != before
+
+
+def test_a_mixed_length_batch_runs_in_length_sorted_parts_with_the_same_vectors(export_dir, torch_encoder, questions):
+    encoder = OnnxEncoder(export_dir, packaged_minilm_encoder())
+    feeds = []
+    run = encoder._run
+    encoder._run = lambda feed: feeds.append(feed) or run(feed)
+    texts = [*questions[:12], "what is the boiling point of water at sea level in degrees fahrenheit in a pressure cooker"]
+    vectors = encoder.encode_queries(texts)
+    assert len(feeds) > 1  # the long question is not allowed to pad every short one
+    assert sum(len(feed["input_ids"]) for feed in feeds) == len(texts)
+    widths = [feed["input_ids"].shape[1] for feed in feeds]
+    assert widths == sorted(widths)
+    np.testing.assert_allclose(vectors, torch_encoder.encode_queries(texts), atol=ONNX_TOLERANCE)
