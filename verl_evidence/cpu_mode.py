@@ -364,6 +364,12 @@ def _replica_class():
     return HFRolloutReplica
 
 
+def _register_rollout_replica() -> None:
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    RolloutReplicaRegistry.register(ROLLOUT_NAME, _replica_class)
+
+
 def _adapter_base():
     from verl.workers.rollout.base import BaseRollout
 
@@ -514,12 +520,15 @@ def activate() -> None:
         return
     check_verl_version()
     from verl.plugin.platform.platform_manager import PlatformRegistry
-    from verl.workers.rollout.replica import RolloutReplicaRegistry
 
-    PlatformRegistry.register(platform=PLATFORM_NAME)(_platform_class())
-    _register_engine()
-    RolloutReplicaRegistry.register(ROLLOUT_NAME, _replica_class)
-    _patch_rollout_adapter_registry()
-    _patch_process_group_backend()
+    from verl_evidence.registration import when_imported
+
+    PlatformRegistry.register(platform=PLATFORM_NAME)(_platform_class())  # now: verl resolves its platform early
+    # The rest waits for the verl module it changes (see verl_evidence.registration): a Ray worker that never
+    # builds an engine or a rollout does not import them for us.
+    when_imported("verl.workers.engine", _register_engine)
+    when_imported("verl.workers.rollout.replica", _register_rollout_replica)
+    when_imported("verl.workers.rollout.base", _patch_rollout_adapter_registry)
+    when_imported("verl.utils.distributed", _patch_process_group_backend)
     _activated = True
     logger.info("verl-evidence CPU training mode active (platform %s, rollout %s)", PLATFORM_NAME, ROLLOUT_NAME)

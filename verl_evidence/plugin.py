@@ -1,14 +1,34 @@
-"""Entry point of group ``verl.plugins``: importing it registers every adapter.
+"""Entry point of group ``verl.plugins``: registers every adapter in verl's registries.
 
 verl imports this module in each process that runs ``import verl`` (driver and
 Ray workers) and swallows errors at DEBUG level, so the tests import it in a
 fresh subprocess to prove that registration really happens.
+
+Each registration waits for its registry's module (``verl_evidence.registration``):
+a Ray worker that never imports, say, the agent-loop package does not pay the
+2-4 s of importing it for us.
 """
 
-from verl_evidence import advantage, reward_managers  # noqa: F401  (registration side effects)
-from verl_evidence.agent_loops import register_all as _register_agent_loops
+from verl_evidence.registration import when_imported
 
-_register_agent_loops()
+
+def _register_estimator() -> None:
+    from verl_evidence import advantage  # noqa: F401  (its decorator registers grpo_clipstd)
+
+
+def _register_reward_managers() -> None:
+    from verl_evidence import reward_managers  # noqa: F401  (its decorators register the managers)
+
+
+def _register_agent_loops() -> None:
+    from verl_evidence.agent_loops import register_all
+
+    register_all()
+
+
+when_imported("verl.trainer.ppo.core_algos", _register_estimator)
+when_imported("verl.experimental.reward_loop.reward_manager", _register_reward_managers)
+when_imported("verl.experimental.agent_loop", _register_agent_loops)
 
 # CPU training mode (VERL_PLATFORM=cpu): platform, engine and rollout for verl's trainer without accelerators.
 from verl_evidence import cpu_mode as _cpu_mode  # noqa: E402

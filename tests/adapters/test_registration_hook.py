@@ -1,0 +1,76 @@
+"""verl_evidence.registration: a registration waits for its registry module, and runs exactly once.
+
+Pure Python (fast tier): throwaway modules written to tmp_path stand in for verl's registries.
+That verl's own registries get filled is proven in fresh interpreters by tests/adapters/test_plugin.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+
+import pytest
+
+from verl_evidence.registration import when_imported
+
+
+@pytest.fixture
+def registry_package(tmp_path, monkeypatch):
+    package = tmp_path / "fake_registry_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("ENTRIES = []\nfrom . import helpers\n")
+    (package / "helpers.py").write_text("def helper():\n    return 'helper'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "fake_registry_pkg"
+    for name in [m for m in sys.modules if m.startswith("fake_registry_pkg")]:
+        del sys.modules[name]
+
+
+def test_registration_waits_for_the_module_and_then_runs_once(registry_package):
+    calls = []
+
+    def register():
+        module = sys.modules[registry_package]
+        module.ENTRIES.append("ours")  # the module is fully executed: its names and submodules exist
+        calls.append(module.helpers.helper())
+
+    when_imported(registry_package, register)
+    assert calls == []  # nothing imported yet, nothing registered
+    module = importlib.import_module(registry_package)
+    assert calls == ["helper"] and module.ENTRIES == ["ours"]
+    importlib.import_module(registry_package)  # a second import registers nothing more
+    assert calls == ["helper"]
+    assert "def helper" in inspect.getsource(module.helpers)  # the real loader still answers
+
+
+def test_an_already_imported_module_is_registered_at_once(registry_package):
+    module = importlib.import_module(registry_package)
+    when_imported(registry_package, lambda: module.ENTRIES.append("now"))
+    assert module.ENTRIES == ["now"]
+
+
+def test_a_failing_registration_surfaces_in_the_import(registry_package):
+    def broken():
+        raise RuntimeError("our registration failed")
+
+    when_imported(registry_package, broken)
+    with pytest.raises(RuntimeError, match="our registration failed"):
+        importlib.import_module(registry_package)
+
+
+@pytest.mark.slow  # a fresh interpreter importing verl
+def test_plain_import_verl_does_not_import_the_registries_for_us():
+    # The point of waiting: in a fresh `import verl`, our plugin pulls in none of the heavy registry modules.
+    import subprocess
+
+    code = (
+        "import sys, verl\n"
+        "heavy = ['verl.trainer.ppo.core_algos', 'verl.experimental.agent_loop', "
+        "'verl.experimental.reward_loop.reward_manager']\n"
+        "assert 'verl_evidence.plugin' in sys.modules, 'plugin not loaded'\n"
+        "print([m for m in heavy if m in sys.modules])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]"
