@@ -74,3 +74,28 @@ def test_plain_import_verl_does_not_import_the_registries_for_us():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.slow  # fresh interpreters importing verl
+@pytest.mark.parametrize(
+    "first_import",
+    ["verl_evidence.agent_loops.search_loop", "verl_evidence.agent_loops.eviomni_loop", "verl_evidence.reward_managers"],
+)
+def test_importing_one_of_our_modules_first_still_registers_everything(first_import):
+    # That module is what imports verl's registry, so the registration fires while it is half-executed.
+    import subprocess
+
+    code = (
+        f"import {first_import}\n"
+        "import verl.experimental.agent_loop, verl.trainer.ppo.core_algos\n"
+        "from verl.experimental.agent_loop.agent_loop import _agent_loop_registry\n"
+        "from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls\n"
+        "from verl.trainer.ppo.core_algos import get_adv_estimator_fn\n"
+        "print(sorted(k for k in _agent_loop_registry if k in ('eviomni', 'evidence_search')),\n"
+        "      get_reward_manager_cls('evinote').__name__, get_adv_estimator_fn('grpo_clipstd').__module__)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == (
+        "['evidence_search', 'eviomni'] EviNoteRewardManager verl_evidence.advantage"
+    )

@@ -32,17 +32,31 @@ def register_all() -> None:
     a user already put under the same name (through
     ``rollout.agent.agent_loop_config_path``, with its own kwargs) is kept.
     """
+    for name in LOOPS:
+        register_loop(name)
+
+
+def register_loop(name: str) -> None:
+    """Register one loop of :data:`LOOPS`; each loop module also calls this for itself when it is done.
+
+    The plugin registers when verl's agent-loop package has been imported. If one of our loop modules is
+    what imported it, that module is still half-executed then: its registration is left to its own last line.
+    """
     import importlib
+    import sys
 
     from verl.experimental.agent_loop.agent_loop import _agent_loop_registry, register
 
-    for name, target in LOOPS.items():
-        existing = _agent_loop_registry.get(name)
-        if existing is not None and existing.get("_target_") != target:
-            logger.info("agent loop %r already registered as %s; leaving it", name, existing.get("_target_"))
-            continue
-        module_name, class_name = target.rsplit(".", 1)
-        cls = getattr(importlib.import_module(module_name), class_name)
-        if existing is not None and len(existing) > 1:
-            continue  # same class with user kwargs: keep them
-        register(name)(cls)
+    target = LOOPS[name]
+    existing = _agent_loop_registry.get(name)
+    if existing is not None and existing.get("_target_") != target:
+        logger.info("agent loop %r already registered as %s; leaving it", name, existing.get("_target_"))
+        return
+    module_name, class_name = target.rsplit(".", 1)
+    importing = sys.modules.get(module_name)
+    if importing is not None and not hasattr(importing, class_name):
+        return  # mid-import (see above): it registers itself at its end
+    cls = getattr(importlib.import_module(module_name), class_name)
+    if existing is not None and len(existing) > 1:
+        return  # same class with user kwargs: keep them
+    register(name)(cls)

@@ -316,3 +316,9 @@ class EviOmniAgentLoop(AgentLoopBase):
             },
             extra_fields=extra_fields,
         )
+
+
+# Last, so the class exists: the plugin's registration skips this module while it is still importing.
+from verl_evidence.agent_loops import register_loop  # noqa: E402
+
+register_loop("eviomni")
