@@ -20,7 +20,7 @@ What the mode changes, and through which of verl's extension points:
   server client and load balancer, and that receives the actor's weights after
   every step.
 
-Three things verl 0.9 offers no public hook for; they are patched here, and only
+Four things verl 0.9 offers no public hook for; they are patched here, and only
 here, for the verl versions in :data:`SUPPORTED_VERL` (tests/cpu_mode fails
 loudly when verl changes under them):
 
@@ -33,7 +33,13 @@ loudly when verl changes under them):
 - the FSDP engine keeps a forward-only model (the reference policy) under
   ``CPUOffloadPolicy(pin_memory=True)``; pinning needs an accelerator, and
   "offloading" to the CPU from the CPU moves nothing: the policy is built
-  without pinning.
+  without pinning;
+- the trainer's replay buffer waits ``poll_interval`` seconds (2 by default,
+  not a config key) between checks for finished trajectories, so a step's
+  generation time comes in whole multiples of 2 s. On a GPU cluster that is
+  noise next to minutes of rollout; a CPU smoke step generates in 3-5 s, so
+  the mode polls every :data:`REPLAY_BUFFER_POLL_S` seconds instead
+  (``VERL_EVIDENCE_CPU_POLL_S``), unless the caller passed its own interval.
 """
 
 from __future__ import annotations
@@ -52,6 +58,9 @@ PLATFORM_NAME = "cpu"
 ROLLOUT_NAME = "hf"
 SUPPORTED_VERL = ("0.9.",)  # version prefixes whose private internals the two patches below were checked against
 SERVER_ACTOR_PREFIX = "verl_evidence_hf_rollout_"
+# Each poll is one metadata sync with TransferQueue (a few ms); 2 s of verl's default is ~1 s lost per wait.
+REPLAY_BUFFER_POLL_S = 0.1
+VERL_REPLAY_BUFFER_POLL_DEFAULT = 2.0  # the default this patch was checked against
 
 _activated = False
 
@@ -510,6 +519,49 @@ def _patch_process_group_backend() -> None:
                 setattr(module, original.__name__, replacement)
 
 
+def replay_buffer_poll_s() -> float:
+    raw = os.environ.get("VERL_EVIDENCE_CPU_POLL_S", "").strip()
+    if not raw:
+        return REPLAY_BUFFER_POLL_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"VERL_EVIDENCE_CPU_POLL_S must be a number of seconds, got {raw!r}") from None
+    if not value > 0:
+        raise ValueError(f"VERL_EVIDENCE_CPU_POLL_S must be > 0, got {raw!r}")
+    return value
+
+
+def _patch_replay_buffer_poll() -> None:
+    import functools
+    import inspect
+
+    from verl.trainer.ppo.v1 import replay_buffer
+
+    cls = replay_buffer.ReplayBuffer
+    original = cls.__init__
+    if getattr(original, "_verl_evidence_cpu", False):
+        return
+    signature = inspect.signature(original)
+    parameter = signature.parameters.get("poll_interval")
+    if parameter is None or parameter.default != VERL_REPLAY_BUFFER_POLL_DEFAULT:
+        raise RuntimeError(
+            "verl's ReplayBuffer no longer takes poll_interval (default 2.0) in this verl; "
+            "the CPU mode's shorter poll needs checking"
+        )
+    poll_s = replay_buffer_poll_s()
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        bound = signature.bind_partial(self, *args, **kwargs)
+        if "poll_interval" not in bound.arguments:  # a caller's own interval wins
+            kwargs["poll_interval"] = poll_s
+        original(self, *args, **kwargs)
+
+    __init__._verl_evidence_cpu = True
+    cls.__init__ = __init__
+
+
 # --------------------------------------------------------------------------- activation
 
 
@@ -530,5 +582,6 @@ def activate() -> None:
     when_imported("verl.workers.rollout.replica", _register_rollout_replica)
     when_imported("verl.workers.rollout.base", _patch_rollout_adapter_registry)
     when_imported("verl.utils.distributed", _patch_process_group_backend)
+    when_imported("verl.trainer.ppo.v1.replay_buffer", _patch_replay_buffer_poll)
     _activated = True
     logger.info("verl-evidence CPU training mode active (platform %s, rollout %s)", PLATFORM_NAME, ROLLOUT_NAME)

@@ -47,6 +47,29 @@ def test_verl_fsdp_engine_still_pins_the_reference_policy_offload():
     assert getattr(policy, "_verl_evidence_cpu", False) or policy.__module__.startswith("torch.")
 
 
+def test_verl_replay_buffer_still_sleeps_its_default_poll_interval_between_checks():
+    from verl.trainer.ppo.v1 import replay_buffer, trainer_base
+
+    init = getattr(replay_buffer.ReplayBuffer.__init__, "__wrapped__", replay_buffer.ReplayBuffer.__init__)
+    assert inspect.signature(init).parameters["poll_interval"].default == cpu_mode.VERL_REPLAY_BUFFER_POLL_DEFAULT
+    assert "time.sleep(self.poll_interval)" in inspect.getsource(replay_buffer.ReplayBuffer._wait_for_next_poll)
+    # the trainer leaves the interval at its default: the patch is what shortens it
+    assert "poll_interval" not in inspect.getsource(trainer_base.PPOTrainer._build_replay_buffer)
+    assert issubclass(replay_buffer.ReplayBufferAsync, replay_buffer.ReplayBuffer)
+    assert "__init__" not in vars(replay_buffer.ReplayBufferAsync)
+
+
+def test_replay_buffer_poll_setting_is_read_and_checked(monkeypatch):
+    monkeypatch.delenv("VERL_EVIDENCE_CPU_POLL_S", raising=False)
+    assert cpu_mode.replay_buffer_poll_s() == cpu_mode.REPLAY_BUFFER_POLL_S
+    monkeypatch.setenv("VERL_EVIDENCE_CPU_POLL_S", "0.5")
+    assert cpu_mode.replay_buffer_poll_s() == 0.5
+    for bad in ("soon", "0", "-1"):
+        monkeypatch.setenv("VERL_EVIDENCE_CPU_POLL_S", bad)
+        with pytest.raises(ValueError, match="VERL_EVIDENCE_CPU_POLL_S"):
+            cpu_mode.replay_buffer_poll_s()
+
+
 # --- registration, in fresh processes (plugins load on `import verl`) ---
 
 PROBE = r"""
@@ -74,12 +97,12 @@ print("PROBE" + json.dumps(out))
 """
 
 
-def _probe(env_update: dict[str, str]) -> dict:
+def _probe(env_update: dict[str, str], script: str = PROBE) -> dict:
     from retrieval_server.launch import free_port
 
     env = {k: v for k, v in os.environ.items() if k != "VERL_PLATFORM"}
     env.update(env_update, PROBE_PORT=str(free_port()))
-    result = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     line = next(line for line in result.stdout.splitlines() if line.startswith("PROBE"))
     return json.loads(line[len("PROBE") :])
@@ -98,6 +121,31 @@ def test_selected_mode_registers_platform_engine_rollout_and_a_working_process_g
         "replica": "HFRolloutReplica",
         "process_group_backend": "gloo",
     }
+
+
+POLL_PROBE = r"""
+import json, verl
+from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
+args = dict(
+    trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None, max_off_policy_strategy="drop", sampler_kwargs={}
+)
+print("PROBE" + json.dumps({
+    "default": ReplayBuffer(**args).poll_interval,
+    "async": ReplayBufferAsync(**dict(args, trainer_mode="async")).poll_interval,
+    "caller_keyword": ReplayBuffer(**args, poll_interval=3.0).poll_interval,
+    "caller_positional": ReplayBuffer(*args.values(), 4.0).poll_interval,
+}))
+"""
+
+
+@pytest.mark.slow
+def test_selected_mode_polls_the_replay_buffer_often_unless_the_caller_chose_an_interval():
+    assert _probe({"VERL_PLATFORM": "cpu"}, POLL_PROBE) == {
+        "default": cpu_mode.REPLAY_BUFFER_POLL_S, "async": cpu_mode.REPLAY_BUFFER_POLL_S,
+        "caller_keyword": 3.0, "caller_positional": 4.0,
+    }  # fmt: skip
+    assert _probe({"VERL_PLATFORM": "cpu", "VERL_EVIDENCE_CPU_POLL_S": "0.25"}, POLL_PROBE)["default"] == 0.25
+    assert _probe({}, POLL_PROBE)["default"] == cpu_mode.VERL_REPLAY_BUFFER_POLL_DEFAULT  # untouched when not selected
 
 
 @pytest.mark.slow

@@ -55,6 +55,29 @@ def test_hf_backend_greedy_limits_logprobs_and_stop_strings(hf_backend, tokenize
     assert sampled.token_ids != resampled.token_ids  # a GRPO group of one prompt gets different samples
 
 
+def _prompts(tokenizer, questions):
+    prompts = []
+    for question in questions:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
+        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    return prompts
+
+
+def test_hf_backend_honours_ignore_eos_when_the_model_config_names_an_eos(tokenizer):
+    """transformers fills an EOS left unset from the model's generation config; ignore_eos must still hold."""
+    from verl_evidence.testing import tiny_causal_lm
+
+    model = tiny_causal_lm(seed=0)
+    backend = HFGenerationBackend(model, tokenizer)
+    (prompt,) = _prompts(tokenizer, ["Who wrote the report?"])
+    free = generate(backend, prompt, temperature=0, max_tokens=12, ignore_eos=True).token_ids
+    model.generation_config.eos_token_id = free[2]  # a token this model does emit
+    assert generate(backend, prompt, temperature=0, max_tokens=12, ignore_eos=True).token_ids == free
+    first_stop = free.index(free[2]) + 1
+    stopped = generate(backend, prompt, temperature=0, max_tokens=12, stop_token_ids=[free[2]])
+    assert stopped.token_ids == free[:first_stop]
+
+
 @pytest.mark.slow  # the session's Ray Serve retrieval server
 def test_hf_backend_drives_a_full_search_rollout(base_config, search_url, hf_backend, tokenizer):
     config = with_settings(
