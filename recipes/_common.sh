@@ -193,12 +193,15 @@ ve_retrieval_server() {
   esac
   "${serve[@]}" &
   VE_SERVER_PID=$!
-  trap 'kill "$VE_SERVER_PID" 2>/dev/null || true' EXIT
+  VE_WATCH_PID=""
+  # The watcher is stopped first: a server this recipe stops on its way out has not "died before it answered".
+  trap 'kill ${VE_WATCH_PID:+"$VE_WATCH_PID"} "$VE_SERVER_PID" 2>/dev/null || true' EXIT
   if [ "${SERVER_FIRST:-0}" != 1 ]; then
     # The trainer starts while the server loads its index (minutes for wiki-18), instead of after it: every
     # rollout worker waits for /health before its first search, and a watcher stops the trainer if the server dies.
     export VERL_EVIDENCE_RETRIEVAL_WAIT_S="${SERVER_WAIT:-600}"
     ve_watch_server "$RETRIEVAL_URL" "$VE_SERVER_PID" "$$" &
+    VE_WATCH_PID=$!
     return 0
   fi
   local waited=0

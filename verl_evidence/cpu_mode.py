@@ -37,7 +37,7 @@ loudly when verl changes under them):
 - the trainer's replay buffer waits ``poll_interval`` seconds (2 by default,
   not a config key) between checks for finished trajectories, so a step's
   generation time comes in whole multiples of 2 s. On a GPU cluster that is
-  noise next to minutes of rollout; a CPU smoke step generates in 3-5 s, so
+  noise next to minutes of rollout; a CPU smoke step generates in 4-6 s, so
   the mode polls every :data:`REPLAY_BUFFER_POLL_S` seconds instead
   (``VERL_EVIDENCE_CPU_POLL_S``), unless the caller passed its own interval.
 """
@@ -56,7 +56,7 @@ logger = logging.getLogger(__name__)
 
 PLATFORM_NAME = "cpu"
 ROLLOUT_NAME = "hf"
-SUPPORTED_VERL = ("0.9.",)  # version prefixes whose private internals the two patches below were checked against
+SUPPORTED_VERL = ("0.9.",)  # version prefixes whose private internals the patches below were checked against
 SERVER_ACTOR_PREFIX = "verl_evidence_hf_rollout_"
 # Each poll is one metadata sync with TransferQueue (a few ms); 2 s of verl's default is ~1 s lost per wait.
 REPLAY_BUFFER_POLL_S = 0.1

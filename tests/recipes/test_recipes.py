@@ -343,6 +343,8 @@ hits = asyncio.run(SearchService(topk=2).search(["Where do the two Niles meet?"]
 print("hits=" + json.dumps([h["document"]["id"] for h in hits]))
 print(f"searched_after={{time.monotonic() - started:.1f}}")
 PY
+# A trainer runs for longer than one poll of the watcher; this stand-in waits for it to see the server answer.
+[ -z "${{VE_WATCH_PID:-}}" ] || wait "$VE_WATCH_PID"
 """
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "SERVER_WAIT": "300", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     env.pop("VERL_EVIDENCE_RETRIEVAL_WAIT_S", None)

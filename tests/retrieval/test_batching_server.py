@@ -182,8 +182,15 @@ def test_hybrid_rerank_through_serve_matches_in_process_with_mixed_topk(hybrid_r
         rows, scores = retriever.search([question], vectors, k)
         expected = retriever.lookup(rows[0][rows[0] >= 0])
         assert len(hits) == k
-        assert [h["document"] for h in hits] == expected
         np.testing.assert_allclose([h["score"] for h in hits], scores[0][: len(expected)], rtol=1e-4, atol=1e-5)
+        # The same documents in the same order, except that two whose scores tie to float noise may trade places:
+        # the tiny random cross-encoder gives near-equal scores, and a batch of other sizes moves them by ~1e-7.
+        by_id = {doc["id"]: doc for doc in expected}
+        assert all(by_id.get(h["document"]["id"]) == h["document"] for h in hits)
+        for position, (hit, doc) in enumerate(zip(hits, expected, strict=True)):
+            if hit["document"]["id"] != doc["id"]:
+                other = next(i for i, d in enumerate(expected) if d["id"] == hit["document"]["id"])
+                assert abs(scores[0][position] - scores[0][other]) <= 1e-5 + 1e-4 * abs(scores[0][position])
 
 
 def _metric(metrics_text: str, name: str) -> float:
@@ -270,5 +277,7 @@ def test_a_request_whose_client_left_before_its_batch_is_never_run(hybrid_rerank
         assert _metric(after, "retrieval_batch_queries_count") == batches_before + 1
         return True
 
-    attempts = 5
-    assert any(attempt(96) for _ in range(attempts)), f"Serve never cancelled the leaver in time ({attempts} attempts)"
+    # The slow batch must outlast the leaver's 2 s timeout; on a fast machine 96 queries may not, so an attempt that
+    # showed nothing doubles it (up to the request cap of 512).
+    sizes = [96, 192, 384, 512, 512]
+    assert any(attempt(size) for size in sizes), f"Serve never cancelled the leaver in time ({len(sizes)} attempts)"
