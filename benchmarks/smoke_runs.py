@@ -111,7 +111,7 @@ def main() -> None:
         # a failed run is what the table shows, else the median run by wall time
         by_wall = sorted(rows, key=lambda r: r["wall_s"])
         report["runs"][name] = failed_rows[0] if failed_rows else by_wall[len(rows) // 2]
-        report.setdefault("wall_s_all", {})[name] = [round(row["wall_s"], 1) for row in rows]
+    report["wall_s_all"] = {name: [round(row["wall_s"], 1) for row in rows] for name, rows in all_runs.items()}
 
     print("\nsmoke prepare (cached after the first run on a machine), s:", json.dumps({k: round(v, 1) for k, v in report["prepare_s"].items()}))
     print(f"\n{'run':20} {'wall s':>7} {'to command s':>12} {'start-up s':>10} {'step 1 s':>8} {'step 2 s':>8} {'shut-down s':>11} {'wall/budget':>11}")

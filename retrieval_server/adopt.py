@@ -311,6 +311,9 @@ def index_factory_of(index) -> str:
     try:
         return reverse_index_factory(index)
     except (NotImplementedError, RuntimeError, AssertionError, AttributeError):
+        # faiss's reverse_index_factory covers the common types only and signals the rest with any of these
+        # (NotImplementedError for an unknown class, assertions/attribute errors inside its per-type branches);
+        # the name is informational (manifest, messages), so the class name is an honest fallback.
         import faiss
 
         return type(faiss.downcast_index(index)).__name__

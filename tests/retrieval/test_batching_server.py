@@ -185,12 +185,11 @@ def test_hybrid_rerank_through_serve_matches_in_process_with_mixed_topk(hybrid_r
         np.testing.assert_allclose([h["score"] for h in hits], scores[0][: len(expected)], rtol=1e-4, atol=1e-5)
         # The same documents in the same order, except that two whose scores tie to float noise may trade places:
         # the tiny random cross-encoder gives near-equal scores, and a batch of other sizes moves them by ~1e-7.
-        by_id = {doc["id"]: doc for doc in expected}
-        assert all(by_id.get(h["document"]["id"]) == h["document"] for h in hits)
-        for position, (hit, doc) in enumerate(zip(hits, expected, strict=True)):
-            if hit["document"]["id"] != doc["id"]:
-                other = next(i for i, d in enumerate(expected) if d["id"] == hit["document"]["id"])
-                assert abs(scores[0][position] - scores[0][other]) <= 1e-5 + 1e-4 * abs(scores[0][position])
+        expected_position = {doc["id"]: i for i, doc in enumerate(expected)}
+        for position, hit in enumerate(hits):
+            other = expected_position.get(hit["document"]["id"])
+            assert other is not None and hit["document"] == expected[other], (question, position)
+            assert abs(scores[0][position] - scores[0][other]) <= 1e-5 + 1e-4 * abs(scores[0][position])
 
 
 def _metric(metrics_text: str, name: str) -> float:

@@ -35,11 +35,13 @@ def hf_backend(model_dir):
     return HFGenerationBackend.from_pretrained(model_dir, device="cpu", dtype="float32")
 
 
+def chat_prompt(tokenizer, question: str) -> list[int]:
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
 def test_hf_backend_greedy_limits_logprobs_and_stop_strings(hf_backend, tokenizer):
-    prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Who wrote the report?"}], add_generation_prompt=True
-    )
-    prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+    prompt = chat_prompt(tokenizer, "Who wrote the report?")
     free = generate(hf_backend, prompt, temperature=0, max_tokens=24, logprobs=True, ignore_eos=True)
     again = generate(hf_backend, prompt, temperature=0, max_tokens=24, logprobs=True, ignore_eos=True)
     assert free.token_ids == again.token_ids and len(free.token_ids) == 24
@@ -55,21 +57,13 @@ def test_hf_backend_greedy_limits_logprobs_and_stop_strings(hf_backend, tokenize
     assert sampled.token_ids != resampled.token_ids  # a GRPO group of one prompt gets different samples
 
 
-def _prompts(tokenizer, questions):
-    prompts = []
-    for question in questions:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
-        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
-    return prompts
-
-
 def test_hf_backend_honours_ignore_eos_when_the_model_config_names_an_eos(tokenizer):
     """transformers fills an EOS left unset from the model's generation config; ignore_eos must still hold."""
     from verl_evidence.testing import tiny_causal_lm
 
     model = tiny_causal_lm(seed=0)
     backend = HFGenerationBackend(model, tokenizer)
-    (prompt,) = _prompts(tokenizer, ["Who wrote the report?"])
+    prompt = chat_prompt(tokenizer, "Who wrote the report?")
     free = generate(backend, prompt, temperature=0, max_tokens=12, ignore_eos=True).token_ids
     model.generation_config.eos_token_id = free[2]  # a token this model does emit
     assert generate(backend, prompt, temperature=0, max_tokens=12, ignore_eos=True).token_ids == free
