@@ -217,7 +217,9 @@ def main() -> int:
     rng = random.Random(args.seed)
     samples = [synthetic_sample(rng) for _ in range(args.n)]
     batch = make_batch(tokenizer, samples)
-    loop = asyncio.get_event_loop()
+    # One loop for the whole run, set as current: verl's reward workers bind to the loop they are built on.
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
 
     judge_args = [
         f"+reward.reward_kwargs.nli_model={nli_dir}",
