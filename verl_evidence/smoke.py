@@ -255,6 +255,16 @@ def _grace_target(row: dict) -> list[dict] | None:
     return [{"role": "assistant", "content": f"<llm>I recall it.</llm>\n<answer>{answer}</answer>"}]
 
 
+# Recipe settings one method's smoke run needs beyond the common smoke defaults (recipes/_common.sh).
+METHOD_SETTINGS = {
+    # Search-R1 scores exact match alone. verl's seeded shuffle gives each step the same questions, and the tiny
+    # policy answers only one or two of the eight at all (seen in a rollout dump). At temperature 1.0, step 2's
+    # answerable question was right in 7-8 of its 8 samples, so about 1 run in 3 had no group with a spread at
+    # step 2. At 1.3 it is right in about 5 of 8, and a group with a spread is expected in ~97 % of runs.
+    # Four groups per step, not two.
+    "search_r1": {"BATCH": "4", "TEMPERATURE": "1.3"},
+}
+
 FAMILIES = {  # recipes that share a prompt format share a warmed-up policy
     "eviomni": "eviomni", "lear": "eviomni", "composite": "eviomni",
     "evinote": "search", "search_r1": "search",
@@ -445,10 +455,7 @@ def prepare(method: str) -> dict[str, str]:
         variables = {"MODEL_PATH": str(policy), "TRAIN_FILES": str(data), "VAL_FILES": str(data)}
         if FAMILIES[method] == "search":
             variables.update(MAX_OBS_TOKENS=str(SMOKE_MAX_OBS_TOKENS), RESPONSE_LEN=str(SMOKE_SEARCH_RESPONSE_LEN))
-        if method == "search_r1":
-            # Exact match alone: a memorised question is often right in all 8 samples and another wrong in all 8,
-            # so two groups can both lack a spread (seen in 1 of 3 runs); four groups make that rare.
-            variables["BATCH"] = "4"
+        variables.update(METHOD_SETTINGS.get(method, {}))
         if method == "evinote":
             variables["NLI_MODEL"] = str(nli_judge())
         return variables

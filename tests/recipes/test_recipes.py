@@ -479,6 +479,30 @@ def test_smoke_settings_win_over_a_wrappers_defaults(tmp_path: Path, script: str
     assert values["reward.reward_kwargs.variant"] == method
 
 
+def test_smoke_method_settings_win_over_the_search_r1_recipes_defaults(tmp_path: Path) -> None:
+    """The settings `smoke prepare search_r1` adds (batch, temperature) reach the trainer over the recipe's 512 / 1.0."""
+    from verl_evidence.smoke import METHOD_SETTINGS
+
+    settings = METHOD_SETTINGS["search_r1"]
+    assert settings["TEMPERATURE"] != "1.0" and settings["BATCH"] != "512"  # else this test proves nothing
+    python = tmp_path / "python"  # a stand-in for `smoke prepare`: its answer, without building the tiny policy
+    echoes = "; ".join(f"echo {name}={value}" for name, value in settings.items())
+    python.write_text(
+        "#!/usr/bin/env bash\n"
+        'if [ "$*" = "-m verl_evidence.smoke prepare search_r1" ]; then\n'
+        f"  echo MODEL_PATH=/smoke/policy; echo TRAIN_FILES=/smoke/sr1.parquet; {echoes}\n"
+        "  exit 0\nfi\nexit 9\n"
+    )
+    python.chmod(0o755)
+    result = dry_run("search_r1_baseline.sh", "--smoke", PYTHON=str(python))
+    assert result.returncode == 0, result.stderr
+    command = result.stdout.split("# trainer:\n", 1)[1].replace("\\\n", " ")
+    values = overrides(shlex.split(command)[3:])
+    assert values["data.train_batch_size"] == settings["BATCH"]
+    assert values["actor_rollout_ref.rollout.temperature"] == settings["TEMPERATURE"]
+    assert values["actor_rollout_ref.rollout.n"] == "8"
+
+
 def test_smoke_prepare_entry_point_names_the_methods_on_bad_input(tmp_path: Path) -> None:
     env = {**os.environ, "VERL_EVIDENCE_SMOKE_DIR": str(tmp_path)}
     run = [sys.executable, "-m", "verl_evidence.smoke"]
