@@ -310,10 +310,10 @@ def index_factory_of(index) -> str:
 
     try:
         return reverse_index_factory(index)
-    except (NotImplementedError, RuntimeError, AssertionError, AttributeError):
-        # faiss's reverse_index_factory covers the common types only and signals the rest with any of these
-        # (NotImplementedError for an unknown class, assertions/attribute errors inside its per-type branches);
-        # the name is informational (manifest, messages), so the class name is an honest fallback.
+    except (NotImplementedError, AssertionError):
+        # faiss 1.x's reverse_index_factory names the common types only: NotImplementedError for the rest (NSG,
+        # shards, lattice...), an AssertionError for a whitened PCA (eigen_power != 0). The name is informational
+        # (manifest, messages), so the class name is an honest fallback.
         import faiss
 
         return type(faiss.downcast_index(index)).__name__

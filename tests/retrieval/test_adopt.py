@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from retrieval_server.adopt import AdoptionError, adopt_index
+from retrieval_server.adopt import AdoptionError, adopt_index, index_factory_of
 from retrieval_server.config import EncoderConfig, bundled_corpus_path, bundled_qa_path, packaged_minilm_path
 
 PASSAGES = 64  # MiniLM encodes ~34 passages/s on 2 cores
@@ -575,3 +575,12 @@ def test_adopting_lossy_conversions_compares_codes(converted, search_r1_index, m
             search_r1_index["root"] / "conv-sq8" / "dense.faiss", search_r1_index["corpus"], tmp_path / "wrong",
             search_r1_declaration(passage_prefix=""), sample=SAMPLE, show_progress=False, make_encoder=make_encoder,
         )  # fmt: skip
+
+
+def test_index_factory_of_names_what_faiss_cannot_reverse_by_class():
+    import faiss
+
+    assert index_factory_of(faiss.IndexFlatIP(8)) == "Flat"
+    assert index_factory_of(faiss.IndexNSGFlat(8, 4)) == "IndexNSGFlat"  # faiss: NotImplementedError
+    whitened = faiss.IndexPreTransform(faiss.PCAMatrix(8, 4, -0.5), faiss.IndexFlatIP(4))
+    assert index_factory_of(whitened) == "IndexPreTransform"  # faiss: AssertionError on eigen_power
