@@ -260,7 +260,7 @@ METHOD_SETTINGS = {
     # Search-R1 scores exact match alone. verl's seeded shuffle gives each step the same questions, and the tiny
     # policy answers only one or two of the eight at all (seen in a rollout dump). At temperature 1.0, step 2's
     # answerable question was right in 7-8 of its 8 samples, so about 1 run in 3 had no group with a spread at
-    # step 2. At 1.3 it is right in about 5 of 8, and a group with a spread is expected in ~97 % of runs.
+    # step 2. At 1.3 it is right in about 5 of 8, and a group with a spread is expected in ~98 % of runs.
     # Four groups per step, not two.
     "search_r1": {"BATCH": "4", "TEMPERATURE": "1.3"},
 }

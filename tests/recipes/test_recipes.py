@@ -454,24 +454,31 @@ def test_unreachable_remote_server_fails_fast() -> None:
     assert "# trainer:" not in result.stdout  # the trainer never starts without its server
 
 
+def smoke_dry_run(tmp_path: Path, script: str, method: str, *args: str, **prepared: str) -> dict[str, str]:
+    """The trainer overrides of `script --smoke --dry-run`, with a stand-in `smoke prepare` answering ``prepared``."""
+    python = tmp_path / "python"  # a stand-in for `smoke prepare`: its answer, without building the tiny policy
+    answer = {"MODEL_PATH": "/smoke/policy", "TRAIN_FILES": f"/smoke/{method}.parquet", "VAL_FILES": "/smoke/val.parquet"}
+    echoes = "; ".join(f"echo {name}={value}" for name, value in {**answer, **prepared}.items())
+    python.write_text(
+        "#!/usr/bin/env bash\n"
+        f'if [ "$*" = "-m verl_evidence.smoke prepare {method}" ]; then\n'
+        f"  {echoes}\n"
+        "  exit 0\nfi\nexit 9\n"
+    )
+    python.chmod(0o755)
+    result = dry_run(script, "--smoke", *args, PYTHON=str(python))
+    assert result.returncode == 0, result.stderr
+    command = result.stdout.split("# trainer:\n", 1)[1].replace("\\\n", " ")
+    return overrides(shlex.split(command)[3:])
+
+
 @pytest.mark.parametrize(
     ("script", "method", "args"),
     [("lear_grpo.sh", "lear", []), ("eviomni_grpo.sh", "eviomni", []), ("eviomni_grpo.sh", "eviomni", ["reward_preset=composite"])],
 )
 def test_smoke_settings_win_over_a_wrappers_defaults(tmp_path: Path, script: str, method: str, args: list[str]) -> None:
     """--smoke's policy and data reach the trainer, also through lear_grpo.sh (whose defaults once shadowed them)."""
-    python = tmp_path / "python"  # a stand-in for `smoke prepare`: its answer, without building the tiny policy
-    python.write_text(
-        "#!/usr/bin/env bash\n"
-        'if [ "$*" = "-m verl_evidence.smoke prepare $SMOKE_METHOD" ]; then\n'
-        "  echo MODEL_PATH=/smoke/policy; echo TRAIN_FILES=/smoke/$SMOKE_METHOD.parquet; echo VAL_FILES=/smoke/val.parquet\n"
-        "  exit 0\nfi\nexit 9\n"
-    )
-    python.chmod(0o755)
-    result = dry_run(script, "--smoke", *args, PYTHON=str(python), SMOKE_METHOD=method)
-    assert result.returncode == 0, result.stderr
-    command = result.stdout.split("# trainer:\n", 1)[1].replace("\\\n", " ")
-    values = overrides(shlex.split(command)[3:])
+    values = smoke_dry_run(tmp_path, script, method, *args)
     assert values["actor_rollout_ref.model.path"] == "/smoke/policy"
     assert values["data.train_files"] == f"/smoke/{method}.parquet"
     assert values["trainer.n_gpus_per_node"] == "1" and values["trainer.device"] == "cpu"
@@ -485,19 +492,7 @@ def test_smoke_method_settings_win_over_the_search_r1_recipes_defaults(tmp_path:
 
     settings = METHOD_SETTINGS["search_r1"]
     assert settings["TEMPERATURE"] != "1.0" and settings["BATCH"] != "512"  # else this test proves nothing
-    python = tmp_path / "python"  # a stand-in for `smoke prepare`: its answer, without building the tiny policy
-    echoes = "; ".join(f"echo {name}={value}" for name, value in settings.items())
-    python.write_text(
-        "#!/usr/bin/env bash\n"
-        'if [ "$*" = "-m verl_evidence.smoke prepare search_r1" ]; then\n'
-        f"  echo MODEL_PATH=/smoke/policy; echo TRAIN_FILES=/smoke/sr1.parquet; {echoes}\n"
-        "  exit 0\nfi\nexit 9\n"
-    )
-    python.chmod(0o755)
-    result = dry_run("search_r1_baseline.sh", "--smoke", PYTHON=str(python))
-    assert result.returncode == 0, result.stderr
-    command = result.stdout.split("# trainer:\n", 1)[1].replace("\\\n", " ")
-    values = overrides(shlex.split(command)[3:])
+    values = smoke_dry_run(tmp_path, "search_r1_baseline.sh", "search_r1", **settings)
     assert values["data.train_batch_size"] == settings["BATCH"]
     assert values["actor_rollout_ref.rollout.temperature"] == settings["TEMPERATURE"]
     assert values["actor_rollout_ref.rollout.n"] == "8"
