@@ -1,19 +1,25 @@
 """HTTP clients (sync and async) for the ``POST /retrieve`` contract.
 
 Retries only what a retry can fix: 5xx responses, connection failures and
-timeouts, with exponential backoff. A 4xx means the request itself is wrong, so
-it raises :class:`RetrievalRequestError` at once with the server's message.
-When the retry budget is spent, :class:`RetrievalUnavailableError` is raised.
+timeouts, with exponential backoff (tenacity runs the retry loop of both
+clients). A 4xx means the request itself is wrong, so it raises
+:class:`RetrievalRequestError` at once with the server's message. When the retry budget is spent, :class:`RetrievalUnavailableError` is raised.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from typing import Any
 
 import httpx
+from tenacity import (
+    AsyncRetrying,
+    BaseRetrying,
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +76,16 @@ def _parse_result(response: httpx.Response) -> list[list[dict]]:
         raise RetrievalUnavailableError(f"retrieval server sent a malformed response: {response.text[:200]!r}") from err
 
 
+class _RetryableFailure(Exception):
+    """A failed attempt that a retry can fix (5xx, connection error, timeout); ``problem`` says what happened."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+
+
 class _RetryPolicy:
-    """Shared bookkeeping of the two clients: what to retry and how long to wait."""
+    """Shared by the two clients: what to retry and how long to wait (tenacity runs the loop, sync or async)."""
 
     def __init__(self, base_url: str, timeout: float, max_retries: int, backoff: float, token: str | None) -> None:
         if max_retries < 0:
@@ -83,15 +97,37 @@ class _RetryPolicy:
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     def delay(self, attempt: int) -> float:
+        """Seconds before retry ``attempt + 1``: ``backoff * 2**attempt``."""
         return self.backoff * (2**attempt)
 
-    def classify(self, response: httpx.Response) -> str:
-        """'ok', 'client_error' (raise now) or 'retry'."""
+    def retrying(self, retrying_cls: type[BaseRetrying], method: str, path: str) -> BaseRetrying:
+        def log_retry(state: RetryCallState) -> None:
+            problem = state.outcome.exception().problem
+            wait = state.next_action.sleep
+            logger.warning(
+                "retrieval %s %s failed (%s); retry %d in %.2fs", method, path, problem, state.attempt_number, wait
+            )
+
+        return retrying_cls(
+            stop=stop_after_attempt(self.max_retries + 1),
+            wait=lambda state: self.delay(state.attempt_number - 1),
+            retry=retry_if_exception_type(_RetryableFailure),
+            before_sleep=log_retry,
+            reraise=True,
+        )
+
+    def check(self, response: httpx.Response) -> httpx.Response:
+        """The response if it succeeded; a 4xx raises now, a 5xx is retried."""
         if response.status_code < 400:
-            return "ok"
+            return response
         if response.status_code < 500:
-            return "client_error"
-        return "retry"
+            raise RetrievalRequestError(response.status_code, _error_message(response))
+        raise _RetryableFailure(f"HTTP {response.status_code}: {_error_message(response)}")
+
+    def exhausted(self, method: str, path: str, failure: _RetryableFailure) -> RetrievalUnavailableError:
+        return RetrievalUnavailableError(
+            f"{method} {self.base_url}{path} failed after {self.max_retries + 1} attempts: {failure.problem}"
+        )
 
 
 class RetrievalClient:
@@ -113,26 +149,17 @@ class RetrievalClient:
         return self._policy.base_url
 
     def _request(self, method: str, path: str, json: dict | None = None) -> httpx.Response:
-        last_problem = ""
-        for attempt in range(self._policy.max_retries + 1):
-            try:
-                response = self._http.request(method, path, json=json)
-            except _RETRYABLE_TRANSPORT_ERRORS as err:
-                last_problem = f"{type(err).__name__}: {err}"
-            else:
-                verdict = self._policy.classify(response)
-                if verdict == "ok":
-                    return response
-                if verdict == "client_error":
-                    raise RetrievalRequestError(response.status_code, _error_message(response))
-                last_problem = f"HTTP {response.status_code}: {_error_message(response)}"
-            if attempt < self._policy.max_retries:
-                wait = self._policy.delay(attempt)
-                logger.warning("retrieval %s %s failed (%s); retry %d in %.2fs", method, path, last_problem, attempt + 1, wait)
-                time.sleep(wait)
-        raise RetrievalUnavailableError(
-            f"{method} {self.base_url}{path} failed after {self._policy.max_retries + 1} attempts: {last_problem}"
-        )
+        try:
+            for attempt in self._policy.retrying(Retrying, method, path):
+                with attempt:
+                    try:
+                        response = self._http.request(method, path, json=json)
+                    except _RETRYABLE_TRANSPORT_ERRORS as err:
+                        raise _RetryableFailure(f"{type(err).__name__}: {err}") from err
+                    return self._policy.check(response)
+        except _RetryableFailure as failure:
+            raise self._policy.exhausted(method, path, failure) from failure
+        raise AssertionError("unreachable: tenacity either returns an attempt's value or raises")
 
     def retrieve(self, queries: list[str], topk: int | None = None, return_scores: bool = True) -> list[list[dict]]:
         """Top-k documents per query: ``[[{"document": {"id", "contents"}, "score"?}, ...], ...]``."""
@@ -177,26 +204,17 @@ class AsyncRetrievalClient:
         return self._policy.base_url
 
     async def _request(self, method: str, path: str, json: dict | None = None) -> httpx.Response:
-        last_problem = ""
-        for attempt in range(self._policy.max_retries + 1):
-            try:
-                response = await self._http.request(method, path, json=json)
-            except _RETRYABLE_TRANSPORT_ERRORS as err:
-                last_problem = f"{type(err).__name__}: {err}"
-            else:
-                verdict = self._policy.classify(response)
-                if verdict == "ok":
-                    return response
-                if verdict == "client_error":
-                    raise RetrievalRequestError(response.status_code, _error_message(response))
-                last_problem = f"HTTP {response.status_code}: {_error_message(response)}"
-            if attempt < self._policy.max_retries:
-                wait = self._policy.delay(attempt)
-                logger.warning("retrieval %s %s failed (%s); retry %d in %.2fs", method, path, last_problem, attempt + 1, wait)
-                await asyncio.sleep(wait)
-        raise RetrievalUnavailableError(
-            f"{method} {self.base_url}{path} failed after {self._policy.max_retries + 1} attempts: {last_problem}"
-        )
+        try:
+            async for attempt in self._policy.retrying(AsyncRetrying, method, path):
+                with attempt:
+                    try:
+                        response = await self._http.request(method, path, json=json)
+                    except _RETRYABLE_TRANSPORT_ERRORS as err:
+                        raise _RetryableFailure(f"{type(err).__name__}: {err}") from err
+                    return self._policy.check(response)
+        except _RetryableFailure as failure:
+            raise self._policy.exhausted(method, path, failure) from failure
+        raise AssertionError("unreachable: tenacity either returns an attempt's value or raises")
 
     async def retrieve(
         self, queries: list[str], topk: int | None = None, return_scores: bool = True

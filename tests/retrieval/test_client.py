@@ -135,3 +135,23 @@ def test_async_client_retries_and_4xx(flaky):
             assert (await client.health())["status"] == "ok"
 
     asyncio.run(scenario())
+
+
+def test_retries_wait_backoff_times_two_to_the_attempt_and_say_so(flaky, caplog):
+    flaky.reset([503, 502, 500])
+    with caplog.at_level("WARNING", logger="retrieval_server.client"):
+        with RetrievalClient(flaky.url, max_retries=3, backoff=0.01) as client:
+            assert client.retrieve(["q"]) == [[HIT]]
+        async def scenario() -> None:
+            flaky.reset([503, 502, 500])
+            async with AsyncRetrievalClient(flaky.url, max_retries=3, backoff=0.01) as client:
+                assert await client.retrieve(["q"]) == [[HIT]]
+
+        asyncio.run(scenario())
+    retries = [r.getMessage() for r in caplog.records if "retry" in r.getMessage()]
+    expected = [
+        "retrieval POST /retrieve failed (HTTP 503: scripted 503); retry 1 in 0.01s",
+        "retrieval POST /retrieve failed (HTTP 502: scripted 502); retry 2 in 0.02s",
+        "retrieval POST /retrieve failed (HTTP 500: scripted 500); retry 3 in 0.04s",
+    ]
+    assert retries == expected * 2  # the sync and the async client alike
