@@ -34,19 +34,16 @@ from transformers import StoppingCriteria
 from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
+from verl_evidence.agent_loops.openai_endpoint import (
+    DEFAULT_MAX_TOKENS,
+    OpenAIEndpoint,
+    max_tokens_of,
+    sampling_body,
+    stop_strings_of,
+)
+from verl_evidence.rewards.text import cut_at_stop
+
 logger = logging.getLogger(__name__)
-
-DEFAULT_MAX_TOKENS = 512
-
-
-def _max_tokens(sampling_params: dict[str, Any], default: int) -> int:
-    value = sampling_params.get("max_tokens", sampling_params.get("max_new_tokens"))
-    return max(1, int(value)) if value is not None else default
-
-
-def _stop_strings(sampling_params: dict[str, Any]) -> list[str]:
-    stop = sampling_params.get("stop") or []
-    return [stop] if isinstance(stop, str) else [s for s in stop if s]
 
 
 def _stop_token_ids(sampling_params: dict[str, Any], eos_token_id: int | None) -> set[int]:
@@ -54,26 +51,6 @@ def _stop_token_ids(sampling_params: dict[str, Any], eos_token_id: int | None) -
     if eos_token_id is not None and not sampling_params.get("ignore_eos", False):
         ids.add(int(eos_token_id))
     return ids
-
-
-def cut_at_stop(token_ids: list[int], tokenizer, stops: Sequence[str], stop_ids: set[int]) -> tuple[list[int], str]:
-    """Cut ``token_ids`` after the first token that ends a stop string or is a stop token.
-
-    Returns the kept ids and why generation ended: ``"stop"`` (stop string or
-    stop token) or ``"length"`` (no stop seen).
-    """
-    # Every token decodes to at least one character, so a stop string that the
-    # current token completes lies within the last len(stop) tokens: decoding
-    # that window keeps the scan linear.
-    window = max((len(s) for s in stops), default=0) + 1
-    for index, token_id in enumerate(token_ids):
-        if token_id in stop_ids:
-            return token_ids[: index + 1], "stop"
-        if stops:
-            tail = tokenizer.decode(token_ids[max(0, index + 1 - window) : index + 1], skip_special_tokens=False)
-            if any(s in tail for s in stops):
-                return token_ids[: index + 1], "stop"
-    return list(token_ids), "length"
 
 
 class _OwnRoutingClient(LLMServerClient):
@@ -155,9 +132,9 @@ class ScriptedBackend(_OwnRoutingClient):
         if self.append_eos and eos is not None:
             token_ids = token_ids + [eos]
         token_ids, _ = cut_at_stop(
-            token_ids, self.tokenizer, _stop_strings(sampling_params), _stop_token_ids(sampling_params, eos)
+            token_ids, self.tokenizer, stop_strings_of(sampling_params), _stop_token_ids(sampling_params, eos)
         )
-        token_ids = token_ids[: _max_tokens(sampling_params, DEFAULT_MAX_TOKENS)]
+        token_ids = token_ids[: max_tokens_of(sampling_params, DEFAULT_MAX_TOKENS)]
         log_probs = [0.0] * len(token_ids) if sampling_params.get("logprobs") else None
         return TokenOutput(
             token_ids=token_ids, log_probs=log_probs, stop_reason="completed", extra_fields=self._engine_fields()
@@ -216,12 +193,12 @@ class HFGenerationBackend(_OwnRoutingClient):
 
         eos = self.tokenizer.eos_token_id
         stop_ids = _stop_token_ids(sampling_params, eos)
-        stops = _stop_strings(sampling_params)
+        stops = stop_strings_of(sampling_params)
         temperature = float(sampling_params.get("temperature", 1.0) or 0.0)
         top_k = sampling_params.get("top_k", -1)
         top_p = float(sampling_params.get("top_p", 1.0) or 1.0)
         generate_kwargs: dict[str, Any] = {
-            "max_new_tokens": _max_tokens(sampling_params, self.default_max_tokens),
+            "max_new_tokens": max_tokens_of(sampling_params, self.default_max_tokens),
             "do_sample": temperature > 0,
             "eos_token_id": sorted(stop_ids) if stop_ids else None,
             "pad_token_id": self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos,
@@ -268,14 +245,14 @@ class HFGenerationBackend(_OwnRoutingClient):
         return await loop.run_in_executor(None, self._generate_sync, list(prompt_ids), dict(sampling_params))
 
 
-class OpenAIBackend(_OwnRoutingClient):
+class OpenAIBackend(_OwnRoutingClient, OpenAIEndpoint):
     """An OpenAI-compatible completions endpoint (vLLM, SGLang, TGI ...) behind verl's interface.
 
     ``generate`` sends the prompt as token ids to ``/v1/completions`` and asks
     for the sampled token ids (vLLM's ``return_token_ids``); servers that do
-    not return them get the text re-encoded with ``tokenizer``. ``chat`` is a
-    text-level call for models whose tokenizer differs from the policy's (the
-    external evidence extractor).
+    not return them get the text re-encoded with ``tokenizer``. ``chat``
+    (from :class:`~verl_evidence.agent_loops.openai_endpoint.OpenAIEndpoint`)
+    is a text-level call for models whose tokenizer differs from the policy's.
     """
 
     def __init__(
@@ -288,45 +265,17 @@ class OpenAIBackend(_OwnRoutingClient):
         max_retries: int = 2,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
     ) -> None:
-        super().__init__()
-        self.base_url = base_url.rstrip("/")
-        if not self.base_url.endswith("/v1"):
-            self.base_url += "/v1"
-        self.model = model
+        _OwnRoutingClient.__init__(self)
+        OpenAIEndpoint.__init__(
+            self,
+            base_url,
+            model,
+            api_key=api_key,
+            timeout=timeout,
+            max_retries=max_retries,
+            default_max_tokens=default_max_tokens,
+        )
         self.tokenizer = tokenizer
-        self.api_key = api_key
-        self.timeout = timeout
-        self.max_retries = max_retries
-        self.default_max_tokens = default_max_tokens
-        self._clients: dict[int, Any] = {}
-
-    def _client(self):
-        from openai import AsyncOpenAI
-
-        # httpx connection pools belong to one event loop.
-        key = id(asyncio.get_running_loop())
-        if key not in self._clients:
-            self._clients[key] = AsyncOpenAI(
-                base_url=self.base_url, api_key=self.api_key, timeout=self.timeout, max_retries=self.max_retries
-            )
-        return self._clients[key]
-
-    @staticmethod
-    def _sampling_body(sampling_params: dict[str, Any], default_max_tokens: int) -> tuple[dict, dict]:
-        args: dict[str, Any] = {"max_tokens": _max_tokens(sampling_params, default_max_tokens)}
-        if "temperature" in sampling_params:
-            args["temperature"] = float(sampling_params["temperature"])
-        if "top_p" in sampling_params:
-            args["top_p"] = float(sampling_params["top_p"])
-        stops = _stop_strings(sampling_params)
-        if stops:
-            args["stop"] = stops
-        extra: dict[str, Any] = {"include_stop_str_in_output": True}
-        if sampling_params.get("top_k") not in (None, -1):
-            extra["top_k"] = int(sampling_params["top_k"])
-        if sampling_params.get("stop_token_ids"):
-            extra["stop_token_ids"] = list(sampling_params["stop_token_ids"])
-        return args, extra
 
     async def generate(
         self,
@@ -341,7 +290,7 @@ class OpenAIBackend(_OwnRoutingClient):
         **kwargs: Any,
     ) -> TokenOutput:
         self._record(request_id, prompt_ids, sampling_params)
-        args, extra = self._sampling_body(sampling_params, self.default_max_tokens)
+        args, extra = sampling_body(sampling_params, self.default_max_tokens)
         extra["return_token_ids"] = True
         want_logprobs = bool(sampling_params.get("logprobs"))
         if want_logprobs:
@@ -368,11 +317,3 @@ class OpenAIBackend(_OwnRoutingClient):
         return TokenOutput(
             token_ids=list(token_ids), log_probs=log_probs, stop_reason="completed", extra_fields=self._engine_fields()
         )
-
-    async def chat(self, messages: list[dict[str, str]], sampling_params: dict[str, Any] | None = None) -> str:
-        """One chat completion, text in and text out (the server applies its own template)."""
-        args, extra = self._sampling_body(sampling_params or {}, self.default_max_tokens)
-        response = await self._client().chat.completions.create(
-            model=self.model, messages=messages, extra_body=extra, **args
-        )
-        return response.choices[0].message.content or ""

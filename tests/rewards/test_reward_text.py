@@ -11,6 +11,7 @@ from verl_evidence.rewards.text import (
     answer_recall,
     block_sequence,
     coerce_ground_truth,
+    cut_at_stop,
     exact_match,
     extract_last,
     f1_score,
@@ -153,3 +154,24 @@ def test_coerce_ground_truth_shapes() -> None:
         out = coerce_ground_truth(weird)
         assert set(out) == {"target", "evidence", "answerable"}
         assert all(isinstance(t, str) for t in out["target"])
+
+
+class _CharTokenizer:
+    """One token per character (id = code point): enough for ``cut_at_stop``, which only decodes."""
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return "".join(chr(i) for i in ids)
+
+
+def test_cut_at_stop_keeps_the_token_that_completes_a_stop_string() -> None:
+    ids = [ord(c) for c in "go <search> q </search> and more"]
+    kept, why = cut_at_stop(ids, _CharTokenizer(), ["</search>", "</answer>"], set())
+    assert "".join(map(chr, kept)) == "go <search> q </search>" and why == "stop"
+
+
+def test_cut_at_stop_on_a_stop_token_and_without_any_stop() -> None:
+    ids = [ord(c) for c in "abcdef"]
+    kept, why = cut_at_stop(ids, _CharTokenizer(), [], {ord("c")})
+    assert kept == ids[:3] and why == "stop"
+    kept, why = cut_at_stop(ids, _CharTokenizer(), ["zz"], {0})
+    assert kept == ids and why == "length"

@@ -40,9 +40,8 @@ from verl_evidence.agent_loops.common import (
     row_passages,
     stop_sampling_params,
 )
-from verl_evidence.backends import cut_at_stop
 from verl_evidence.prompts import check_placeholders, load_prompt, render_prompt
-from verl_evidence.rewards.text import extract_last, strip_thinking
+from verl_evidence.rewards.text import cut_at_stop, extract_last, strip_thinking
 from verl_evidence.tools.search_tool import SearchService, document_ids, document_texts, format_documents
 
 logger = logging.getLogger(__name__)

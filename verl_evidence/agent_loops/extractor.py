@@ -6,7 +6,7 @@ After each retrieval the search loop can hand (question, last thought,
 sub-query, passages) to an extractor and append only the evidence it returns.
 The extractor is either the policy itself (the loop's own ``server_manager``,
 policy tokenizer and chat template) or a separate model behind an
-OpenAI-compatible endpoint (:class:`~verl_evidence.backends.OpenAIBackend.chat`).
+OpenAI-compatible endpoint (:class:`~verl_evidence.agent_loops.openai_endpoint.OpenAIEndpoint`).
 A failed extraction (no ``<extract>`` block, endpoint down) falls back to the
 raw passages, so the agent never loses what was retrieved.
 

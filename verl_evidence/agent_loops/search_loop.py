@@ -54,7 +54,6 @@ from verl_evidence.agent_loops.common import (
     stop_sampling_params,
 )
 from verl_evidence.agent_loops.extractor import EvidenceExtractor, SubQuestionExecutor
-from verl_evidence.backends import cut_at_stop
 from verl_evidence.evipath.protocol import (
     PAPER_QUESTION_PROMPT,
     PLANNER_LAYOUTS,
@@ -63,7 +62,7 @@ from verl_evidence.evipath.protocol import (
     search_calls,
 )
 from verl_evidence.prompts import check_placeholders, load_prompt, render_prompt
-from verl_evidence.rewards.text import find_blocks
+from verl_evidence.rewards.text import cut_at_stop, find_blocks
 from verl_evidence.tools.search_tool import SearchService, document_ids, format_documents
 
 logger = logging.getLogger(__name__)
@@ -342,9 +341,9 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
         self.executor: SubQuestionExecutor | None = None
         if s.observation_mode != "passages":
             if s.observation_model == "openai" and remote_extractor is None and (s.extractor_url and s.extractor_model):
-                from verl_evidence.backends import OpenAIBackend
+                from verl_evidence.agent_loops.openai_endpoint import OpenAIEndpoint
 
-                remote_extractor = OpenAIBackend(s.extractor_url, s.extractor_model, api_key=s.extractor_api_key)
+                remote_extractor = OpenAIEndpoint(s.extractor_url, s.extractor_model, api_key=s.extractor_api_key)
             plumbing = {
                 "tokenizer": self.tokenizer,
                 "server_manager": self.server_manager,

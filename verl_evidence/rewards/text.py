@@ -8,6 +8,8 @@
   and the longest common subsequence is computed bit-parallel on Python ints.
 - Tag handling: :func:`extract_last`, :func:`find_blocks`, :func:`tag_events`,
   :func:`block_sequence`, :func:`strip_thinking`.
+- :func:`cut_at_stop`: where generated token ids end at a stop string or stop
+  token (the tokenizer is only asked to ``decode``).
 - :func:`coerce_ground_truth`: turns whatever sits in a verl parquet row's
   ``reward_model.ground_truth`` into ``{"target", "evidence", "answerable"}``.
 
@@ -36,6 +38,7 @@ __all__ = [
     "answer_recall",
     "block_sequence",
     "coerce_ground_truth",
+    "cut_at_stop",
     "exact_match",
     "extract_last",
     "f1_score",
@@ -300,6 +303,26 @@ def strip_thinking(text: str) -> str:
         return "" if text is None else str(text)
     idx = text.rfind("</think>")
     return text if idx < 0 else text[idx + len("</think>") :]
+
+
+def cut_at_stop(token_ids: list[int], tokenizer, stops: Sequence[str], stop_ids: set[int]) -> tuple[list[int], str]:
+    """Cut ``token_ids`` after the first token that ends a stop string or is a stop token.
+
+    Returns the kept ids and why generation ended: ``"stop"`` (stop string or
+    stop token) or ``"length"`` (no stop seen).
+    """
+    # Every token decodes to at least one character, so a stop string that the
+    # current token completes lies within the last len(stop) tokens: decoding
+    # that window keeps the scan linear.
+    window = max((len(s) for s in stops), default=0) + 1
+    for index, token_id in enumerate(token_ids):
+        if token_id in stop_ids:
+            return token_ids[: index + 1], "stop"
+        if stops:
+            tail = tokenizer.decode(token_ids[max(0, index + 1 - window) : index + 1], skip_special_tokens=False)
+            if any(s in tail for s in stops):
+                return token_ids[: index + 1], "stop"
+    return list(token_ids), "length"
 
 
 # ---------------------------------------------------------------------------
