@@ -378,7 +378,7 @@ def render() -> str:
     add("## `search` tool (verl `ToolAgentLoop`)\n")
     with contextlib.redirect_stdout(io.StringIO()):  # verl's BaseTool prints its schema
         tool = SearchTool({"retrieval_url": "http://unused"})
-    service = tool.service
+    service = tool.service.settings
     tool_defaults = {
         "retrieval_url": None,
         "topk": service.topk,

@@ -3,7 +3,8 @@
 Retries only what a retry can fix: 5xx responses, connection failures and
 timeouts, with exponential backoff (tenacity runs the retry loop of both
 clients). A 4xx means the request itself is wrong, so it raises
-:class:`RetrievalRequestError` at once with the server's message. When the retry budget is spent, :class:`RetrievalUnavailableError` is raised.
+:class:`RetrievalRequestError` at once with the server's message. When the
+retry budget is spent, :class:`RetrievalUnavailableError` is raised.
 """
 
 from __future__ import annotations

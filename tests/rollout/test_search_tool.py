@@ -14,7 +14,8 @@ from rollout_helpers import make_row, run_worker, unpad, with_settings
 import verl_evidence
 from retrieval_server.client import RetrievalClient
 from retrieval_server.launch import free_port
-from verl_evidence.backends import ScriptedBackend
+from verl_evidence.local.backends import ScriptedBackend
+from verl_evidence.tools.search_settings import SearchSettings
 from verl_evidence.tools.search_tool import RateLimiter, SearchTool, shared_rate_limiter
 
 # Tests that use `search_url` (the session's Ray Serve retrieval server) or verl's agent loop are `slow`;
@@ -102,11 +103,11 @@ def test_server_down_is_reported_not_raised():
     assert metrics == {"error": "unavailable"}
 
 
-def test_rate_limiter_is_shared_per_url_and_bounds_concurrency():
+def test_rate_limiter_is_shared_per_server_and_limits_and_bounds_concurrency():
     async def go():
-        a = shared_rate_limiter("http://x", 2, None)
-        assert shared_rate_limiter("http://x", 2, None) is a
-        assert shared_rate_limiter("http://y", 2, None) is not a
+        a = shared_rate_limiter(SearchSettings(retrieval_url="http://x", max_concurrency=2))
+        assert shared_rate_limiter(SearchSettings(retrieval_url="http://x", max_concurrency=2, topk=7)) is a
+        assert shared_rate_limiter(SearchSettings(retrieval_url="http://y", max_concurrency=2)) is not a
         active, peak = 0, 0
 
         async def request():
@@ -124,75 +125,111 @@ def test_rate_limiter_is_shared_per_url_and_bounds_concurrency():
     assert asyncio.run(go()) == 2
 
 
-class FakeClock:
-    """A monotonic clock that only moves when the limiter sleeps on it (or the test advances it)."""
+def test_same_url_with_other_limits_gets_its_own_limiter():
+    # Two loops on one server: whichever searched first used to set the limits for both.
+    async def go():
+        slow = shared_rate_limiter(SearchSettings(retrieval_url="http://x", requests_per_second=1.0))
+        fast = shared_rate_limiter(SearchSettings(retrieval_url="http://x", requests_per_second=50.0))
+        narrow = shared_rate_limiter(SearchSettings(retrieval_url="http://x", max_concurrency=1))
+        wide = shared_rate_limiter(SearchSettings(retrieval_url="http://x"))
+        return slow, fast, narrow, wide
+
+    slow, fast, narrow, wide = asyncio.run(go())
+    assert len({id(slow), id(fast), id(narrow), id(wide)}) == 4
+    assert (slow.rate, fast.rate, narrow.rate, wide.rate) == (1.0, 50.0, None, None)
+    assert (narrow.semaphore._value, wide.semaphore._value) == (1, 64)
+
+
+class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    """An event loop whose clock moves only when it would wait: each wait is skipped and recorded.
+
+    aiolimiter times its bucket with ``loop.time()``, so the bucket's waits are checked exactly,
+    without real time. (Hand-written: a dozen lines, where a fake-time plugin would change how
+    every async test of the suite runs.)
+    """
 
     def __init__(self) -> None:
+        super().__init__()
         self.now = 100.0
-        self.sleeps: list[float] = []
+        self.waits: list[float] = []
+        real_select = self._selector.select
 
-    def __call__(self) -> float:
+        def select(timeout=None):
+            if timeout:  # the next timer is `timeout` ahead: jump there
+                self.waits.append(round(timeout, 9))
+                self.now += timeout
+            return real_select(0)
+
+        self._selector.select = select
+
+    def time(self) -> float:
         return self.now
 
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
+
+def run_virtual(coroutine_fn):
+    loop = VirtualTimeLoop()
+    try:
+        return loop, loop.run_until_complete(coroutine_fn(loop))
+    finally:
+        loop.close()
 
 
-def test_token_bucket_spends_the_burst_then_waits_exactly_for_a_refill():
-    clock = FakeClock()
-
-    async def go():
-        limiter = RateLimiter(max_concurrency=8, rate=2.0, burst=2, clock=clock, sleep=clock.sleep)
+def test_rate_limit_spends_the_burst_then_waits_exactly_for_a_refill():
+    async def go(loop):
+        limiter = RateLimiter(max_concurrency=8, rate=2.0, burst=2)
+        entered = []
         for _ in range(2):  # the burst: no wait
             async with limiter:
-                pass
-        assert clock.sleeps == [] and limiter.tokens == 0.0
-        async with limiter:  # empty bucket: one token takes 1 / rate = 0.5 s
-            pass
-        assert clock.sleeps == [0.5] and limiter.tokens == 0.0
-        clock.now += 0.25  # half a token refilled while idle: the next caller waits only for the rest
+                entered.append(loop.time())
+        async with limiter:  # bucket full: one request takes 1 / rate = 0.5 s
+            entered.append(loop.time())
+        loop.now += 0.25  # half a request drained while idle: the next caller waits only for the rest
         async with limiter:
-            pass
-        assert clock.sleeps == [0.5, 0.25]
-        clock.now += 60.0  # a long idle refills to the burst, never beyond it
+            entered.append(loop.time())
+        loop.now += 60.0  # a long idle empties the bucket to the burst, never beyond it
         for _ in range(3):
             async with limiter:
-                pass
-        assert clock.sleeps == [0.5, 0.25, 0.5]
+                entered.append(loop.time())
+        return [round(t - 100.0, 6) for t in entered]
 
-    asyncio.run(go())
+    loop, entered = run_virtual(go)
+    assert entered == [0.0, 0.0, 0.5, 1.0, 61.0, 61.0, 61.5]
+    assert loop.waits == [0.5, 0.25, 0.5]
 
 
-def test_token_bucket_spaces_concurrent_callers_at_the_rate():
-    clock = FakeClock()
-    entered: list[float] = []
-
-    async def go():
-        limiter = RateLimiter(max_concurrency=8, rate=4.0, burst=1, clock=clock, sleep=clock.sleep)
+def test_rate_limit_spaces_concurrent_callers_at_the_rate():
+    async def go(loop):
+        limiter = RateLimiter(max_concurrency=8, rate=4.0, burst=1)
+        entered: list[float] = []
 
         async def request():
             async with limiter:
-                entered.append(clock.now - 100.0)
+                entered.append(round(loop.time() - 100.0, 6))
 
         await asyncio.gather(*(request() for _ in range(4)))
+        return entered
 
-    asyncio.run(go())
+    loop, entered = run_virtual(go)
     assert entered == [0.0, 0.25, 0.5, 0.75]
-    assert clock.sleeps == [0.25, 0.25, 0.25]
+    assert loop.waits == [0.25, 0.25, 0.25]
 
 
 def test_unlimited_rate_never_waits():
-    clock = FakeClock()
-
-    async def go():
-        limiter = RateLimiter(max_concurrency=8, rate=None, clock=clock, sleep=clock.sleep)
+    async def go(loop):
+        limiter = RateLimiter(max_concurrency=8, rate=None)
         for _ in range(100):
             async with limiter:
                 pass
 
-    asyncio.run(go())
-    assert clock.sleeps == []
+    loop, _ = run_virtual(go)
+    assert loop.waits == []
+
+
+def test_unknown_tool_config_key_fails_naming_it():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="requests_per_secnd"):
+        SearchTool({"retrieval_url": "http://x", "requests_per_secnd": 2})
 
 
 @pytest.mark.slow
