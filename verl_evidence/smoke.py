@@ -185,7 +185,7 @@ def _eviomni_target(row: dict) -> list[dict] | None:
 def _eviomni_masked_answers(rows: list[dict], count: int) -> list[dict]:
     """The o_r / o_e prompts (knowledge-masked inputs) the EviOmni loop asks the same policy to answer."""
     from verl_evidence.prompts import load_prompt, render_prompt
-    from verl_evidence.tools.search_tool import format_documents
+    from verl_evidence.tools.documents import format_documents
 
     template = load_prompt("eviomni_answer")
     examples = []
@@ -215,7 +215,7 @@ def _search_target(with_note: bool, tokenizer) -> Callable[[dict], list[dict] | 
     from verl_evidence.agent_loops.common import encode
     from verl_evidence.agent_loops.search_loop import INFORMATION_CLOSE, INFORMATION_OPEN, SearchLoopSettings
     from verl_evidence.bundled import load_corpus
-    from verl_evidence.tools.search_tool import format_documents
+    from verl_evidence.tools.documents import format_documents
 
     corpus = {doc["id"]: doc["contents"] for doc in load_corpus()}
     notice = SearchLoopSettings().final_turn_notice  # the smoke run allows one search: its answer turn is the last

@@ -42,7 +42,8 @@ from verl_evidence.agent_loops.common import (
 )
 from verl_evidence.prompts import check_placeholders, load_prompt, render_prompt
 from verl_evidence.rewards.text import cut_at_stop, extract_last, strip_thinking
-from verl_evidence.tools.search_tool import SearchService, document_ids, document_texts, format_documents
+from verl_evidence.tools.documents import document_ids, document_texts, format_documents
+from verl_evidence.tools.search_tool import SearchService
 
 logger = logging.getLogger(__name__)
 

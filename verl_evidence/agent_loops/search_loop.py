@@ -63,7 +63,8 @@ from verl_evidence.evipath.protocol import (
 )
 from verl_evidence.prompts import check_placeholders, load_prompt, render_prompt
 from verl_evidence.rewards.text import cut_at_stop, find_blocks
-from verl_evidence.tools.search_tool import SearchService, document_ids, format_documents
+from verl_evidence.tools.documents import document_ids, format_documents
+from verl_evidence.tools.search_tool import SearchService
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from verl_evidence.dataprep.records import DataPrepError
 from verl_evidence.prompts import load_prompt, placeholders, render_prompt
-from verl_evidence.tools.search_tool import format_documents
+from verl_evidence.tools.documents import format_documents
 
 # The packaged prompt each method's rows are written with.
 DEFAULT_PROMPTS: dict[str, str] = {
