@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from retrieval_server import encoders
+from retrieval_server.encoders import onnx_export
 from retrieval_server.config import ServerConfig, bundled_qa_path, packaged_minilm_encoder
 from retrieval_server.encoders import (
     ONNX_TOLERANCE,
@@ -96,7 +97,7 @@ def test_export_is_made_once_and_reused(tmp_path, export_dir, monkeypatch):
     def no_second_export(*args, **kwargs):
         raise AssertionError("exported again although a cached export exists")
 
-    monkeypatch.setattr(encoders, "export_onnx", no_second_export)
+    monkeypatch.setattr(onnx_export, "export_onnx", no_second_export)
     encoder = load_query_encoder(packaged_minilm_encoder(), "onnx", "cpu", index_dir)
     assert encoder.path == export_dir / "model.onnx"
     # Prefixes are applied to the text, so an encoder differing only in them shares the export...
@@ -123,7 +124,7 @@ def test_export_for_other_settings_is_refused(export_dir):
 
 
 def test_export_off_torch_is_refused_and_not_cached(tmp_path, monkeypatch):
-    monkeypatch.setattr(encoders, "ONNX_TOLERANCE", 0.0)  # any float difference at all now counts as a mismatch
+    monkeypatch.setattr(onnx_export, "ONNX_TOLERANCE", 0.0)  # any float difference at all now counts as a mismatch
     with pytest.raises(OnnxExportError, match="differs from torch by up to .*not cached"):
         ensure_onnx_export(packaged_minilm_encoder(), tmp_path)
     assert [p.name for p in (tmp_path / "encoders").iterdir() if not p.name.endswith(".lock")] == []

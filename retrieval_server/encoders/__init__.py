@@ -1,0 +1,113 @@
+"""Sentence encoders described by an :class:`EncoderConfig` (E5, BGE, any sentence-transformers model).
+
+The pooling is built explicitly from the config (rather than trusting whatever a
+checkpoint ships with) so that the manifest's description *is* the computation.
+
+Two backends compute the same vectors: :class:`SentenceEncoder` (torch, the GPU
+path and the reference; :mod:`.torch_encoder`) and :class:`OnnxEncoder` (ONNX
+Runtime for CPU replicas; :mod:`.onnx_runtime`): the torch model exported once by
+:mod:`.onnx_export`, with its pooling and normalisation inside the graph, refused
+unless it matches torch to :data:`ONNX_TOLERANCE`. :mod:`.fingerprint` says which
+checkpoint an index or an export was made with. :func:`load_query_encoder` picks a
+server replica's backend.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from retrieval_server.config import EncoderConfig
+from retrieval_server.encoders.fingerprint import describe, model_fingerprint, weights_stamp
+from retrieval_server.encoders.onnx_export import (
+    ONNX_EXPORT_FORMAT,
+    ONNX_OPSET,
+    ONNX_TOLERANCE,
+    PROBE_TEXTS,
+    ensure_onnx_export,
+    export_onnx,
+    max_abs_difference,
+    onnx_cache_key,
+    onnx_export_dir,
+    quantize_onnx,
+)
+from retrieval_server.encoders.onnx_runtime import (
+    MIN_QUERIES_PER_THREAD,
+    ONNX_OUTPUT,
+    RUN_OVERHEAD_TOKENS,
+    OnnxEncoder,
+    OnnxExportError,
+    plan_runs,
+)
+from retrieval_server.encoders.torch_encoder import SentenceEncoder, resolve_device
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "MIN_QUERIES_PER_THREAD",
+    "ONNX_EXPORT_FORMAT",
+    "ONNX_OPSET",
+    "ONNX_OUTPUT",
+    "ONNX_TOLERANCE",
+    "PROBE_TEXTS",
+    "RUN_OVERHEAD_TOKENS",
+    "OnnxEncoder",
+    "OnnxExportError",
+    "SentenceEncoder",
+    "describe",
+    "ensure_onnx_export",
+    "export_onnx",
+    "load_query_encoder",
+    "max_abs_difference",
+    "model_fingerprint",
+    "onnx_cache_key",
+    "onnx_export_dir",
+    "plan_runs",
+    "quantize_onnx",
+    "resolve_device",
+    "weights_stamp",
+]
+
+
+def _require_onnxruntime() -> None:
+    # Checked before anything is exported: without it the export could not even be verified.
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError as err:
+        raise ImportError(
+            "the onnx encoder backends need onnxruntime: pip install onnxruntime onnx (both in verl-evidence[serve])"
+        ) from err
+
+
+def load_query_encoder(
+    config: EncoderConfig,
+    backend: str = "torch",
+    device: str | None = None,
+    index_dir: Path | None = None,
+    threads: int = 1,
+) -> SentenceEncoder | OnnxEncoder:
+    """The query encoder of a server replica.
+
+    ``backend``: torch | onnx | onnx-int8 | auto (onnx on CPU, torch on GPU).
+    """
+    on_cpu = resolve_device(device) == "cpu"
+    if backend == "auto":
+        if not on_cpu:
+            return SentenceEncoder(config, device=device)
+        try:
+            _require_onnxruntime()
+            return OnnxEncoder(ensure_onnx_export(config, index_dir), config, threads=threads)
+        except (ImportError, OnnxExportError) as err:  # onnxruntime not installed, or a model it cannot export
+            logger.warning("ONNX encoder unavailable (%s); using torch", err)
+            return SentenceEncoder(config, device=device)
+    if backend == "torch":
+        return SentenceEncoder(config, device=device)
+    if backend not in ("onnx", "onnx-int8"):
+        raise ValueError(f"unknown encoder backend {backend!r}: torch, onnx, onnx-int8 or auto")
+    if not on_cpu:
+        raise ValueError(
+            f"encoder backend {backend!r} runs on CPU, but device is {resolve_device(device)!r}; torch is the GPU path"
+        )
+    _require_onnxruntime()
+    quantized = backend == "onnx-int8"
+    return OnnxEncoder(ensure_onnx_export(config, index_dir, quantized), config, quantized=quantized, threads=threads)
