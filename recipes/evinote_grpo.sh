@@ -11,9 +11,20 @@ MODEL="${MODEL:-qwen2.5-7b}"; ve_model_preset
 GPUS_PER_NODE="${GPUS_PER_NODE:-8}"
 TRAIN_FILES="${TRAIN_FILES:-data/evinote/train.parquet}"; VAL_FILES="${VAL_FILES:-data/evinote/test.parquet}"
 EXPERIMENT="${EXPERIMENT:-evinote-grpo-$MODEL}"
-LR="${LR:-1e-5}"; KL_COEF="${KL_COEF:-0.001}"; CLIP="${CLIP:-0.2}"; GROUP_SIZE="${GROUP_SIZE:-4}"
-BATCH="${BATCH:-600}"; MINI_BATCH="${MINI_BATCH:-300}"; EPOCHS="${EPOCHS:-1}"; TEMPERATURE="${TEMPERATURE:-1.0}"
-PROMPT_LEN="${PROMPT_LEN:-1024}"; RESPONSE_LEN="${RESPONSE_LEN:-4096}"; MAX_SEARCHES="${MAX_SEARCHES:-5}"; TOPK="${TOPK:-3}"
+# Sources: [paper] EviNote-RAG §4.4; [S-R1] Search-R1's released train_grpo.sh, which EviNote builds on; [ours] no
+# paper gives it, the reason follows. search_r1_baseline.sh uses these same values so the two compare like for like.
+LR="${LR:-1e-5}"                  # [paper]
+TEMPERATURE="${TEMPERATURE:-1.0}" # [paper]
+BATCH="${BATCH:-600}"             # [paper] prompts per step
+GROUP_SIZE="${GROUP_SIZE:-4}"     # [paper] rollouts per prompt
+MAX_SEARCHES="${MAX_SEARCHES:-5}" # [paper] retrievals per question
+KL_COEF="${KL_COEF:-0.001}"       # [S-R1] low_var_kl loss
+TOPK="${TOPK:-3}"                 # [S-R1] passages per search
+MINI_BATCH="${MINI_BATCH:-300}"   # [ours] two updates per step, as Search-R1's 512/256
+CLIP="${CLIP:-0.2}"               # [ours] the standard PPO/GRPO epsilon (EviNote's Eq. 5 leaves it unset)
+EPOCHS="${EPOCHS:-1}"             # [ours] one pass over NQ+HotpotQA train (~170k questions, ~280 steps)
+PROMPT_LEN="${PROMPT_LEN:-1024}"  # [ours] instructions + question, longest bundled/NQ/HotpotQA prompt well under
+RESPONSE_LEN="${RESPONSE_LEN:-4096}" # [ours] the whole trajectory: 5 searches x (query + 3 passages + note) + answer
 NLI_MODEL="${NLI_MODEL:-typeform/distilbert-base-uncased-mnli}"; NLI_NUM_GPUS="${NLI_NUM_GPUS:-0}"
 
 ve_retrieval_server
@@ -24,6 +35,7 @@ ve_run --config-path="$VE_PRESETS" --config-name="${PRESET:-evinote_grpo}" "${CO
   data.train_batch_size="$BATCH" data.max_prompt_length="$PROMPT_LEN" data.max_response_length="$RESPONSE_LEN" \
   actor_rollout_ref.actor.optim.lr="$LR" actor_rollout_ref.actor.ppo_mini_batch_size="$MINI_BATCH" \
   actor_rollout_ref.actor.clip_ratio="$CLIP" actor_rollout_ref.actor.use_kl_loss=true \
+  actor_rollout_ref.actor.clip_ratio_low="$CLIP" actor_rollout_ref.actor.clip_ratio_high="$CLIP" \
   actor_rollout_ref.actor.kl_loss_coef="$KL_COEF" actor_rollout_ref.actor.kl_loss_type=low_var_kl \
   actor_rollout_ref.rollout.n="$GROUP_SIZE" actor_rollout_ref.rollout.temperature="$TEMPERATURE" \
   "${SEARCH_ARGS[@]}" \

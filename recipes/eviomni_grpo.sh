@@ -13,10 +13,16 @@ GPUS_PER_NODE="${GPUS_PER_NODE:-${RECIPE_GPUS_PER_NODE:-8}}"
 DATA_DIR="${RECIPE_DATA:-data/eviomni}"
 TRAIN_FILES="${TRAIN_FILES:-$DATA_DIR/train.parquet}"; VAL_FILES="${VAL_FILES:-$DATA_DIR/test.parquet}"
 EXPERIMENT="${EXPERIMENT:-${RECIPE_NAME:-eviomni-grpo}-$MODEL}"
-LR="${LR:-1e-6}"; KL_COEF="${KL_COEF:-0.01}"; CLIP="${CLIP:-0.2}"; EPS_STD="${EPS_STD:-0.1}"
-GROUP_SIZE="${GROUP_SIZE:-8}"; BATCH="${BATCH:-128}"; MINI_BATCH="${MINI_BATCH:-64}"; EPOCHS="${EPOCHS:-1}"
-PROMPT_LEN="${PROMPT_LEN:-2048}"; RESPONSE_LEN="${RESPONSE_LEN:-768}"; TEMPERATURE="${TEMPERATURE:-1.0}"
-L1="${L1:-0.8}"; L2="${L2:-0.1}"; L3="${L3:-0.1}"; OMEGA="${OMEGA:-0.9}"; TAU="${TAU:-0.5}"; GAMMA="${GAMMA:-0.5}"
+# Sources: [paper] EviOmni Appendix A (LEAR reports the same settings); [ours] no paper gives it, the reason follows.
+LR="${LR:-1e-6}"; KL_COEF="${KL_COEF:-0.01}"; CLIP="${CLIP:-0.2}"; EPS_STD="${EPS_STD:-0.1}"  # [paper]
+EPOCHS="${EPOCHS:-1}"; TEMPERATURE="${TEMPERATURE:-1.0}"  # [paper] 1 epoch on NQ; [ours] verl's sampling default
+GROUP_SIZE="${GROUP_SIZE:-8}"     # [ours] enough samples for a reward spread within a group at 1.5-7B
+BATCH="${BATCH:-128}"             # [ours] ~600 steps over NQ's 79k questions
+MINI_BATCH="${MINI_BATCH:-64}"    # [ours] two updates per step
+PROMPT_LEN="${PROMPT_LEN:-2048}"  # [ours] question + top-5 100-word passages (~900 tokens) with room
+RESPONSE_LEN="${RESPONSE_LEN:-768}" # [ours] the paper's generation limit in its latency test (Table 5)
+L1="${L1:-0.8}"; L2="${L2:-0.1}"; L3="${L3:-0.1}"; OMEGA="${OMEGA:-0.9}"  # [paper]
+TAU="${TAU:-0.5}"; GAMMA="${GAMMA:-0.5}"  # [paper] from its grids {0.1,0.2,0.5,1} / {0.1,0.3,0.5,0.8,1}
 VARIANT="${VARIANT:-eviomni}"; PRESET="${PRESET:-eviomni_grpo}"
 
 ve_common_overrides
@@ -25,6 +31,7 @@ ve_run --config-path="$VE_PRESETS" --config-name="$PRESET" "${COMMON_ARGS[@]}" \
   data.train_batch_size="$BATCH" data.max_prompt_length="$PROMPT_LEN" data.max_response_length="$RESPONSE_LEN" \
   actor_rollout_ref.actor.optim.lr="$LR" actor_rollout_ref.actor.ppo_mini_batch_size="$MINI_BATCH" \
   actor_rollout_ref.actor.clip_ratio="$CLIP" actor_rollout_ref.actor.use_kl_loss=true \
+  actor_rollout_ref.actor.clip_ratio_low="$CLIP" actor_rollout_ref.actor.clip_ratio_high="$CLIP" \
   actor_rollout_ref.actor.kl_loss_coef="$KL_COEF" actor_rollout_ref.actor.kl_loss_type=low_var_kl \
   actor_rollout_ref.rollout.n="$GROUP_SIZE" actor_rollout_ref.rollout.temperature="$TEMPERATURE" \
   ++reward.reward_kwargs.variant="$VARIANT" ++reward.reward_kwargs.l1="$L1" ++reward.reward_kwargs.l2="$L2" \

@@ -4,8 +4,10 @@ Run as a script in a FRESH interpreter (the tests do): ``import verl`` then load
 the ``verl.plugins`` entry points exactly as the trainer does, so a manager,
 estimator or agent loop that only registers when imported by hand is caught.
 
-stdin: JSON list of ``{"argv": [trainer argv after "-m verl.trainer.main_ppo"]}``.
-stdout: JSON list of per-command reports (``ok`` plus the resolved names, or ``error``).
+stdin: JSON list of ``{"argv": [trainer argv after "-m verl.trainer.main_ppo"], "score": [samples]}``
+(``score`` optional: each sample ``{response, ground_truth, extra_info}`` is scored by the composed config's own
+reward manager, built by verl's ``RewardLoopWorker`` as the trainer builds it).
+stdout: JSON list of per-command reports (``ok`` plus the resolved names and ``scores``, or ``error``).
 """
 
 from __future__ import annotations
@@ -70,7 +72,45 @@ def check_loop_settings(rollout_config) -> list[str]:
     return sorted(custom)
 
 
-def check(argv: list[str]) -> dict:
+def score_samples(cfg, samples: list[dict]) -> list[dict[str, float]]:
+    """Score samples with the reward manager the composed config selects, through verl's RewardLoopWorker.
+
+    Only the tokenizer path changes (the tiny tokenizer: no hub download); every reward setting is the recipe's.
+    """
+    import asyncio
+    import tempfile
+
+    from omegaconf import open_dict
+    from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+
+    from verl_evidence.eval.scoring import build_reward_dataproto, numeric_components
+    from verl_evidence.testing import save_tiny_tokenizer, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    with open_dict(cfg):
+        cfg.actor_rollout_ref.model.path = str(save_tiny_tokenizer(tempfile.mkdtemp(prefix="compose_check_tok_")))
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)  # verl's managers cache the thread's loop when built
+    try:
+        worker = RewardLoopWorker(cfg)
+        scores = []
+        for sample in samples:
+            row = {
+                "data_source": sample.get("data_source", "nq"),
+                "reward_model": {"style": "rule", "ground_truth": sample["ground_truth"]},
+                "extra_info": sample.get("extra_info", {}),
+                "raw_prompt": [{"role": "user", "content": sample.get("prompt", "Question?")}],
+            }
+            data = build_reward_dataproto(
+                tokenizer.encode(sample.get("prompt", "Question?")), tokenizer.encode(sample["response"]), row, {}, 1
+            )
+            scores.append(numeric_components(loop.run_until_complete(worker.compute_score(data))))
+        return scores
+    finally:
+        loop.close()
+
+
+def check(argv: list[str], samples: list[dict] | None = None) -> dict:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
     from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
@@ -117,6 +157,7 @@ def check(argv: list[str]) -> dict:
         "agent_loop_target": _agent_loop_registry[loop]["_target_"],
         "tools": tools,
         "config": OmegaConf.to_container(cfg, resolve=True),
+        "scores": score_samples(cfg, samples) if samples else [],
     }
 
 
@@ -142,7 +183,7 @@ def main() -> None:
     with contextlib.redirect_stdout(sys.stderr):  # verl prints progress; stdout carries only the JSON
         for job in json.load(sys.stdin):
             try:
-                reports.append(check(job["argv"]))
+                reports.append(check(job["argv"], job.get("score")))
             except Exception as err:  # report every command, not just the first failure
                 reports.append({"ok": False, "error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()})
     json.dump(reports, sys.stdout, default=str)

@@ -54,10 +54,12 @@ def overrides(argv: list[str]) -> dict[str, str]:
     return dict(pairs)
 
 
-def compose(jobs: list[list[str]], **env: str) -> list[dict]:
+def compose(jobs: list[list[str]], samples: dict[int, list[dict]] | None = None, **env: str) -> list[dict]:
+    """Compose each trainer argv; ``samples[i]``: score these with job i's reward manager too."""
+    samples = samples or {}
     result = subprocess.run(
         [sys.executable, str(Path(__file__).with_name("compose_check.py"))],
-        input=json.dumps([{"argv": argv} for argv in jobs]),
+        input=json.dumps([{"argv": argv, "score": samples.get(i)} for i, argv in enumerate(jobs)]),
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -75,7 +77,20 @@ VARIANTS = {
     "grace_manager": ("grace_dapo.sh", ["reward_preset=grace"], {}),
     "tool_agent": ("search_r1_baseline.sh", [], {"ROLLOUT_PRESET": "tool_agent"}),
     "renamed": ("eviomni_grpo.sh", ["reward.reward_manager.name=grace"], {}),
+    "clip": ("evinote_grpo.sh", [], {"CLIP": "0.27"}),
 }
+# A perfect GRACE answer on an answerable question: 0.5 + 1 + alpha + beta, so 6.5 in training (alpha 2, beta 3)
+# and 3.5 on a validation row (alpha = beta = 1), whatever training weights the preset passes.
+GRACE_EVIDENCE = "The Blue Nile and the White Nile meet at Khartoum."
+GRACE_SAMPLE = {
+    "response": f"<evidence>{GRACE_EVIDENCE}</evidence><answer>Khartoum</answer>",
+    "ground_truth": {"target": ["Khartoum"], "evidence": [GRACE_EVIDENCE], "answerable": True},
+}
+GRACE_SAMPLES = [
+    {**GRACE_SAMPLE, "extra_info": {"split": "train", "validate": False}},
+    {**GRACE_SAMPLE, "extra_info": {"split": "test", "validate": True}},
+]
+SCORED = {"grace_dapo.sh": GRACE_SAMPLES, "grace_manager": GRACE_SAMPLES}
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +98,8 @@ def composed() -> dict[str, dict]:
     argvs = {script: trainer_argv(dry_run(script).stdout) for script in SCRIPTS}
     for name, (script, args, env) in VARIANTS.items():
         argvs[name] = trainer_argv(dry_run(script, *args, **env).stdout)
-    reports = compose(list(argvs.values()))
+    names = list(argvs)
+    reports = compose(list(argvs.values()), {names.index(name): SCORED[name] for name in SCORED})
     return dict(zip(argvs, reports, strict=True))
 
 
@@ -160,6 +176,31 @@ def test_paper_hyperparameters_in_commands() -> None:
     assert evinote["actor_rollout_ref.rollout.custom.evidence_search.max_turns"] == "6"  # 5 searches + answer
 
 
+def test_search_r1_baseline_trains_in_evinotes_setup() -> None:
+    """Only the reward (and the note it rewards) differ, so the comparison the EviNote paper makes is not confounded."""
+    evinote = overrides(trainer_argv(dry_run("evinote_grpo.sh").stdout))
+    baseline = overrides(trainer_argv(dry_run("search_r1_baseline.sh").stdout))
+    shared = [
+        "actor_rollout_ref.actor.optim.lr", "actor_rollout_ref.rollout.n", "data.train_batch_size",
+        "actor_rollout_ref.actor.ppo_mini_batch_size", "data.max_prompt_length", "data.max_response_length",
+        "actor_rollout_ref.rollout.custom.evidence_search.max_turns", "actor_rollout_ref.rollout.custom.evidence_search.topk",
+        "actor_rollout_ref.actor.kl_loss_coef", "actor_rollout_ref.actor.clip_ratio_high",
+        "actor_rollout_ref.rollout.temperature", "trainer.total_epochs", "actor_rollout_ref.model.path",
+    ]
+    assert {key: baseline[key] for key in shared} == {key: evinote[key] for key in shared}
+    assert (baseline["actor_rollout_ref.actor.optim.lr"], baseline["data.train_batch_size"]) == ("1e-5", "600")
+    for script in ("evinote_grpo.sh", "search_r1_baseline.sh", "eviomni_grpo.sh", "grace_dapo.sh"):
+        text = (RECIPES / script).read_text()
+        assert "[paper]" in text or "paper's" in text, f"{script}: no value names its source"
+
+
+def test_evinote_preset_exposes_its_gate_values() -> None:
+    import yaml
+
+    preset = yaml.safe_load((RECIPES / "presets" / "reward_preset" / "evinote.yaml").read_text())
+    assert (preset["reward_kwargs"]["correct_reward"], preset["reward_kwargs"]["note_reward"]) == (1.0, 0.1)
+
+
 def test_environment_and_hydra_arguments_override() -> None:
     result = dry_run("eviomni_grpo.sh", "trainer.total_epochs=3", "reward_preset=grace", LR="3e-6", MODEL="llama3.1-8b")
     argv = trainer_argv(result.stdout)
@@ -226,6 +267,33 @@ def test_composed_values(composed: dict[str, dict]) -> None:
     assert grace["reward"]["reward_kwargs"]["overlong_buffer_cfg"]["enable"] is True
     assert composed["search_r1_baseline.sh"]["custom_reward_fn"] is True
     assert composed["evinote_grpo.sh"]["config"]["reward"]["reward_kwargs"]["nli_model"]
+
+
+@pytest.mark.slow  # the composition subprocess (verl + Hydra, every recipe)
+@pytest.mark.timeout(600)  # its own limit
+@pytest.mark.parametrize("variant", ["grace_dapo.sh", "grace_manager"])
+def test_grace_validation_scores_with_alpha_beta_one_through_the_preset(composed: dict[str, dict], variant: str) -> None:
+    """Both GRACE presets pass alpha=2, beta=3; a validation row still scores with alpha = beta = 1."""
+    report = composed[variant]
+    assert report["ok"], report.get("trace") or report
+    kwargs = report["config"]["reward"]
+    kwargs = kwargs["custom_reward_function"].get("reward_kwargs") or kwargs["reward_kwargs"]
+    assert (kwargs["alpha"], kwargs["beta"]) == (2.0, 3.0)  # the training weights do reach the score
+    train, validation = report["scores"]
+    assert train["score"] == pytest.approx(6.5) and validation["score"] == pytest.approx(3.5), report["scores"]
+
+
+@pytest.mark.slow  # the composition subprocess (verl + Hydra, every recipe)
+@pytest.mark.timeout(600)  # its own limit
+def test_clip_reaches_the_ratios_verls_loss_reads(composed: dict[str, dict]) -> None:
+    """verl 0.9.1's policy loss reads clip_ratio_low/high (clip_ratio only as their fallback when null)."""
+    default = composed["evinote_grpo.sh"]["config"]["actor_rollout_ref"]["actor"]
+    changed = composed["clip"]["config"]["actor_rollout_ref"]["actor"]
+    assert (default["clip_ratio_low"], default["clip_ratio_high"]) == (0.2, 0.2)
+    assert (changed["clip_ratio_low"], changed["clip_ratio_high"], changed["clip_ratio"]) == (0.27, 0.27, 0.27)
+    for script in ("eviomni_grpo.sh", "search_r1_baseline.sh"):
+        actor = overrides(trainer_argv(dry_run(script, CLIP="0.31").stdout))
+        assert actor["actor_rollout_ref.actor.clip_ratio_low"] == actor["actor_rollout_ref.actor.clip_ratio_high"] == "0.31"
 
 
 @pytest.mark.slow  # the composition subprocess (verl + Hydra, every recipe)

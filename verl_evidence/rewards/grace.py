@@ -154,8 +154,21 @@ def _truthy(value: Any) -> bool:
     return bool(value) if isinstance(value, (bool, int)) else False
 
 
+# Keyword overrides per mode. The training code's alpha/beta (2, 3) are training weights: a preset passing them must
+# not also change validation, which the paper scores with alpha = beta = 1 (``validation_alpha``/``_beta`` do).
+SHARED_FIELDS = ("format_reward", "path_reward")
+MODE_FIELDS = {
+    "train": {"alpha": "alpha", "beta": "beta"},
+    "validation": {"validation_alpha": "alpha", "validation_beta": "beta"},
+}
+
+
 def config_from_kwargs(kwargs: dict[str, Any], extra_info: dict | None = None) -> GraceConfig:
-    """Mode defaults (``mode`` kwarg, else ``extra_info["validate"]``, else train) plus field overrides."""
+    """Mode defaults (``mode`` kwarg, else ``extra_info["validate"]``, else train) plus that mode's overrides.
+
+    ``format_reward`` / ``path_reward`` apply in both modes; ``alpha`` / ``beta`` only in training, and
+    ``validation_alpha`` / ``validation_beta`` only in validation.
+    """
     mode = kwargs.get("mode")
     if mode is None:
         mode = "validation" if extra_info and _truthy(extra_info.get("validate")) else "train"
@@ -163,11 +176,9 @@ def config_from_kwargs(kwargs: dict[str, Any], extra_info: dict | None = None) -
     if key not in MODES:
         raise ValueError(f"unknown GRACE mode {mode!r}; choose train or validation")
     base = MODES[key]
-    overrides = {
-        name: float(kwargs[name])
-        for name in ("format_reward", "path_reward", "alpha", "beta")
-        if kwargs.get(name) is not None
-    }
+    names = {name: name for name in SHARED_FIELDS}
+    names.update(MODE_FIELDS["validation" if base is GRACE_VALIDATION else "train"])
+    overrides = {field: float(kwargs[name]) for name, field in names.items() if kwargs.get(name) is not None}
     if not overrides:
         return base
     return GraceConfig(**{**base.__dict__, **overrides})
@@ -184,8 +195,9 @@ def compute_score(
 
     ``ground_truth``: ``{"target": [...], "evidence": [...], "answerable": bool}``
     (``answerable`` absent: derived from ``evidence`` being non-empty).
-    ``kwargs``: ``mode`` = train | validation, and ``alpha``, ``beta``,
-    ``format_reward``, ``path_reward`` overrides. verl 0.9.1 does not tell a
+    ``kwargs``: ``mode`` = train | validation, ``format_reward`` / ``path_reward``
+    overrides, ``alpha`` / ``beta`` (training only) and ``validation_alpha`` /
+    ``validation_beta`` (validation only). verl 0.9.1 does not tell a
     custom reward function whether it is validating (the flag stays in the
     batch's ``meta_info``); a truthy ``extra_info["validate"]``, if a reward
     manager or dataset puts one there, selects the validation defaults.
