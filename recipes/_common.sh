@@ -28,7 +28,9 @@ usage: $(basename "$0") [--dry-run] [--smoke] [--no-server] [hydra.key=value ...
 
 Environment: MODEL (qwen2.5-1.5b|qwen2.5-3b|qwen2.5-7b|qwen3-4b|qwen3-8b|llama3.2-3b|llama3.1-8b),
 MODEL_PATH, NNODES, GPUS_PER_NODE, TP, TRAIN_FILES, VAL_FILES, RETRIEVAL_URL, START_SERVER,
-SERVER_ARGS, SERVER_WAIT (600 s), SERVER_FIRST (1: start the trainer only once the server answers) and every hyperparameter named at the top of the recipe. See docs/recipes.md.
+SERVER_ARGS, SERVER_WAIT (600 s), SERVER_FIRST (1: start the trainer only once the server answers),
+ALLOW_DEMO_CORPUS (1: train on the bundled demo corpus when neither RETRIEVAL_URL nor SERVER_ARGS="--index-dir ..."
+names an index) and every hyperparameter named at the top of the recipe. See docs/recipes.md.
 EOF
 }
 
@@ -49,7 +51,7 @@ ve_parse_args() {
   done
 }
 
-# --smoke: debug the recipe on CPU (verl_evidence.cpu_mode): same presets and trainer, tiny warmed-up policy,
+# --smoke: debug the recipe on CPU (verl_evidence.local.cpu_mode): same presets and trainer, tiny warmed-up policy,
 # data prepared from the bundled set, 2 steps. Only fills variables the user has not set. Call it right after
 # ve_parse_args with the method name (eviomni|lear|evinote|search_r1|grace|evipath_sft).
 ve_smoke() {
@@ -60,7 +62,7 @@ ve_smoke() {
   # The retrieval server command lives beside the interpreter (a venv need not be activated).
   PATH="$(dirname "$(command -v "$VE_PYTHON")"):$PATH"
   echo "# smoke run on CPU: preparing the tiny policy and the $method data (cached after the first run)" >&2
-  prepared="$("$VE_PYTHON" -m verl_evidence.smoke prepare "$method")" || exit 1
+  prepared="$("$VE_PYTHON" -m verl_evidence.local.smoke prepare "$method")" || exit 1
   local name value
   while IFS='=' read -r name value; do
     [ -n "$name" ] || continue
@@ -102,7 +104,7 @@ ve_smoke() {
     +actor_rollout_ref.model.override_config.attn_implementation=sdpa
     actor_rollout_ref.model.enable_gradient_checkpointing=false
     actor_rollout_ref.rollout.calculate_log_probs=true
-    # the search recipes: observation cut as the warm-up saw it (verl_evidence.smoke.SMOKE_MAX_OBS_TOKENS)
+    # the search recipes: observation cut as the warm-up saw it (verl_evidence.local.smoke.settings.SMOKE_MAX_OBS_TOKENS)
     ++actor_rollout_ref.rollout.custom.evidence_search.max_obs_tokens="${MAX_OBS_TOKENS:-256}"
     trainer.total_training_steps="${SMOKE_STEPS:-2}"
   )
@@ -169,7 +171,23 @@ ve_watch_server() {
 
 # Searching methods: use RETRIEVAL_URL if a server answers there, else start one
 # (SERVER_ARGS are passed to `verl-evidence serve`) and stop it when the recipe exits.
+# A run whose retrieval would be the bundled demo corpus (no RETRIEVAL_URL, no --index-dir in SERVER_ARGS) trains
+# on 322 passages without a word: refuse unless asked (ALLOW_DEMO_CORPUS=1). --smoke, make demo and the tests mean it;
+# --dry-run and Hydra's --cfg print a warning instead, as they train nothing.
+ve_demo_corpus_guard() {
+  if [ "$SMOKE" = 1 ] || [ "${ALLOW_DEMO_CORPUS:-0}" = 1 ] || [ -n "${RETRIEVAL_URL:-}" ]; then return 0; fi
+  if [[ " ${SERVER_ARGS:-} " == *" --index-dir"* ]]; then return 0; fi
+  local problem="this run would retrieve from the bundled demo corpus (322 passages): RETRIEVAL_URL is unset and"
+  problem="$problem SERVER_ARGS has no --index-dir. Point it at your index: RETRIEVAL_URL=http://<host>:<port> (a"
+  problem="$problem running server) or SERVER_ARGS=\"--index-dir /path/to/index\"; ALLOW_DEMO_CORPUS=1 trains on"
+  problem="$problem the demo corpus anyway"
+  if [ "$DRY_RUN" = 1 ] || [ "${#HYDRA_FLAGS[@]}" -gt 0 ]; then echo "# warning: $problem" >&2; return 0; fi
+  echo "error: $problem" >&2
+  exit 2
+}
+
 ve_retrieval_server() {
+  ve_demo_corpus_guard
   RETRIEVAL_URL="${RETRIEVAL_URL:-http://127.0.0.1:${RETRIEVAL_PORT:-8000}}"
   export VERL_EVIDENCE_RETRIEVAL_URL="$RETRIEVAL_URL"  # read by the search tool in every Ray worker
   local hostport="${RETRIEVAL_URL#*://}"

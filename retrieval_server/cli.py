@@ -57,6 +57,12 @@ def serve(
     from retrieval_server.config import ServerConfig
     from retrieval_server.launch import ensure_bundled_index, start_server
 
+    if index_dir is None:  # said first: a training run against this server would learn from 322 passages
+        typer.echo(
+            "serving the bundled DEMO corpus (322 passages, for trying things out): pass --index-dir <index> "
+            "to serve your own (verl-evidence index build / adopt)",
+            err=True,
+        )
     logging.basicConfig(level=logging.INFO)
     resolved_index = index_dir if index_dir is not None else ensure_bundled_index()
     config = ServerConfig(

@@ -30,12 +30,21 @@ EXPECTED = {
 }
 
 
+# What decides whether a searching recipe would retrieve from the bundled demo corpus; cleared for every test run.
+RETRIEVAL_CHOICE = ("RETRIEVAL_URL", "SERVER_ARGS", "ALLOW_DEMO_CORPUS")
+
+
+def recipe_env(**env: str) -> dict[str, str]:
+    base = {key: value for key, value in os.environ.items() if key not in RETRIEVAL_CHOICE}
+    return {**base, "PYTHON": "python", **env}
+
+
 def dry_run(script: str, *args: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["bash", str(RECIPES / script), "--dry-run", *args],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHON": "python", **env},
+        env=recipe_env(**env),
         cwd=REPO,
         timeout=60,
     )
@@ -226,6 +235,46 @@ def test_searching_recipes_start_or_point_at_the_server() -> None:
     assert "serve" not in dry_run("grace_dapo.sh").stdout  # GRACE does not search
 
 
+@pytest.mark.parametrize("script", ["evinote_grpo.sh", "search_r1_baseline.sh"])
+def test_a_run_on_the_demo_corpus_refuses_unless_asked(script: str) -> None:
+    """No RETRIEVAL_URL, no --index-dir: the run would train on 322 bundled passages; it stops before anything starts."""
+    refused = subprocess.run(
+        ["bash", str(RECIPES / script)], capture_output=True, text=True, cwd=REPO, timeout=60,
+        env=recipe_env(PYTHON=sys.executable),
+    )
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "bundled demo corpus" in refused.stderr and "RETRIEVAL_URL=" in refused.stderr
+    assert 'SERVER_ARGS="--index-dir' in refused.stderr and "ALLOW_DEMO_CORPUS=1" in refused.stderr
+    assert "# trainer:" not in refused.stdout and "# retrieval server" not in refused.stdout
+    # A dry run trains nothing: it warns and prints the commands.
+    warned = dry_run(script)
+    assert warned.returncode == 0 and "# warning: this run would retrieve from the bundled demo corpus" in warned.stderr
+    for env in ({"ALLOW_DEMO_CORPUS": "1"}, {"SERVER_ARGS": "--method bm25 --index-dir /idx"}, {"RETRIEVAL_URL": "http://h:1"}):
+        chosen = dry_run(script, **env)
+        assert chosen.returncode == 0 and "demo corpus" not in chosen.stderr, (env, chosen.stderr)
+
+
+def test_smoke_runs_may_use_the_demo_corpus() -> None:
+    script = f'source {RECIPES}/_common.sh; ve_parse_args "$@"; ve_demo_corpus_guard; echo passed'
+    run = ["bash", "-c", script, "guard"]
+    smoke = subprocess.run([*run, "--smoke"], capture_output=True, text=True, env=recipe_env(), timeout=60)
+    assert smoke.stdout.strip() == "passed" and not smoke.stderr, smoke.stderr
+    training = subprocess.run(run, capture_output=True, text=True, env=recipe_env(), timeout=60)
+    assert training.returncode == 2 and "passed" not in training.stdout  # the same check, outside --smoke
+
+
+@pytest.mark.slow  # runs the serve CLI (builds the bundled index on first use)
+def test_serve_without_an_index_says_it_serves_the_demo_corpus_first() -> None:
+    # --replicas 0 fails the server's own settings check after the notice and before Ray starts: nothing to stop.
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("verl-evidence")), "serve", "--replicas", "0"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode != 0
+    assert "serving the bundled DEMO corpus (322 passages" in result.stderr.splitlines()[0], result.stderr[:2000]
+    assert "--index-dir" in result.stderr.splitlines()[0]
+
+
 def test_bad_invocations_fail_clearly() -> None:
     unknown_model = dry_run("grace_dapo.sh", MODEL="gpt-9")
     assert unknown_model.returncode == 2 and "unknown MODEL=gpt-9" in unknown_model.stderr
@@ -414,7 +463,10 @@ PY
 # A trainer runs for longer than one poll of the watcher; this stand-in waits for it to see the server answer.
 [ -z "${{VE_WATCH_PID:-}}" ] || wait "$VE_WATCH_PID"
 """
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "SERVER_WAIT": "300", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env = {
+        **os.environ, "HF_HUB_OFFLINE": "1", "SERVER_WAIT": "300", "ALLOW_DEMO_CORPUS": "1",  # the bundled corpus, meant
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
     env.pop("VERL_EVIDENCE_RETRIEVAL_WAIT_S", None)
     if server_first:
         env["SERVER_FIRST"] = "1"
@@ -515,7 +567,7 @@ def test_unreachable_remote_server_fails_fast() -> None:
         text=True,
         cwd=REPO,
         timeout=120,
-        env={**os.environ, "PYTHON": sys.executable, "RETRIEVAL_URL": "http://127.0.0.2:9"},
+        env=recipe_env(PYTHON=sys.executable, RETRIEVAL_URL="http://127.0.0.2:9"),
     )
     assert result.returncode == 1
     assert "no retrieval server answers at http://127.0.0.2:9 and it is not this machine" in result.stderr
@@ -529,7 +581,7 @@ def smoke_dry_run(tmp_path: Path, script: str, method: str, *args: str, **prepar
     echoes = "; ".join(f"echo {name}={value}" for name, value in {**answer, **prepared}.items())
     python.write_text(
         "#!/usr/bin/env bash\n"
-        f'if [ "$*" = "-m verl_evidence.smoke prepare {method}" ]; then\n'
+        f'if [ "$*" = "-m verl_evidence.local.smoke prepare {method}" ]; then\n'
         f"  {echoes}\n"
         "  exit 0\nfi\nexit 9\n"
     )
@@ -556,9 +608,9 @@ def test_smoke_settings_win_over_a_wrappers_defaults(tmp_path: Path, script: str
 
 def test_smoke_method_settings_win_over_the_search_r1_recipes_defaults(tmp_path: Path) -> None:
     """The settings `smoke prepare search_r1` adds (batch, temperature) reach the trainer over the recipe's 512 / 1.0."""
-    from verl_evidence.smoke import METHOD_SETTINGS
+    from verl_evidence.local.smoke.settings import SMOKE_METHODS
 
-    settings = METHOD_SETTINGS["search_r1"]
+    settings = SMOKE_METHODS["search_r1"].settings
     assert settings["TEMPERATURE"] != "1.0" and settings["BATCH"] != "512"  # else this test proves nothing
     values = smoke_dry_run(tmp_path, "search_r1_baseline.sh", "search_r1", **settings)
     assert values["data.train_batch_size"] == settings["BATCH"]
@@ -568,9 +620,9 @@ def test_smoke_method_settings_win_over_the_search_r1_recipes_defaults(tmp_path:
 
 def test_smoke_prepare_entry_point_names_the_methods_on_bad_input(tmp_path: Path) -> None:
     env = {**os.environ, "VERL_EVIDENCE_SMOKE_DIR": str(tmp_path)}
-    run = [sys.executable, "-m", "verl_evidence.smoke"]
+    run = [sys.executable, "-m", "verl_evidence.local.smoke"]
     unknown = subprocess.run([*run, "prepare", "nope"], capture_output=True, text=True, env=env, timeout=120)
     assert unknown.returncode == 2 and "unknown smoke method 'nope'" in unknown.stderr, unknown.stderr
     assert "evinote" in unknown.stderr and not unknown.stdout
     usage = subprocess.run(run, capture_output=True, text=True, env=env, timeout=120)
-    assert usage.returncode == 2 and "usage: python -m verl_evidence.smoke prepare" in usage.stderr
+    assert usage.returncode == 2 and "usage: python -m verl_evidence.local.smoke prepare" in usage.stderr

@@ -109,6 +109,7 @@ def run_job(tmp_path: Path, ray: str, server: str = "hang", **env: str) -> tuple
         "SETUP": "true",
         "LOG_DIR": str(logs),
         "CHECK_INTERVAL": "0.2",
+        "SERVER_ARGS": "--index-dir /shared/index/wiki18",  # the stand-in server ignores it; no index: see below
         **env,
     }
     job_env.pop("DRY_RUN", None)
@@ -186,3 +187,20 @@ def test_deadlines_are_in_the_dry_run_free_of_side_effects(tmp_path):
 @pytest.mark.parametrize("variable", ["RAY_START_TIMEOUT", "RETRIEVAL_START_TIMEOUT", "CHECK_INTERVAL", "CHECK_TIMEOUT", "LOG_DIR"])
 def test_wait_settings_are_documented(variable):
     assert f"`{variable}`" in (REPO / "recipes" / "slurm" / "README.md").read_text()
+
+
+def test_job_that_would_serve_the_demo_corpus_refuses_before_starting_ray(tmp_path):
+    result, _ = run_job(tmp_path, ray="up", server="up", SERVER_ARGS="")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "would serve the bundled demo corpus" in result.stderr
+    assert 'SERVER_ARGS="--index-dir' in result.stderr and "RETRIEVAL_URL=" in result.stderr
+    assert "ray start" not in result.stdout and "trainer ran" not in result.stdout
+
+
+def test_job_asked_for_the_demo_corpus_or_given_a_server_runs(tmp_path):
+    allowed, _ = run_job(tmp_path / "allowed", ray="up", server="up", SERVER_ARGS="", ALLOW_DEMO_CORPUS="1")
+    assert allowed.returncode == 0 and "trainer ran" in allowed.stdout, allowed.stdout + allowed.stderr
+    given, _ = run_job(tmp_path / "given", ray="up", server="up", SERVER_ARGS="", RETRIEVAL_URL="http://10.1.2.3:8123")
+    assert given.returncode == 0, given.stdout + given.stderr
+    assert "verl-evidence serve" not in given.stdout  # the user's own server: none started
+    assert "RETRIEVAL_URL=http://10.1.2.3:8123 " in given.stdout
