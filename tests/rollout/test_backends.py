@@ -168,7 +168,7 @@ def test_search_loop_with_external_openai_extractor(base_config, search_url, ope
 
 @pytest.mark.slow  # the session's Ray Serve retrieval server
 def test_search_loop_survives_a_dead_extractor_endpoint(base_config, search_url, tokenizer):
-    from retrieval_server.launch import free_port
+    from retrieval_server.haproxy_front import free_port
 
     config = with_settings(
         base_config,

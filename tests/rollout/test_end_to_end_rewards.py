@@ -153,7 +153,7 @@ def test_grace_single_turn_strips_thinking(base_config, tokenizer, ray_session):
 
 
 def test_eviomni_row_without_passages_or_server_scores_zero_and_is_counted(base_config, tokenizer, ray_session):
-    from retrieval_server.launch import free_port
+    from retrieval_server.haproxy_front import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     config = with_settings(

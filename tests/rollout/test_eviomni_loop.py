@@ -131,7 +131,7 @@ def test_no_extract_block_means_no_continuation_and_zero_lengths(base_config, to
 
 
 def test_no_passages_and_no_server_is_kept_out_of_the_loss(base_config, tokenizer):
-    from retrieval_server.launch import free_port
+    from retrieval_server.haproxy_front import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     config = with_settings(

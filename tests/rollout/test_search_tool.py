@@ -13,7 +13,7 @@ from rollout_helpers import make_row, run_worker, unpad, with_settings
 
 import verl_evidence
 from retrieval_server.client import RetrievalClient
-from retrieval_server.launch import free_port
+from retrieval_server.haproxy_front import free_port
 from verl_evidence.local.backends import ScriptedBackend
 from verl_evidence.tools.search_settings import SearchSettings
 from verl_evidence.tools.search_tool import RateLimiter, SearchTool, shared_rate_limiter
