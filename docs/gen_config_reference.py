@@ -77,8 +77,12 @@ MEANINGS: dict[str, str] = {
     "search_loop.search_max_retries": "retries of a failed request (5xx, connection errors)",
     "search_loop.search_wait_for_server_s": "seconds to wait for the server's /health before the first search (null: env `VERL_EVIDENCE_RETRIEVAL_WAIT_S`, which a recipe sets when it starts its own server beside the trainer; else 0)",
     "search_loop.search_backoff": "retry backoff base, seconds (`backoff * 2**attempt`)",
-    "search_loop.search_max_concurrency": "requests in flight per worker process and URL",
-    "search_loop.search_requests_per_second": "rate limit per worker process and URL (null: none)",
+    "search_loop.search_failure_threshold": (
+        "stop the rollout when more than this share of a step's searches in one worker failed (1: never)"
+    ),
+    "search_loop.search_failure_min_searches": "searches of a step in one worker before the threshold can stop it",
+    "search_loop.search_max_concurrency": "requests in flight per worker process, server and limits",
+    "search_loop.search_requests_per_second": "rate limit per worker process, server and limits (null: none)",
     "search_loop.extractor": "evidence extractor: `none`, `policy` (same engine) or `openai` (endpoint)",
     "search_loop.extractor_prompt": "extractor prompt, `{question} {thought} {query} {passages}`",
     "search_loop.extractor_max_tokens": "extractor generation length",
@@ -94,6 +98,13 @@ MEANINGS: dict[str, str] = {
     "eviomni_loop.topk": "passages fetched from the server",
     "eviomni_loop.search_timeout": "seconds per retrieval request",
     "eviomni_loop.search_max_retries": "retries of a failed request",
+    "eviomni_loop.search_backoff": "retry backoff base, seconds (`backoff * 2**attempt`)",
+    "eviomni_loop.search_failure_threshold": (
+        "stop the rollout when more than this share of a step's searches in one worker failed (1: never)"
+    ),
+    "eviomni_loop.search_failure_min_searches": "searches of a step in one worker before the threshold can stop it",
+    "eviomni_loop.search_max_concurrency": "requests in flight per worker process, server and limits",
+    "eviomni_loop.search_requests_per_second": "rate limit per worker process, server and limits (null: none)",
     "eviomni_loop.search_wait_for_server_s": "seconds to wait for the server's /health before the first search (null: env `VERL_EVIDENCE_RETRIEVAL_WAIT_S`, else 0)",
     "eviomni_loop.masked_answer_max_tokens": "length of o_r and o_e",
     "eviomni_loop.masked_answer_temperature": "null: the rollout's sampling params; a number overrides",
@@ -105,9 +116,9 @@ MEANINGS: dict[str, str] = {
     "search_tool.max_retries": "retries of a failed request",
     "search_tool.backoff": "retry backoff base, seconds",
     "search_tool.token": "bearer token (null: env `VERL_EVIDENCE_RETRIEVAL_TOKEN`)",
-    "search_tool.max_concurrency": "requests in flight per worker process and URL",
-    "search_tool.requests_per_second": "rate limit per worker process and URL (null: none)",
-    "search_tool.burst": "token-bucket size (null: max(1, requests_per_second))",
+    "search_tool.max_concurrency": "requests in flight per worker process, server and limits",
+    "search_tool.requests_per_second": "rate limit per worker process, server and limits (null: none)",
+    "search_tool.burst": "requests let through at once, then the rate applies (null: max(1, requests_per_second))",
     "search_tool.wait_for_server_s": "seconds to wait for the server's /health before the first search (null: env `VERL_EVIDENCE_RETRIEVAL_WAIT_S`, else 0)",
     # retrieval_server.config.ServerConfig fields without a description
     "server.index_dir": "index directory written by `index build`",

@@ -43,6 +43,7 @@ from verl_evidence.agent_loops.common import (
 from verl_evidence.prompts import check_placeholders, load_prompt, render_prompt
 from verl_evidence.rewards.text import cut_at_stop, extract_last, strip_thinking
 from verl_evidence.tools.documents import document_ids, document_texts, format_documents
+from verl_evidence.tools.search_settings import LoopSearchFields
 from verl_evidence.tools.search_tool import SearchService
 
 logger = logging.getLogger(__name__)
@@ -72,17 +73,13 @@ def _extra_fields(question: str, **values: Any) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class EviOmniLoopSettings:
+class EviOmniLoopSettings(LoopSearchFields):
+    """Settings of ``eviomni``; search keys (the base class) fetch passages for rows without ``extra_info.passages``."""
+
+    topk: int = 5
     prompt: str = "eviomni_reason_extract"
     answer_prompt: str = "eviomni_answer"
     placeholder: str = "[hidden]"
-    # passages: from extra_info.passages when the row has them, else from the retrieval server
-    retrieval_url: str | None = None
-    topk: int = 5
-    search_timeout: float = 30.0
-    search_max_retries: int = 3
-    # seconds to wait for /health before the first search (None: env VERL_EVIDENCE_RETRIEVAL_WAIT_S, else 0)
-    search_wait_for_server_s: float | None = None
     masked_answer_max_tokens: int = 64
     # None: o_r / o_e use the rollout's sampling params; a number overrides the temperature
     masked_answer_temperature: float | None = None
@@ -126,26 +123,24 @@ class EviOmniAgentLoop(AgentLoopBase):
 
     def _search_service(self) -> SearchService:
         if self._search is None:
-            s = self.settings
-            self._search = SearchService(
-                retrieval_url=s.retrieval_url,
-                topk=s.topk,
-                timeout=s.search_timeout,
-                max_retries=s.search_max_retries,
-                retriever=self._retriever,
-                wait_for_server_s=s.search_wait_for_server_s,
-            )
+            self._search = SearchService(settings=self.settings.search_settings(), retriever=self._retriever)
         return self._search
 
-    async def _passages(self, kwargs: dict[str, Any], question: str) -> tuple[list[dict], str]:
+    async def _passages(self, kwargs: dict[str, Any], question: str) -> tuple[list[dict], str, bool]:
+        """The passages, what went wrong fetching them ("" if nothing), and whether the server was asked."""
         passages = row_passages(kwargs)
         if passages is not None:
-            return passages, ""
+            return passages, "", False
         try:
-            return (await self._search_service().search([question]))[0], ""
+            return (await self._search_service().search([question]))[0], "", True
         except (RetrievalError, ValueError) as err:
             logger.warning("eviomni: could not fetch passages for %r: %s", question, err)
-            return [], f"{type(err).__name__}: {err}"
+            return [], f"{type(err).__name__}: {err}", True
+
+    def _record_search(self, searched: bool, engine: EngineFields, failure: str) -> None:
+        """Count the search for the broken-server check, once a generation told the training step."""
+        if searched:
+            self._search_service().record(engine.fields.get("global_steps"), failure or None)
 
     def _system_messages(self, kwargs: dict[str, Any]) -> list[dict]:
         return [dict(m) for m in kwargs.get("raw_prompt", []) if dict(m).get("role") == "system"]
@@ -191,7 +186,7 @@ class EviOmniAgentLoop(AgentLoopBase):
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     async def _without_passages(
-        self, question: str, system: list[dict], engine: EngineFields, reason: str
+        self, question: str, system: list[dict], engine: EngineFields, retrieval_error: str, searched: bool
     ) -> AgentLoopOutput:
         """A row with no passages (none in the row, none retrieved): nothing to extract evidence from.
 
@@ -200,6 +195,7 @@ class EviOmniAgentLoop(AgentLoopBase):
         trained on); ``retrieval_failed`` = 1 makes the reward manager score it 0 with
         its reason and puts it in the step's metrics.
         """
+        reason = retrieval_error or "no passages"
         logger.warning("eviomni: no passages for %r (%s): trajectory kept out of the loss", question, reason)
         prompt_ids = await self.ct_build_initial_tokens(
             system + [{"role": "user", "content": render_prompt(self.prompt_template, question=question, passages="")}]
@@ -209,6 +205,7 @@ class EviOmniAgentLoop(AgentLoopBase):
             request_id=uuid4().hex, prompt_ids=prompt_ids, sampling_params={"temperature": 0.0, "max_tokens": 1}
         )
         engine.add(output)
+        self._record_search(searched, engine, retrieval_error)  # an empty answer is not a failed search
         eos = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.tokenizer.pad_token_id
         response_ids = list(output.token_ids)[:1] or [eos]
         fields = engine.merged_with(_extra_fields(question, retrieval_error=reason, retrieval_failed=1.0))
@@ -230,11 +227,11 @@ class EviOmniAgentLoop(AgentLoopBase):
         engine = EngineFields()  # weight versions etc. from every generation, as verl's trainer expects
         question = question_of(kwargs)
         with simple_timer("tool_calls", timing):
-            passages, retrieval_error = await self._passages(kwargs, question)
+            passages, retrieval_error, searched = await self._passages(kwargs, question)
         passages_text = format_documents(passages)
         system = self._system_messages(kwargs)
         if not passages:
-            return await self._without_passages(question, system, engine, retrieval_error or "no passages")
+            return await self._without_passages(question, system, engine, retrieval_error, searched)
         prompt_ids = await self.ct_build_initial_tokens(
             system
             + [
@@ -249,6 +246,7 @@ class EviOmniAgentLoop(AgentLoopBase):
         params = stop_sampling_params(sampling_params, self.rollout_name, ["</extract>"], self.response_length)
         with simple_timer("generate_sequences", timing):
             first_ids, first_logprobs = await self._generate(prompt_ids, params, "</extract>", priority, engine)
+        self._record_search(searched, engine, retrieval_error)
         first_text = self.tokenizer.decode(first_ids, skip_special_tokens=True)
         body = strip_thinking(first_text)
         rationale = extract_last(body, "reason") or ""

@@ -18,8 +18,12 @@ One trajectory, token by token::
 - Limits: ``max_turns`` generations, the rollout's ``response_length``,
   ``max_obs_tokens`` per observation; the last turn allows only an answer (a
   search there is not executed and the rollout ends).
-- Retrieval failures never raise: the observation says the search failed and
-  the count goes to ``extra_fields["search_errors"]``.
+- A retrieval failure becomes the observation "the search failed" and is
+  counted in ``extra_fields["search_errors"]``; but when most searches of a
+  training step in this worker fail (``search_failure_threshold`` after
+  ``search_failure_min_searches``), the rollout raises
+  :class:`~verl_evidence.tools.search_tool.RetrievalBrokenError` naming the
+  server and the last failure instead of training on failed searches.
 
 EviPath planners (``action_format: paper``, ``observation_role: user``,
 ``observation: executor``; presets in :data:`EVIPATH_SETTINGS`) run in the
@@ -64,6 +68,7 @@ from verl_evidence.evipath.protocol import (
 from verl_evidence.prompts import check_placeholders, load_prompt, render_prompt
 from verl_evidence.rewards.text import cut_at_stop, find_blocks
 from verl_evidence.tools.documents import document_ids, format_documents
+from verl_evidence.tools.search_settings import LoopSearchFields
 from verl_evidence.tools.search_tool import SearchService
 
 logger = logging.getLogger(__name__)
@@ -104,11 +109,9 @@ EVIPATH_SETTINGS: dict[str, dict[str, Any]] = {
 
 
 @dataclass(frozen=True)
-class SearchLoopSettings:
-    """Settings of ``evidence_search`` (see docs/rollouts.md for where to set them)."""
+class SearchLoopSettings(LoopSearchFields):
+    """Settings of ``evidence_search`` (see docs/rollouts.md for where to set them); search keys: the base class."""
 
-    retrieval_url: str | None = None
-    topk: int = 3
     max_turns: int = 6
     max_tokens_per_turn: int | None = None
     max_obs_tokens: int = 512
@@ -125,13 +128,6 @@ class SearchLoopSettings:
     invalid_action_feedback: str = SEARCH_INVALID_ACTION_FEEDBACK
     final_turn_notice: str = "\nNo searches are left: give your final answer now inside <answer> and </answer>.\n"
     search_failed_text: str = "The search failed: the search engine is unavailable. Continue with what you know."
-    search_timeout: float = 30.0
-    search_max_retries: int = 3
-    search_backoff: float = 0.5
-    # seconds to wait for /health before the first search (None: env VERL_EVIDENCE_RETRIEVAL_WAIT_S, else 0)
-    search_wait_for_server_s: float | None = None
-    search_max_concurrency: int = 64
-    search_requests_per_second: float | None = None
     # evidence extractor (EviOmni Algorithm 2): none | policy | openai
     extractor: str = "none"
     extractor_prompt: str = "evidence_extractor"
@@ -317,17 +313,7 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
             self.config, SearchLoopSettings, self.loop_name, settings
         )
         s = self.settings
-        self.search = SearchService(
-            retrieval_url=s.retrieval_url,
-            topk=s.topk,
-            timeout=s.search_timeout,
-            max_retries=s.search_max_retries,
-            backoff=s.search_backoff,
-            wait_for_server_s=s.search_wait_for_server_s,
-            max_concurrency=s.search_max_concurrency,
-            requests_per_second=s.search_requests_per_second,
-            retriever=retriever,
-        )
+        self.search = SearchService(settings=s.search_settings(), retriever=retriever)
         self.prompt_template = None
         if s.prompt:
             self.prompt_template = load_prompt(s.prompt)
@@ -386,15 +372,23 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
             text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
         return token_ids, text
 
-    async def _observe(self, query: str, question: str, turn_text: str, stats: dict) -> tuple[str, int, list[str]]:
-        """The observation text for one search, the raw passages' token count and the document ids."""
+    async def _observe(
+        self, query: str, question: str, turn_text: str, stats: dict, step: Any
+    ) -> tuple[str, int, list[str]]:
+        """The observation text for one search, the raw passages' token count and the document ids.
+
+        A failed search becomes an observation, unless most of training ``step``'s searches failed:
+        then :class:`RetrievalBrokenError` ends the rollout.
+        """
         try:
             with simple_timer("tool_calls", stats["timing"]):
                 results = (await self.search.search([query]))[0]
         except RetrievalError as err:
             logger.warning("evidence_search: retrieval failed for %r: %s", query, err)
             stats["search_errors"] += 1
+            self.search.record(step, f"{type(err).__name__}: {err}")
             return self.settings.search_failed_text, 0, []
+        self.search.record(step, None)
         ids = document_ids(results)
         documents = format_documents(results)
         raw_tokens = len(encode(self.tokenizer, documents))
@@ -503,7 +497,10 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
             if action is not None and not last_turn:
                 queries = action[1]
                 searches.extend(queries)
-                observed = await asyncio.gather(*(self._observe(q, question, turn_text, stats) for q in queries))
+                step = engine.fields.get("global_steps")  # the weight version of the turn that searched
+                observed = await asyncio.gather(
+                    *(self._observe(q, question, turn_text, stats, step) for q in queries)
+                )
                 texts = []
                 inline_ids: list[int] = []
                 for text, raw_tokens, ids in observed:

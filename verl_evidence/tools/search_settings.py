@@ -36,7 +36,8 @@ class SearchSettings(BaseModel):
     requests_per_second: float | None = Field(None, gt=0)
     burst: int | None = Field(None, ge=1)
     wait_for_server_s: float | None = None  # None: env VERL_EVIDENCE_RETRIEVAL_WAIT_S, else 0
-    # A step of one worker process whose failed share of searches exceeds this stops the rollout (1: never)...
+    # A training step whose failed share of searches in one worker process exceeds this stops the rollout
+    # (1: never; verl's ToolAgentLoop turns a tool's exception into text, so only our agent loops stop)...
     failure_threshold: float = Field(0.5, gt=0, le=1)
     # ...once it has made at least this many searches.
     failure_min_searches: int = Field(8, ge=1)

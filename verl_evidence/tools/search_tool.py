@@ -5,7 +5,8 @@ Two layers:
 - :class:`SearchService` — the retrieval client plus a rate limit shared by every
   caller in the process with the same server and limits (an asyncio semaphore
   bounding in-flight requests and aiolimiter's leaky bucket bounding requests
-  per second). The agent loops use it directly.
+  per second), and a count of each training step's failed searches that stops
+  the rollout when most of them fail. The agent loops use it directly.
 - :class:`SearchTool` — a verl ``BaseTool`` named ``search`` whose argument is a
   list of queries. It never raises into the rollout: a down server or
   malformed arguments come back to the model as a short error text.
@@ -17,7 +18,9 @@ Documents are shown as :mod:`verl_evidence.tools.documents` formats them.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import threading
 import time
 import weakref
 from typing import Any, Protocol
@@ -223,6 +226,10 @@ class SearchService:
     def wait_for_server_s(self) -> float:
         return self.settings.wait_for_server_s
 
+    def record(self, step: Any, failure: str | None) -> None:
+        """Count a search of training ``step`` for the broken-server check (:func:`record_search`)."""
+        record_search(self.settings, step, failure)
+
     async def search(self, queries: list[str], topk: int | None = None) -> list[list[dict]]:
         s = self.settings
         if self.retriever is None and s.wait_for_server_s > 0:
@@ -233,6 +240,63 @@ class SearchService:
         if len(results) != len(queries):
             raise RetrievalError(f"retrieval server answered {len(results)} result lists for {len(queries)} queries")
         return results
+
+
+class RetrievalBrokenError(RuntimeError):
+    """Most searches of a training step failed: the rollout stops instead of training the policy on failures.
+
+    Not a :class:`RetrievalError`: the loops turn those into observations, this one must end the run.
+    """
+
+
+@dataclasses.dataclass
+class _StepSearches:
+    searches: int = 0
+    failures: int = 0
+    last_failure: str = ""
+
+
+# (server URL, global step) -> this worker process's searches; a few recent steps are kept.
+_STEP_SEARCHES: dict[tuple[str, Any], _StepSearches] = {}
+_STEP_SEARCHES_KEPT = 32
+_STEP_LOCK = threading.Lock()
+
+
+def record_search(settings: SearchSettings, step: Any, failure: str | None) -> None:
+    """Count one search of ``step`` (``failure``: what went wrong, None if it succeeded).
+
+    Raises :class:`RetrievalBrokenError` once the step has made ``failure_min_searches`` searches in
+    this process and more than ``failure_threshold`` of them failed.
+    """
+    key = (settings.retrieval_url, step)
+    with _STEP_LOCK:
+        counts = _STEP_SEARCHES.pop(key, None) or _StepSearches()
+        _STEP_SEARCHES[key] = counts  # most recent last: the oldest steps are dropped first
+        while len(_STEP_SEARCHES) > _STEP_SEARCHES_KEPT:
+            del _STEP_SEARCHES[next(iter(_STEP_SEARCHES))]
+        counts.searches += 1
+        if failure is None:
+            return
+        counts.failures += 1
+        counts.last_failure = failure
+        if counts.searches < settings.failure_min_searches:
+            return
+        if counts.failures <= settings.failure_threshold * counts.searches:
+            return
+        searches, failures = counts.searches, counts.failures
+    raise RetrievalBrokenError(
+        f"retrieval server {settings.retrieval_url} failed {failures} of {searches} searches of training step "
+        f"{step} in this worker (more than {settings.failure_threshold:.0%}); last failure: {failure}. "
+        "Stopping rather than training on failed searches: check the server, or raise the loop's "
+        "search_failure_threshold (1 never stops)."
+    )
+
+
+def step_searches(url: str, step: Any) -> tuple[int, int]:
+    """``(searches, failures)`` this process counted for ``step`` at ``url``."""
+    with _STEP_LOCK:
+        counts = _STEP_SEARCHES.get((url.rstrip("/"), step)) or _StepSearches()
+        return counts.searches, counts.failures
 
 
 def parse_query_list(parameters: Any, max_queries: int) -> list[str]:
