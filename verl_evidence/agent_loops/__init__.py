@@ -41,6 +41,11 @@ def register_loop(name: str) -> None:
 
     The plugin registers when verl's agent-loop package has been imported. If one of our loop modules is
     what imported it, that module is still half-executed then: its registration is left to its own last line.
+
+    verl's ``register(name)`` does the registering, called here rather than as a class decorator: a decorator
+    runs when hydra first imports the module for a user's ``agent_loop_config_path`` entry of the same name
+    (a worker without our plugin) and would replace that entry, kwargs and all, for every later trajectory;
+    so the registry is read first and a user's entry is kept.
     """
     import importlib
     import sys

@@ -41,6 +41,7 @@ import asyncio
 import functools
 import logging
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 from uuid import uuid4
 
@@ -285,6 +286,46 @@ class _Trajectory:
         return len(ids)
 
 
+class TurnState(Enum):
+    """Where a trajectory is: the states of :meth:`EvidenceSearchAgentLoop.run`."""
+
+    GENERATING = "generating"  # the policy writes a turn
+    SEARCHING = "searching"  # the turn searched: run it, append the observation
+    CORRECTING = "correcting"  # the turn had no valid action: append the correction
+    TERMINATED = "terminated"
+
+
+class SearchAgentData:
+    """One trajectory's state, handed from handler to handler (verl's ``AgentData`` for the text-tag protocol)."""
+
+    def __init__(self, question: str, prompt_ids: list[int], response_length: int) -> None:
+        self.question = question
+        self.prompt_ids = prompt_ids
+        self.request_id = uuid4().hex
+        self.traj = _Trajectory(response_length)
+        self.engine = EngineFields()  # weight versions etc. from every policy turn, as verl's trainer expects
+        self.timing: dict[str, float] = {}
+        self.turn = 0  # index of the policy turn being written (or last written)
+        self.turn_ids: list[int] = []  # that turn's kept tokens and text
+        self.turn_text = ""
+        self.queries: list[str] = []  # that turn's searches
+        self.generations = 0
+        self.policy_texts: list[str] = []
+        self.searches: list[str] = []
+        self.retrieved_ids: list[list[str]] = []
+        self.context_tokens = 0
+        self.raw_context_tokens = 0
+        self.observation_messages = 0
+        self.invalid_actions = 0
+        self.search_errors = 0
+        self.extractor_failures = 0
+        self.termination = "max_turns"
+
+    def end(self, termination: str) -> TurnState:
+        self.termination = termination
+        return TurnState.TERMINATED
+
+
 class EvidenceSearchAgentLoop(AgentLoopBase):
     """Search-R1 / EviNote text-tag search loop; registered as ``evidence_search``."""
 
@@ -372,40 +413,6 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
             text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
         return token_ids, text
 
-    async def _observe(
-        self, query: str, question: str, turn_text: str, stats: dict, step: Any
-    ) -> tuple[str, int, list[str]]:
-        """The observation text for one search, the raw passages' token count and the document ids.
-
-        A failed search becomes an observation, unless most of training ``step``'s searches failed:
-        then :class:`RetrievalBrokenError` ends the rollout.
-        """
-        try:
-            with simple_timer("tool_calls", stats["timing"]):
-                results = (await self.search.search([query]))[0]
-        except RetrievalError as err:
-            logger.warning("evidence_search: retrieval failed for %r: %s", query, err)
-            stats["search_errors"] += 1
-            self.search.record(step, f"{type(err).__name__}: {err}")
-            return self.settings.search_failed_text, 0, []
-        self.search.record(step, None)
-        ids = document_ids(results)
-        documents = format_documents(results)
-        raw_tokens = len(encode(self.tokenizer, documents))
-        if self.executor is not None:
-            contents = [r["document"]["contents"] for r in results]
-            answer = await self.executor.answer(query, contents, documents)
-            if not answer.ok:
-                stats["extractor_failures"] += 1
-            return answer.evidence, raw_tokens, ids
-        if self.extractor is None:
-            return documents, raw_tokens, ids
-        extraction = await self.extractor.extract(question, last_thought(turn_text), query, documents)
-        if not extraction.ok:
-            stats["extractor_failures"] += 1
-            return documents, raw_tokens, ids
-        return f"<evidence>{extraction.evidence}</evidence>", raw_tokens, ids
-
     def _user_turn(self, content: str, runtime_ids: list[int], turn_ids: list[int], traj: _Trajectory) -> list[int]:
         """Context tokens (mask 0) that close the assistant turn and add ``content`` as a user turn.
 
@@ -444,136 +451,163 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
         content = f"{user_content}\n{notice}" if notice else user_content
         return self._user_turn(content, runtime_ids, turn_ids, traj)
 
-    # -- the loop ---------------------------------------------------------------
+    # -- the loop: a state machine as verl's ToolAgentLoop (one handler per state) ------------------------
 
     @rollout_trace_op
     async def run(self, sampling_params: dict[str, Any], priority: int = 0, **kwargs) -> AgentLoopOutput:
-        s = self.settings
         question = question_of(kwargs)
         prompt_ids = await self.ct_build_initial_tokens(self._messages(kwargs, question))
-        request_id = uuid4().hex
-        traj = _Trajectory(self.response_length)
-        stats: dict[str, Any] = {
-            "timing": {},
-            "search_errors": 0,
-            "extractor_failures": 0,
-            "retrieved_ids": [],
-        }
-        searches: list[str] = []
-        policy_texts: list[str] = []
-        invalid_actions = 0
-        context_tokens = raw_context_tokens = 0
-        termination = "max_turns"
-        turns = 0
+        data = SearchAgentData(question, prompt_ids, self.response_length)
+        state = TurnState.GENERATING
+        while state is not TurnState.TERMINATED:
+            if state is TurnState.GENERATING:
+                state = await self._handle_generating(data, sampling_params, int(priority))
+            elif state is TurnState.SEARCHING:
+                state = await self._handle_searching(data)
+            elif state is TurnState.CORRECTING:
+                state = self._handle_correcting(data)
+            else:
+                raise AssertionError(f"no handler for {state}")
+        return self._output(data)
 
-        observation_messages = 0
-        engine = EngineFields()  # weight versions etc. from every policy turn, as verl's trainer expects
-        for turn in range(s.max_turns):
-            if traj.remaining <= 0:
-                termination = "response_length"
-                break
-            last_turn = turn == s.max_turns - 1
-            budget = traj.remaining if s.max_tokens_per_turn is None else min(traj.remaining, s.max_tokens_per_turn)
-            params = stop_sampling_params(sampling_params, self.rollout_name, s.stops, budget)
-            with simple_timer("generate_sequences", stats["timing"]):
-                output = await self.server_manager.generate(
-                    request_id=request_id,
-                    prompt_ids=prompt_ids + traj.ids,
-                    sampling_params=params,
-                    priority=int(priority),
-                )
-            engine.add(output)
-            turns += 1
-            token_ids, turn_text = self._policy_turn(list(output.token_ids)[:budget])
-            traj.add_policy(token_ids, output.log_probs[: len(token_ids)] if output.log_probs else None)
-            policy_texts.append(turn_text)
-            action = planner_action(turn_text, s.action_format)
-
-            if action is not None and action[0] == "answer":
-                termination = "answer"
-                break
-            if action is not None and not action[1]:
-                action = None  # a search without a query is not a search: correct it like any invalid action
-            if action is not None and not last_turn:
-                queries = action[1]
-                searches.extend(queries)
-                step = engine.fields.get("global_steps")  # the weight version of the turn that searched
-                observed = await asyncio.gather(
-                    *(self._observe(q, question, turn_text, stats, step) for q in queries)
-                )
-                texts = []
-                inline_ids: list[int] = []
-                for text, raw_tokens, ids in observed:
-                    stats["retrieved_ids"].append(ids)
-                    body = encode(self.tokenizer, text)
-                    if len(body) > s.max_obs_tokens:
-                        body = body[: s.max_obs_tokens]
-                        text = self.tokenizer.decode(body)
-                    texts.append(text)
-                    context_tokens += len(body)
-                    raw_context_tokens += raw_tokens
-                    inline_ids = body
-                if s.action_format == "search":
-                    user_content = information_text(texts[0])
-                    inline_ids = (
-                        encode_cached(self.tokenizer, INFORMATION_OPEN)
-                        + inline_ids
-                        + encode_cached(self.tokenizer, INFORMATION_CLOSE)
-                    )
-                else:
-                    user_content = observation_text(texts)
-                    inline_ids = encode(self.tokenizer, f"\n\n{user_content}\n\n")
-                observation_messages += 1
-                pieces = self._context(user_content, inline_ids, turn, prompt_ids + traj.ids, token_ids, traj)
-                if traj.add_context(pieces) < len(pieces):
-                    termination = "response_length"
-                    break
-                continue
-            if last_turn:
-                termination = "max_turns"
-                break
-            if traj.remaining <= 0:  # cut off mid-turn by the response budget
-                termination = "response_length"
-                break
-            # no action: EOS without an answer, or the per-turn cap reached mid-thought
-            invalid_actions += 1
-            feedback = s.feedback
-            pieces = self._context(
-                feedback.strip(), encode_cached(self.tokenizer, feedback), turn, prompt_ids + traj.ids, token_ids, traj
+    async def _handle_generating(self, data: SearchAgentData, sampling_params: dict[str, Any], priority: int):
+        """One policy turn; its first complete action decides what comes next."""
+        s, traj = self.settings, data.traj
+        if traj.remaining <= 0:
+            return data.end("response_length")
+        budget = traj.remaining if s.max_tokens_per_turn is None else min(traj.remaining, s.max_tokens_per_turn)
+        params = stop_sampling_params(sampling_params, self.rollout_name, s.stops, budget)
+        with simple_timer("generate_sequences", data.timing):
+            output = await self.server_manager.generate(
+                request_id=data.request_id,
+                prompt_ids=data.prompt_ids + traj.ids,
+                sampling_params=params,
+                priority=priority,
             )
-            if traj.add_context(pieces) < len(pieces):
-                termination = "response_length"
-                break
+        data.engine.add(output)
+        data.generations += 1
+        data.turn_ids, data.turn_text = self._policy_turn(list(output.token_ids)[:budget])
+        traj.add_policy(data.turn_ids, output.log_probs[: len(data.turn_ids)] if output.log_probs else None)
+        data.policy_texts.append(data.turn_text)
+        action = planner_action(data.turn_text, s.action_format)
+        if action is not None and action[0] == "answer":
+            return data.end("answer")
+        last_turn = data.turn == s.max_turns - 1
+        if action is not None and action[1] and not last_turn:  # a search without a query is an invalid action
+            data.queries = action[1]
+            return TurnState.SEARCHING
+        if last_turn:  # the last turn may only answer: a search there is not run
+            return data.end("max_turns")
+        if traj.remaining <= 0:  # cut off mid-turn by the response budget
+            return data.end("response_length")
+        return TurnState.CORRECTING  # EOS without an answer, or the per-turn cap reached mid-thought
 
-        policy_text = "".join(policy_texts)
-        summaries = find_blocks(policy_text, "summary")
-        extra_fields = engine.merged_with({
-            "question": question,
+    async def _handle_searching(self, data: SearchAgentData):
+        """Run the turn's searches and append their observation (mask 0)."""
+        s = self.settings
+        data.searches.extend(data.queries)
+        step = data.engine.fields.get("global_steps")  # the weight version of the turn that searched
+        observed = await asyncio.gather(*(self._observe(query, data, step) for query in data.queries))
+        texts = []
+        inline_ids: list[int] = []
+        for text, raw_tokens, ids in observed:
+            data.retrieved_ids.append(ids)
+            body = encode(self.tokenizer, text)
+            if len(body) > s.max_obs_tokens:
+                body = body[: s.max_obs_tokens]
+                text = self.tokenizer.decode(body)
+            texts.append(text)
+            data.context_tokens += len(body)
+            data.raw_context_tokens += raw_tokens
+            inline_ids = body
+        if s.action_format == "search":
+            user_content = information_text(texts[0])
+            opening, closing = (encode_cached(self.tokenizer, t) for t in (INFORMATION_OPEN, INFORMATION_CLOSE))
+            inline_ids = opening + inline_ids + closing
+        else:
+            user_content = observation_text(texts)
+            inline_ids = encode(self.tokenizer, f"\n\n{user_content}\n\n")
+        data.observation_messages += 1
+        return self._append_context(data, user_content, inline_ids)
+
+    def _handle_correcting(self, data: SearchAgentData):
+        """A turn without a valid action: append the correction (mask 0) and let the policy try again."""
+        data.invalid_actions += 1
+        feedback = self.settings.feedback
+        return self._append_context(data, feedback.strip(), encode_cached(self.tokenizer, feedback))
+
+    def _append_context(self, data: SearchAgentData, user_content: str, inline_ids: list[int]):
+        pieces = self._context(
+            user_content, inline_ids, data.turn, data.prompt_ids + data.traj.ids, data.turn_ids, data.traj
+        )
+        if data.traj.add_context(pieces) < len(pieces):
+            return data.end("response_length")
+        data.turn += 1
+        return TurnState.GENERATING
+
+    async def _observe(self, query: str, data: SearchAgentData, step: Any) -> tuple[str, int, list[str]]:
+        """The observation text for one search, the raw passages' token count and the document ids.
+
+        A failed search becomes an observation, unless most of training ``step``'s searches failed:
+        then :class:`RetrievalBrokenError` ends the rollout.
+        """
+        try:
+            with simple_timer("tool_calls", data.timing):
+                results = (await self.search.search([query]))[0]
+        except RetrievalError as err:
+            logger.warning("evidence_search: retrieval failed for %r: %s", query, err)
+            data.search_errors += 1
+            self.search.record(step, f"{type(err).__name__}: {err}")
+            return self.settings.search_failed_text, 0, []
+        self.search.record(step, None)
+        ids = document_ids(results)
+        documents = format_documents(results)
+        raw_tokens = len(encode(self.tokenizer, documents))
+        if self.executor is not None:
+            contents = [r["document"]["contents"] for r in results]
+            answer = await self.executor.answer(query, contents, documents)
+            if not answer.ok:
+                data.extractor_failures += 1
+            return answer.evidence, raw_tokens, ids
+        if self.extractor is None:
+            return documents, raw_tokens, ids
+        extraction = await self.extractor.extract(data.question, last_thought(data.turn_text), query, documents)
+        if not extraction.ok:
+            data.extractor_failures += 1
+            return documents, raw_tokens, ids
+        return f"<evidence>{extraction.evidence}</evidence>", raw_tokens, ids
+
+    def _output(self, data: SearchAgentData) -> AgentLoopOutput:
+        summaries = find_blocks("".join(data.policy_texts), "summary")
+        context_tokens, raw_context_tokens = data.context_tokens, data.raw_context_tokens
+        extra_fields = data.engine.merged_with({
+            "question": data.question,
             "summary_count": len(summaries),
             "last_summary": summaries[-1] if summaries else "",
-            "searches": searches,
-            "retrieved_ids": stats["retrieved_ids"],
-            "num_searches": len(searches),
+            "searches": data.searches,
+            "retrieved_ids": data.retrieved_ids,
+            "num_searches": len(data.searches),
             "context_tokens": context_tokens,
             "raw_context_tokens": raw_context_tokens,
             "compression_ratio": (raw_context_tokens / context_tokens) if context_tokens else 0.0,
-            "invalid_actions": invalid_actions,
-            "search_errors": stats["search_errors"],
-            "extractor_failures": stats["extractor_failures"],
-            "termination": termination,
+            "invalid_actions": data.invalid_actions,
+            "search_errors": data.search_errors,
+            "extractor_failures": data.extractor_failures,
+            "termination": data.termination,
             "turn_scores": [],
             "tool_rewards": [],
         })
         metrics = {
-            "generate_sequences": stats["timing"].get("generate_sequences", 0.0),
-            "tool_calls": stats["timing"].get("tool_calls", 0.0),
+            "generate_sequences": data.timing.get("generate_sequences", 0.0),
+            "tool_calls": data.timing.get("tool_calls", 0.0),
         }
+        traj, n = data.traj, self.response_length
         return AgentLoopOutput(
-            prompt_ids=prompt_ids,
-            response_ids=traj.ids[: self.response_length],
-            response_mask=traj.mask[: self.response_length],
-            response_logprobs=traj.logprobs[: self.response_length] if traj.has_logprobs else None,
-            num_turns=turns + observation_messages + invalid_actions + 1,
+            prompt_ids=data.prompt_ids,
+            response_ids=traj.ids[:n],
+            response_mask=traj.mask[:n],
+            response_logprobs=traj.logprobs[:n] if traj.has_logprobs else None,
+            num_turns=data.generations + data.observation_messages + data.invalid_actions + 1,
             metrics=metrics,
             extra_fields=extra_fields,
         )
@@ -583,7 +617,9 @@ __all__ = [
     "EVIPATH_SETTINGS",
     "LOOP_NAME",
     "EvidenceSearchAgentLoop",
+    "SearchAgentData",
     "SearchLoopSettings",
+    "TurnState",
     "assistant_turn_end_ids",
     "first_action",
     "planner_action",
