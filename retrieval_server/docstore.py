@@ -1,7 +1,11 @@
 """Passages in an Arrow IPC file, memory-mapped: the server holds only the pages it touches.
 
-Rows are in corpus order, so FAISS/BM25 row ids index the store directly and a
-whole batch of hits is fetched with one ``take``.
+Rows are in corpus order, so FAISS/BM25 row ids index the store directly. The file is a
+sequence of record batches, each bounded in rows and in bytes, so that no batch's 32-bit
+string offsets overflow however large the corpus (wiki-18 is ~14 GB of text). A lookup
+takes from each batch it needs and never concatenates batches: a ``Table.take`` across
+chunks would concatenate them, which fails past 2 GiB of text with ``string`` and copies
+the whole column per call with ``large_string`` (benchmarks/scale.py measures both).
 """
 
 from __future__ import annotations
@@ -48,57 +52,144 @@ def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
+# A batch closes at whichever limit comes first. 256 MiB keeps every string column far below the 2 GiB that
+# 32-bit offsets address, while batches stay few (wiki-18: ~60) so that a lookup's per-batch work stays small.
+ROWS_PER_BATCH = 65_536
+BYTES_PER_BATCH = 256 << 20
+
+
 def write_docstore(
-    corpus: Path, destination: Path, rows_per_batch: int = 65_536, on_rows: Callable[[int], None] | None = None
+    corpus: Path,
+    destination: Path,
+    rows_per_batch: int = ROWS_PER_BATCH,
+    on_rows: Callable[[int], None] | None = None,
+    bytes_per_batch: int = BYTES_PER_BATCH,
 ) -> int:
     """Stream the corpus into an uncompressed Arrow IPC file (mmap-able); returns the row count.
 
+    A record batch is written when it reaches ``rows_per_batch`` rows or ``bytes_per_batch`` bytes of text.
     ``on_rows(n)`` is called after every batch with the rows written so far (a progress bar; it may raise to stop).
+    A passage id that occurs twice is an error naming both rows.
     """
     tmp = destination.with_suffix(".tmp")
     count = 0
-    seen: set[str] = set()
+    id_hashes = _IdHashes()
     with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as writer:
         ids: list[str] = []
         texts: list[str] = []
-        for doc_id, contents in iter_corpus(corpus):
-            if doc_id in seen:
-                raise CorpusFormatError(f"{corpus}: duplicate passage id {doc_id!r}")
-            seen.add(doc_id)
-            ids.append(doc_id)
-            texts.append(contents)
-            if len(ids) >= rows_per_batch:
-                writer.write_batch(pa.record_batch([ids, texts], schema=SCHEMA))
-                count += len(ids)
-                ids, texts = [], []
-                if on_rows is not None:
-                    on_rows(count)
-        if ids:
+        batch_bytes = 0
+
+        def flush() -> None:
+            nonlocal count, ids, texts, batch_bytes
             writer.write_batch(pa.record_batch([ids, texts], schema=SCHEMA))
+            id_hashes.add(ids)
             count += len(ids)
+            ids, texts, batch_bytes = [], [], 0
             if on_rows is not None:
                 on_rows(count)
+
+        for doc_id, contents in iter_corpus(corpus):
+            ids.append(doc_id)
+            texts.append(contents)
+            batch_bytes += len(contents) + len(doc_id)  # characters: a lower bound of the UTF-8 bytes
+            if len(ids) >= rows_per_batch or batch_bytes >= bytes_per_batch:
+                flush()
+        if ids:
+            flush()
+    duplicate = id_hashes.first_duplicate(DocumentStore(tmp))
+    if duplicate is not None:
+        tmp.unlink(missing_ok=True)
+        doc_id, first, second = duplicate
+        raise CorpusFormatError(f"{corpus}: duplicate passage id {doc_id!r} (passages {first} and {second})")
     tmp.replace(destination)
     return count
+
+
+class _IdHashes:
+    """64-bit hashes of every id written, to find a duplicate id in ~8 bytes per passage.
+
+    A set of 21M Python strings would hold ~2 GB; sorted hashes hold 168 MB, and the few
+    equal hashes are checked against the ids themselves, so a hash collision is never reported.
+    """
+
+    def __init__(self) -> None:
+        self._parts: list[np.ndarray] = []
+
+    def add(self, ids: list[str]) -> None:
+        # Python's str hash is salted per process, which is fine: the hashes never leave this process.
+        self._parts.append(np.fromiter(map(hash, ids), dtype=np.int64, count=len(ids)))
+
+    def first_duplicate(self, store: DocumentStore) -> tuple[str, int, int] | None:
+        """(id, first row, second row) of the earliest repeated id, or None."""
+        if not self._parts:
+            return None
+        hashes = np.concatenate(self._parts)
+        order = np.argsort(hashes, kind="stable")
+        ordered = hashes[order]
+        same_as_next = np.flatnonzero(ordered[1:] == ordered[:-1])
+        if not len(same_as_next):
+            return None
+        found: tuple[str, int, int] | None = None
+        for position in same_as_next:
+            first, second = int(order[position]), int(order[position + 1])
+            first_id, second_id = (d["id"] for d in store.lookup(np.array([first, second])))
+            if first_id == second_id and (found is None or second < found[2]):
+                found = (first_id, first, second)
+        return found
 
 
 class DocumentStore:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self._source = pa.memory_map(str(self.path), "r")
-        self.table = pa.ipc.open_file(self._source).read_all()  # zero-copy views over the mapped file
+        reader = pa.ipc.open_file(self._source)
+        # Zero-copy views over the mapped file, one per record batch; never concatenated (see the module doc).
+        self._batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+        self._starts = np.cumsum([0] + [b.num_rows for b in self._batches], dtype=np.int64)
 
     def __len__(self) -> int:
-        return self.table.num_rows
+        return int(self._starts[-1])
+
+    @property
+    def num_batches(self) -> int:
+        return len(self._batches)
 
     def lookup(self, rows: np.ndarray) -> list[dict]:
-        """Documents ``{"id", "contents"}`` for a flat array of row ids, in that order, in one take."""
-        taken = self.table.take(pa.array(np.asarray(rows, dtype=np.int64)))
-        return [{"id": i, "contents": c} for i, c in zip(taken.column("id").to_pylist(), taken.column("contents").to_pylist())]
+        """Documents ``{"id", "contents"}`` for a flat array of row ids, in that order: one take per batch touched."""
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if len(rows) and (rows.min() < 0 or rows.max() >= len(self)):
+            raise IndexError(f"row ids must be in [0, {len(self)}) for {self.path}, got {rows.min()}..{rows.max()}")
+        documents: list[dict] = [None] * len(rows)  # type: ignore[list-item]
+        batch_of = np.searchsorted(self._starts, rows, side="right") - 1
+        order = np.argsort(batch_of, kind="stable")
+        sorted_batches = batch_of[order]
+        group_starts = np.flatnonzero(np.r_[True, sorted_batches[1:] != sorted_batches[:-1]]) if len(rows) else []
+        for begin, end in zip(group_starts, [*group_starts[1:], len(rows)]):
+            batch_index = int(sorted_batches[begin])
+            positions = order[begin:end]
+            taken = self._batches[batch_index].take(pa.array(rows[positions] - self._starts[batch_index]))
+            for position, doc_id, contents in zip(
+                positions.tolist(), taken.column(0).to_pylist(), taken.column(1).to_pylist()
+            ):
+                documents[position] = {"id": doc_id, "contents": contents}
+        return documents
 
     def lookup_one(self, row: int) -> dict:
         """Single-row lookup; the naive baseline of the benchmark uses this per hit."""
-        return {"id": self.table.column("id")[row].as_py(), "contents": self.table.column("contents")[row].as_py()}
+        batch_index = int(np.searchsorted(self._starts, row, side="right")) - 1
+        batch, local = self._batches[batch_index], row - int(self._starts[batch_index])
+        return {"id": batch.column(0)[local].as_py(), "contents": batch.column(1)[local].as_py()}
+
+    def iter_ids(self) -> Iterator[list[str]]:
+        """The passage ids, one list per record batch (all 21M of wiki-18 as one list would take ~1.5 GB)."""
+        for batch in self._batches:
+            yield batch.column(0).to_pylist()
+
+    def iter_contents(self) -> Iterator[list[str]]:
+        """The passages' texts, one list per record batch."""
+        for batch in self._batches:
+            yield batch.column(1).to_pylist()
 
     def ids(self) -> list[str]:
-        return self.table.column("id").to_pylist()
+        """Every passage id as one list: for small stores and tests; large callers use :meth:`iter_ids`."""
+        return [doc_id for ids in self.iter_ids() for doc_id in ids]
