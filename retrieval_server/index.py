@@ -157,8 +157,9 @@ def build_bm25(config: BuildConfig) -> None:
     from bm25s.tokenization import Tokenizer
 
     tokenizer = Tokenizer(stopwords="en")
-    texts = [contents for _, contents in iter_corpus(config.corpus)]
-    tokens = tokenizer.tokenize(texts, return_as="tuple", show_progress=False)
+    # Streamed from the corpus: wiki-18's 14 GB of text never sit in memory as strings, only their token ids.
+    stream = tokenizer.tokenize((contents for _, contents in iter_corpus(config.corpus)), return_as="stream")
+    tokens = tokenizer.to_tokenized_tuple(list(stream))
     retriever = bm25s.BM25()
     retriever.index(tokens, show_progress=False)
     tmp = config.output_dir / (BM25_DIR + ".tmp")
