@@ -404,11 +404,12 @@ def main() -> None:
     import ray
     from ray import serve
 
-    from retrieval_server.config import ServerConfig, bundled_qa_path
-    from retrieval_server.launch import ensure_bundled_index, start_server
+    from retrieval_server.config import ServerConfig
+    from retrieval_server.launch import ensure_index, start_server
     from retrieval_server.recall import load_qa
+    from verl_evidence.bundled import corpus_path as bundled_corpus_path, qa_path as bundled_qa_path
 
-    index_dir = ensure_bundled_index(show_progress=False)
+    index_dir = ensure_index(bundled_corpus_path(), show_progress=False)
     waited = time.time()
     while os.getloadavg()[0] >= args.max_load and time.time() - waited < 300:
         time.sleep(10)

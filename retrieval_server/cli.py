@@ -6,6 +6,8 @@ import json
 import logging
 import signal
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -17,9 +19,41 @@ app = typer.Typer(name="retrieval-server", help="Retrieval server for agentic RA
 index_app = typer.Typer(name="index", help="Build retrieval indexes and measure their recall.", no_args_is_help=True, pretty_exceptions_show_locals=False)
 
 
+@dataclass(frozen=True)
+class DefaultData:
+    """The corpus and QA set ``serve``, ``build`` and ``recall`` use when given none.
+
+    The server has no data of its own: ``retrieval-server`` asks for paths, and the
+    ``verl-evidence`` CLI gives its bundled set through :func:`register`. Callables,
+    so that a command that does not need them never looks them up.
+    """
+
+    corpus: Callable[[], Path] | None = None
+    qa: Callable[[], Path] | None = None
+    description: str = "the default corpus"
+
+
+def _default_data(ctx: typer.Context) -> DefaultData:
+    return ctx.obj if isinstance(ctx.obj, DefaultData) else DefaultData()
+
+
+def _default_corpus(ctx: typer.Context, option: str, advice: str) -> Path:
+    defaults = _default_data(ctx)
+    if defaults.corpus is None:
+        raise typer.BadParameter(f"this command has no default corpus: {advice}", param_hint=option)
+    return Path(defaults.corpus())
+
+
 def serve(
-    index_dir: Optional[Path] = typer.Option(None, help="Index directory (default: the bundled corpus's, built on first use)"),
-    corpus: Optional[Path] = typer.Option(None, help="Corpus JSONL; must match the index manifest"),
+    ctx: typer.Context,
+    index_dir: Optional[Path] = typer.Option(
+        None,
+        help="Index directory (default: a MiniLM index of --corpus, built on first use; "
+        "verl-evidence: of the bundled corpus)",
+    ),
+    corpus: Optional[Path] = typer.Option(
+        None, help="Corpus JSONL; must match the index manifest (without --index-dir: the corpus to serve)"
+    ),
     model: Optional[str] = typer.Option(None, help="Encoder model; must match the index manifest"),
     method: str = typer.Option("dense", help="dense | bm25 | hybrid"),
     topk: int = typer.Option(3, help="Default top-k when a request sends none"),
@@ -53,18 +87,21 @@ def serve(
     token: Optional[str] = typer.Option(None, envvar="RETRIEVAL_SERVER_TOKEN", help="Require 'Authorization: Bearer <token>'"),
     access_log: bool = typer.Option(False, help="Ray Serve's access log line per request (off: it costs CPU at high request rates)"),
 ) -> None:
-    """Serve /retrieve until interrupted. With no arguments: the bundled corpus with the packaged MiniLM on 127.0.0.1."""
+    """Serve /retrieve until interrupted. verl-evidence with no arguments: the bundled corpus, packaged MiniLM, 127.0.0.1."""
     from retrieval_server.config import ServerConfig
-    from retrieval_server.launch import ensure_bundled_index, start_server
+    from retrieval_server.launch import ensure_index, start_server
 
-    if index_dir is None:  # said first: a training run against this server would learn from 322 passages
+    served = corpus
+    if index_dir is None and corpus is None:
+        served = _default_corpus(ctx, "--index-dir", "pass an index, or --corpus to serve a MiniLM index built of it")
+        # Said first: a training run against this server would learn from the default corpus.
         typer.echo(
-            "serving the bundled DEMO corpus (322 passages, for trying things out): pass --index-dir <index> "
+            f"serving {_default_data(ctx).description}: pass --index-dir <index> "
             "to serve your own (verl-evidence index build / adopt)",
             err=True,
         )
     logging.basicConfig(level=logging.INFO)
-    resolved_index = index_dir if index_dir is not None else ensure_bundled_index()
+    resolved_index = index_dir if index_dir is not None else ensure_index(served)
     config = ServerConfig(
         index_dir=resolved_index, corpus=corpus, encoder_model=model, method=method, default_topk=topk,
         rerank_model=rerank_model, rerank_top_n=rerank_top_n, search_params=search_params, mmap_index=mmap_index, host=host, port=port, ingress=ingress,
@@ -92,8 +129,11 @@ def serve(
 
 
 def build(
-    corpus: Optional[Path] = typer.Option(None, help="FlashRAG JSONL corpus (default: the bundled one)"),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Index directory (default: the cache's bundled index)"),
+    ctx: typer.Context,
+    corpus: Optional[Path] = typer.Option(None, help="FlashRAG JSONL corpus (verl-evidence's default: the bundled one)"),
+    output: Optional[Path] = typer.Option(
+        None, "--output", "-o", help="Index directory (default: the corpus's MiniLM index in the cache)"
+    ),
     model: Optional[str] = typer.Option(None, help="Encoder (local path or hub name; default: packaged MiniLM)"),
     pooling: Optional[str] = typer.Option(None, help="mean | cls | auto (default: by model family)"),
     query_prefix: Optional[str] = typer.Option(None),
@@ -109,8 +149,9 @@ def build(
     device: Optional[str] = typer.Option(None),
 ) -> None:
     """Corpus -> encoded shards -> FAISS (+BM25) index with a manifest. Re-running resumes."""
-    from retrieval_server.config import BuildConfig, EncoderConfig, bundled_corpus_path, default_index_dir, packaged_minilm_encoder
+    from retrieval_server.config import BuildConfig, EncoderConfig, packaged_minilm_encoder
     from retrieval_server.index import build_index
+    from retrieval_server.launch import default_index_dir
 
     logging.basicConfig(level=logging.INFO)
     if model is None:
@@ -118,8 +159,9 @@ def build(
     else:
         overrides = {k: v for k, v in {"pooling": pooling, "query_prefix": query_prefix, "passage_prefix": passage_prefix}.items() if v is not None}
         encoder = EncoderConfig.for_model(model, max_length=max_length, **overrides)
+    corpus = corpus or _default_corpus(ctx, "--corpus", "pass the corpus to index")
     config = BuildConfig(
-        corpus=corpus or bundled_corpus_path(), output_dir=output or default_index_dir(), encoder=encoder,
+        corpus=corpus, output_dir=output or default_index_dir(corpus), encoder=encoder,
         index_factory=factory, shard_size=shard_size, train_sample=train_sample, encode_batch_size=batch_size, bm25=bm25, device=device,
     )  # fmt: skip
     manifest = build_index(config)
@@ -128,8 +170,13 @@ def build(
 
 
 def recall(
-    index_dir: Optional[Path] = typer.Option(None, help="Index directory (default: the bundled index, built if needed)"),
-    qa: Optional[Path] = typer.Option(None, help="QA JSONL with gold_passage_ids (default: the bundled qa.jsonl)"),
+    ctx: typer.Context,
+    index_dir: Optional[Path] = typer.Option(
+        None, help="Index directory (verl-evidence's default: the bundled corpus's, built if needed)"
+    ),
+    qa: Optional[Path] = typer.Option(
+        None, help="QA JSONL with gold_passage_ids (verl-evidence's default: the bundled qa.jsonl)"
+    ),
     k: list[int] = typer.Option([1, 3, 5, 10], "--k", help="Cut-offs"),
     method: str = typer.Option("dense", help="dense | bm25 | hybrid"),
 ) -> None:
@@ -137,11 +184,16 @@ def recall(
     from rich.console import Console
     from rich.table import Table
 
-    from retrieval_server.config import bundled_qa_path
-    from retrieval_server.launch import ensure_bundled_index
+    from retrieval_server.launch import ensure_index
     from retrieval_server.recall import recall_at_k
 
-    scores = recall_at_k(index_dir or ensure_bundled_index(), qa or bundled_qa_path(), ks=sorted(k), method=method)
+    if qa is None:
+        defaults = _default_data(ctx)
+        if defaults.qa is None:
+            raise typer.BadParameter("this command has no default QA set: pass one", param_hint="--qa")
+        qa = Path(defaults.qa())
+    index_dir = index_dir or ensure_index(_default_corpus(ctx, "--index-dir", "pass the index to measure"))
+    scores = recall_at_k(index_dir, qa, ks=sorted(k), method=method)
     table = Table(title=f"Recall of gold passages ({method}, {scores['questions']} questions)")
     table.add_column("k")
     table.add_column("recall (all gold)")
@@ -236,10 +288,11 @@ for _app in (app, index_app):
     _app.command("convert")(convert)
 
 
-def register(root: typer.Typer) -> None:
-    """Add ``serve`` and ``index {build,recall,adopt,convert}`` to the ``verl-evidence`` CLI."""
-    root.command("serve")(serve)
-    root.add_typer(index_app, name="index")
+def register(root: typer.Typer, defaults: DefaultData | None = None) -> None:
+    """Add ``serve`` and ``index {build,recall,adopt,convert}`` to another CLI (``verl-evidence``), with its data."""
+    settings = {"obj": defaults} if defaults is not None else None
+    root.command("serve", context_settings=settings)(serve)
+    root.add_typer(index_app, name="index", context_settings=settings)
 
 
 if __name__ == "__main__":

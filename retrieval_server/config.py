@@ -1,5 +1,8 @@
 """Configuration of the encoder, the index build and the server, plus default locations.
 
+Plain data: this module imports nothing else of the server (the encoders, the index
+and the launcher import it), and no corpus is built in (callers give the paths).
+
 Everything that decides *which vectors* an index holds lives in
 :class:`EncoderConfig` and is written into the index manifest, so a server can
 refuse to query an index with a different encoder than the one that built it.
@@ -62,43 +65,10 @@ def packaged_minilm_encoder() -> EncoderConfig:
     return EncoderConfig(model=packaged_minilm_path(), pooling="mean", normalize=True, max_length=256)
 
 
-def bundled_dir() -> Path:
-    import verl_evidence
-
-    return Path(verl_evidence.__file__).resolve().parent / "bundled"
-
-
-def bundled_corpus_path() -> Path:
-    return bundled_dir() / "corpus.jsonl"
-
-
-def bundled_qa_path() -> Path:
-    return bundled_dir() / "qa.jsonl"
-
-
 def cache_dir() -> Path:
     """``$VERL_EVIDENCE_CACHE`` or ``~/.cache/verl-evidence``."""
     env = os.environ.get("VERL_EVIDENCE_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "verl-evidence"
-
-
-def default_index_dir() -> Path:
-    """The cached index of the bundled corpus with the packaged MiniLM, named by their content.
-
-    Installs with the same corpus and model (a second clone, a rebuilt venv) share
-    one index; a different corpus or model version gets its own directory instead
-    of rebuilding one that another install's server may be reading.
-    """
-    import hashlib
-    import json
-
-    from retrieval_server.docstore import file_sha256
-    from retrieval_server.encoders import model_fingerprint
-
-    encoder = packaged_minilm_encoder()
-    settings = {k: v for k, v in encoder.model_dump().items() if k != "model"}
-    content = f"{file_sha256(bundled_corpus_path())} {model_fingerprint(encoder.model)} {json.dumps(settings, sort_keys=True)}"
-    return cache_dir() / "indexes" / f"bundled-minilm-flat-{hashlib.sha256(content.encode()).hexdigest()[:12]}"
 
 
 class BuildConfig(BaseModel):

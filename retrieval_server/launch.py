@@ -12,13 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from retrieval_server.config import (
-    BuildConfig,
-    ServerConfig,
-    bundled_corpus_path,
-    default_index_dir,
-    packaged_minilm_encoder,
-)
+from retrieval_server.config import BuildConfig, ServerConfig, cache_dir, packaged_minilm_encoder
 from retrieval_server.haproxy_front import (
     PortClaim,
     PortInUseError,
@@ -35,29 +29,51 @@ logger = logging.getLogger(__name__)
 # A port chosen here can still be taken by another program before the server binds it; such a
 # start is retried with fresh ports, this many times in all.
 START_ATTEMPTS = 3
-BUNDLED_BUILD_LOCK_TIMEOUT_S = 900.0
+# How long a start waits for another process building the same default index (two test runs, a demo and a server).
+INDEX_BUILD_LOCK_TIMEOUT_S = 900.0
 
 
-def ensure_bundled_index(index_dir: Path | None = None, show_progress: bool = True, bm25: bool = True) -> Path:
-    """Build the index of the bundled corpus with the packaged MiniLM unless an up-to-date one exists."""
+def default_index_dir(corpus: Path) -> Path:
+    """Where :func:`ensure_index` keeps the index of ``corpus``: named by the content of corpus and model.
+
+    ``<cache>/indexes/<corpus file stem>-minilm-flat-<key>``, the key a hash of the corpus, the packaged
+    MiniLM and its settings. Installs with the same corpus and model (a second clone, a rebuilt venv) share
+    one index; a different corpus or model version gets its own directory instead of rebuilding one that
+    another install's server may be reading.
+    """
+    import hashlib
+    import json
+
+    from retrieval_server.docstore import file_sha256
+    from retrieval_server.encoders.fingerprint import model_fingerprint
+
+    corpus = Path(corpus)
+    encoder = packaged_minilm_encoder()
+    settings = json.dumps({k: v for k, v in encoder.model_dump().items() if k != "model"}, sort_keys=True)
+    content = f"{file_sha256(corpus)} {model_fingerprint(encoder.model)} {settings}"
+    return cache_dir() / "indexes" / f"{corpus.stem}-minilm-flat-{hashlib.sha256(content.encode()).hexdigest()[:12]}"
+
+
+def ensure_index(corpus: Path, index_dir: Path | None = None, show_progress: bool = True, bm25: bool = True) -> Path:
+    """The Flat index of ``corpus`` with the packaged MiniLM, built unless an up-to-date one exists; its directory.
+
+    ``index_dir`` defaults to :func:`default_index_dir`.
+    """
     from retrieval_server.index import build_index
 
-    index_dir = Path(index_dir) if index_dir is not None else default_index_dir()
-    corpus = bundled_corpus_path()
-    if not corpus.exists():
-        raise FileNotFoundError(f"bundled corpus {corpus} is missing from the installed package")
-    build_index(
-        BuildConfig(corpus=corpus, output_dir=index_dir, encoder=packaged_minilm_encoder(), index_factory="Flat", bm25=bm25),
-        show_progress=show_progress,
-        lock_timeout_s=BUNDLED_BUILD_LOCK_TIMEOUT_S,
-    )
+    corpus = Path(corpus)
+    if not corpus.is_file():
+        raise FileNotFoundError(f"corpus {corpus} does not exist")
+    index_dir = Path(index_dir) if index_dir is not None else default_index_dir(corpus)
+    encoder = packaged_minilm_encoder()
+    build = BuildConfig(corpus=corpus, output_dir=index_dir, encoder=encoder, index_factory="Flat", bm25=bm25)
+    build_index(build, show_progress=show_progress, lock_timeout_s=INDEX_BUILD_LOCK_TIMEOUT_S)
     return index_dir
 
 
-def default_server_config(**overrides: object) -> ServerConfig:
-    """The embedded default: bundled corpus, packaged MiniLM, Flat index, 127.0.0.1."""
-    index_dir = ensure_bundled_index()
-    return ServerConfig(index_dir=index_dir, **overrides)
+def default_server_config(corpus: Path, **overrides: object) -> ServerConfig:
+    """A server of ``corpus`` with the packaged MiniLM (Flat index, built on first use) on 127.0.0.1."""
+    return ServerConfig(index_dir=ensure_index(corpus), **overrides)
 
 
 def resolve_ingress(config: ServerConfig) -> str:

@@ -74,9 +74,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def bundled_index_dir() -> Path:
     """Flat MiniLM index (+BM25) of ``verl_evidence/bundled/corpus.jsonl``, built on first use."""
-    from retrieval_server.launch import ensure_bundled_index
+    from retrieval_server.launch import ensure_index
+    from verl_evidence import bundled
 
-    return ensure_bundled_index(show_progress=False)
+    return ensure_index(bundled.corpus_path(), show_progress=False)
 
 
 @pytest.fixture(scope="session")

@@ -54,7 +54,21 @@ def _register_commands() -> None:
             if err.name != name:  # a real missing dependency inside the module: say so
                 raise
             continue
-        module.register(app)
+        if name == "retrieval_server.cli":
+            module.register(app, _bundled_server_data(module))  # the server has no data of its own: ours
+        else:
+            module.register(app)
+
+
+def _bundled_server_data(server_cli):
+    """What ``serve`` and ``index build/recall`` use when given no corpus, index or QA set: the bundled set."""
+    from verl_evidence import bundled
+
+    return server_cli.DefaultData(
+        corpus=bundled.corpus_path,
+        qa=bundled.qa_path,
+        description="the bundled DEMO corpus (322 passages, for trying things out)",
+    )
 
 
 _register_commands()

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from retrieval_server.adopt import AdoptionError, adopt_index, index_factory_of
-from retrieval_server.config import EncoderConfig, bundled_corpus_path, bundled_qa_path, packaged_minilm_path
+from retrieval_server.config import EncoderConfig, packaged_minilm_path
+from verl_evidence.bundled import corpus_path as bundled_corpus_path, qa_path as bundled_qa_path
 
 PASSAGES = 64  # MiniLM encodes ~34 passages/s on 2 cores
 SAMPLE = 16

@@ -19,8 +19,9 @@ import pytest
 from starlette.requests import Request
 
 from retrieval_server.client import RetrievalClient
-from retrieval_server.config import ServerConfig, bundled_qa_path
+from retrieval_server.config import ServerConfig
 from retrieval_server.recall import load_qa
+from verl_evidence.bundled import qa_path as bundled_qa_path
 
 pytestmark = pytest.mark.slow
 

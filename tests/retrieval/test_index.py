@@ -302,22 +302,22 @@ def test_index_outlives_the_model_copy_it_was_built_with(tmp_path, small_index):
 
 def test_bundled_cache_built_by_a_deleted_checkout_is_reused(tmp_path, monkeypatch, bundled_index_dir):
     """`verl-evidence serve` after the checkout that built the cache is gone: the cache is valid, not fatal."""
-    from retrieval_server.config import bundled_corpus_path, default_index_dir
-    from retrieval_server.launch import ensure_bundled_index
+    from retrieval_server.launch import default_index_dir, ensure_index
     from retrieval_server.search import check_server_config
+    from verl_evidence.bundled import corpus_path
 
     monkeypatch.setenv("VERL_EVIDENCE_CACHE", str(tmp_path / "cache"))
-    cache = default_index_dir()
+    cache = default_index_dir(corpus_path())
     shutil.copytree(bundled_index_dir, cache)
     manifest = _manifest(cache)
     manifest["corpus"]["path"] = "/gone/checkout/verl_evidence/bundled/corpus.jsonl"
     (cache / "manifest.json").write_text(json.dumps(manifest))
     dense_mtime = (cache / "dense.faiss").stat().st_mtime_ns
 
-    assert ensure_bundled_index(show_progress=False) == cache
+    assert ensure_index(corpus_path(), show_progress=False) == cache
     assert (cache / "dense.faiss").stat().st_mtime_ns == dense_mtime  # reused, not rebuilt
     checked, _ = check_server_config(ServerConfig(index_dir=cache))
-    assert checked["corpus"]["path"] == str(bundled_corpus_path())
+    assert checked["corpus"]["path"] == str(corpus_path())
 
 
 def test_a_stuck_builder_fails_the_wait_with_a_deadline(tmp_path):

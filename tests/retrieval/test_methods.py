@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from retrieval_server.config import ServerConfig, bundled_qa_path
+from retrieval_server.config import ServerConfig
 from retrieval_server.recall import load_qa, recall_at_k
 from retrieval_server.search import Retriever, reciprocal_rank_fusion
+from verl_evidence.bundled import corpus_path as bundled_corpus_path, qa_path as bundled_qa_path
 
 pytestmark = pytest.mark.slow
 
@@ -146,5 +147,19 @@ def test_build_command_passes_train_sample_and_factory(monkeypatch, tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert seen["config"].train_sample == 2_600_000 and seen["config"].index_factory == "IVF65536,PQ96"
+    assert seen["config"].corpus == bundled_corpus_path()  # verl-evidence gives the server its bundled corpus
     bad = CliRunner().invoke(app, ["index", "build", "-o", str(tmp_path), "--train-sample", "0"])
     assert bad.exit_code != 0
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [(["serve"], "--index-dir"), (["build"], "--corpus"), (["recall", "--index-dir", "idx"], "--qa")],
+)
+def test_the_server_alone_has_no_default_data_and_asks_for_paths(args, option):
+    """`retrieval-server` has no corpus of its own (only verl-evidence gives it one): it says what to pass."""
+    from retrieval_server.cli import app
+
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "250"})
+    assert result.exit_code == 2
+    assert f"Invalid value for {option}: this command has no default" in result.output, result.output

@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 
 from retrieval_server import encoders
-from retrieval_server.encoders import onnx_export
-from retrieval_server.config import ServerConfig, bundled_qa_path, packaged_minilm_encoder
+from retrieval_server.config import ServerConfig, packaged_minilm_encoder
 from retrieval_server.encoders import (
     ONNX_TOLERANCE,
     PROBE_TEXTS,
@@ -29,8 +28,10 @@ from retrieval_server.encoders import (
     max_abs_difference,
     onnx_cache_key,
 )
+from retrieval_server.encoders import onnx_export
 from retrieval_server.recall import load_qa
 from retrieval_server.search import Retriever
+from verl_evidence.bundled import qa_path as bundled_qa_path
 
 pytestmark = pytest.mark.slow  # loads the real MiniLM and exports it
 

@@ -71,7 +71,8 @@ def search_url(request) -> str:
     except pytest.FixtureLookupError:
         pass
     from retrieval_server.launch import default_server_config, start_server
+    from verl_evidence import bundled
 
-    handle = start_server(default_server_config(port=0), ray_num_cpus=2)
+    handle = start_server(default_server_config(bundled.corpus_path(), port=0), ray_num_cpus=2)
     request.addfinalizer(handle.shutdown)
     return handle.url

@@ -140,8 +140,9 @@ def open_session(
     handle = None
     if retrieval_url is None:
         from retrieval_server.launch import default_server_config, start_server
+        from verl_evidence import bundled
 
-        handle = start_server(default_server_config(port=0))
+        handle = start_server(default_server_config(bundled.corpus_path(), port=0))
         retrieval_url = handle.url
         notes.append(f"Retrieval: embedded default server (bundled corpus, packaged MiniLM, Flat index) at {retrieval_url}.")
     else:
