@@ -12,7 +12,7 @@ def test_document_formatting_and_templates_import_no_verl_torch_or_ray() -> None
         "import verl_evidence.tools.documents, verl_evidence.tools.search_settings, verl_evidence.dataprep.templates\n"
         "print(sorted(m for m in ('verl', 'torch', 'ray') if m in sys.modules))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
 

@@ -33,7 +33,7 @@ class SlowRetrievalServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802  (http.server's name)
+            def do_POST(self):  # http.server's name for it
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with lock:
                     server.arrivals.append(time.monotonic())

@@ -34,8 +34,8 @@ from retrieval_server.client import RetrievalError
 from verl_evidence.agent_loops.common import (
     EngineFields,
     encode,
-    message_text,
     loop_setup,
+    message_text,
     question_of,
     row_passages,
     stop_sampling_params,
@@ -292,16 +292,18 @@ class EviOmniAgentLoop(AgentLoopBase):
             response_ids += answer_ids
 
         response_ids = response_ids[: self.response_length]
-        extra_fields = engine.merged_with(_extra_fields(
-            question,
-            retrieved_ids=document_ids(passages),
-            eviomni_answer_r=answer_r,
-            eviomni_answer_e=answer_e,
-            eviomni_len_r=len(encode(self.tokenizer, rationale)) if rationale else 0,
-            eviomni_len_e=len(encode(self.tokenizer, evidence)) if evidence else 0,
-            eviomni_len_p=len(encode(self.tokenizer, passages_text)) if passages_text else 0,
-            retrieval_error=retrieval_error,
-        ))
+        extra_fields = engine.merged_with(
+            _extra_fields(
+                question,
+                retrieved_ids=document_ids(passages),
+                eviomni_answer_r=answer_r,
+                eviomni_answer_e=answer_e,
+                eviomni_len_r=len(encode(self.tokenizer, rationale)) if rationale else 0,
+                eviomni_len_e=len(encode(self.tokenizer, evidence)) if evidence else 0,
+                eviomni_len_p=len(encode(self.tokenizer, passages_text)) if passages_text else 0,
+                retrieval_error=retrieval_error,
+            )
+        )
         return AgentLoopOutput(
             prompt_ids=prompt_ids,
             response_ids=response_ids,
@@ -317,6 +319,6 @@ class EviOmniAgentLoop(AgentLoopBase):
 
 
 # Last, so the class exists: the plugin's registration skips this module while it is still importing.
-from verl_evidence.agent_loops import register_loop  # noqa: E402
+from verl_evidence.agent_loops import register_loop
 
 register_loop("eviomni")

@@ -426,9 +426,7 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
         done = next((k for k in range(len(closing), 0, -1) if turn_ids[-k:] == closing[:k]), 0)
         close = closing[done:]
         base = runtime_ids + close
-        merge = self.continuous_token_builder.merge_context_tokens(
-            [], [{"role": "user", "content": content}], base
-        )
+        merge = self.continuous_token_builder.merge_context_tokens([], [{"role": "user", "content": content}], base)
         keep = len(base) - merge.removed_prefix_token_count
         traj.drop_last(max(0, len(runtime_ids) - keep))
         return close[: max(0, keep - len(runtime_ids))] + merge.token_ids[keep:]
@@ -580,23 +578,25 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
     def _output(self, data: SearchAgentData) -> AgentLoopOutput:
         summaries = find_blocks("".join(data.policy_texts), "summary")
         context_tokens, raw_context_tokens = data.context_tokens, data.raw_context_tokens
-        extra_fields = data.engine.merged_with({
-            "question": data.question,
-            "summary_count": len(summaries),
-            "last_summary": summaries[-1] if summaries else "",
-            "searches": data.searches,
-            "retrieved_ids": data.retrieved_ids,
-            "num_searches": len(data.searches),
-            "context_tokens": context_tokens,
-            "raw_context_tokens": raw_context_tokens,
-            "compression_ratio": (raw_context_tokens / context_tokens) if context_tokens else 0.0,
-            "invalid_actions": data.invalid_actions,
-            "search_errors": data.search_errors,
-            "extractor_failures": data.extractor_failures,
-            "termination": data.termination,
-            "turn_scores": [],
-            "tool_rewards": [],
-        })
+        extra_fields = data.engine.merged_with(
+            {
+                "question": data.question,
+                "summary_count": len(summaries),
+                "last_summary": summaries[-1] if summaries else "",
+                "searches": data.searches,
+                "retrieved_ids": data.retrieved_ids,
+                "num_searches": len(data.searches),
+                "context_tokens": context_tokens,
+                "raw_context_tokens": raw_context_tokens,
+                "compression_ratio": (raw_context_tokens / context_tokens) if context_tokens else 0.0,
+                "invalid_actions": data.invalid_actions,
+                "search_errors": data.search_errors,
+                "extractor_failures": data.extractor_failures,
+                "termination": data.termination,
+                "turn_scores": [],
+                "tool_rewards": [],
+            }
+        )
         metrics = {
             "generate_sequences": data.timing.get("generate_sequences", 0.0),
             "tool_calls": data.timing.get("tool_calls", 0.0),
@@ -627,6 +627,6 @@ __all__ = [
 
 
 # Last, so the class exists: the plugin's registration skips this module while it is still importing.
-from verl_evidence.agent_loops import register_loop  # noqa: E402
+from verl_evidence.agent_loops import register_loop
 
 register_loop("evidence_search")
