@@ -169,8 +169,6 @@ ve_watch_server() {
   return 1
 }
 
-# Searching methods: use RETRIEVAL_URL if a server answers there, else start one
-# (SERVER_ARGS are passed to `verl-evidence serve`) and stop it when the recipe exits.
 # A run whose retrieval would be the bundled demo corpus (no RETRIEVAL_URL, no --index-dir in SERVER_ARGS) trains
 # on 322 passages without a word: refuse unless asked (ALLOW_DEMO_CORPUS=1). --smoke, make demo and the tests mean it;
 # --dry-run and Hydra's --cfg print a warning instead, as they train nothing.
@@ -186,6 +184,8 @@ ve_demo_corpus_guard() {
   exit 2
 }
 
+# Searching methods: use RETRIEVAL_URL if a server answers there, else plan to start one (SERVER_ARGS are passed to
+# `verl-evidence serve`). ve_run starts it after the pre-flight check, and it stops when the recipe exits.
 ve_retrieval_server() {
   ve_demo_corpus_guard
   RETRIEVAL_URL="${RETRIEVAL_URL:-http://127.0.0.1:${RETRIEVAL_PORT:-8000}}"
@@ -195,29 +195,38 @@ ve_retrieval_server() {
   local host="${hostport%%:*}" port="${hostport##*:}"
   [[ "$port" =~ ^[0-9]+$ ]] || port="${RETRIEVAL_PORT:-8000}"
   # shellcheck disable=SC2206  # SERVER_ARGS is a list of flags by design
-  local serve=(verl-evidence serve --port "$port" ${SERVER_ARGS:-})
+  VE_SERVE=(verl-evidence serve --port "$port" ${SERVER_ARGS:-})
+  VE_SERVER_PLANNED=0
   echo "# retrieval server: $RETRIEVAL_URL"
   if [ "$START_SERVER" = 0 ]; then return 0; fi
   if [ "$DRY_RUN" = 1 ]; then
     echo "# started beside the trainer unless a server already answers there (SERVER_FIRST=1: before it):"
-    ve_print "${serve[@]}"
+    ve_print "${VE_SERVE[@]}"
     return 0
   fi
   if ve_server_healthy "$RETRIEVAL_URL"; then return 0; fi
   case "$host" in
     127.0.0.1|localhost) ;;
-    "$(hostname)") serve+=(--host 0.0.0.0) ;;  # reachable by name from the other nodes
+    "$(hostname)") VE_SERVE+=(--host 0.0.0.0) ;;  # reachable by name from the other nodes
     *) echo "no retrieval server answers at $RETRIEVAL_URL and it is not this machine: start it there" >&2; exit 1 ;;
   esac
-  "${serve[@]}" &
+  VE_SERVER_PLANNED=1
+  if [ "${SERVER_FIRST:-0}" != 1 ]; then
+    # The trainer starts while the server loads its index (minutes for wiki-18), instead of after it: every
+    # rollout worker waits for /health before its first search, and a watcher stops the trainer if the server dies.
+    export VERL_EVIDENCE_RETRIEVAL_WAIT_S="${SERVER_WAIT:-600}"
+  fi
+}
+
+# Start the server ve_retrieval_server planned (none planned: nothing to do).
+ve_start_retrieval_server() {
+  [ "${VE_SERVER_PLANNED:-0}" = 1 ] || return 0
+  "${VE_SERVE[@]}" &
   VE_SERVER_PID=$!
   VE_WATCH_PID=""
   # The watcher is stopped first: a server this recipe stops on its way out has not "died before it answered".
   trap 'kill ${VE_WATCH_PID:+"$VE_WATCH_PID"} "$VE_SERVER_PID" 2>/dev/null || true' EXIT
   if [ "${SERVER_FIRST:-0}" != 1 ]; then
-    # The trainer starts while the server loads its index (minutes for wiki-18), instead of after it: every
-    # rollout worker waits for /health before its first search, and a watcher stops the trainer if the server dies.
-    export VERL_EVIDENCE_RETRIEVAL_WAIT_S="${SERVER_WAIT:-600}"
     ve_watch_server "$RETRIEVAL_URL" "$VE_SERVER_PID" "$$" &
     VE_WATCH_PID=$!
     return 0
@@ -225,7 +234,10 @@ ve_retrieval_server() {
   local waited=0
   until ve_server_healthy "$RETRIEVAL_URL"; do
     if ! kill -0 "$VE_SERVER_PID" 2>/dev/null; then echo "the retrieval server exited" >&2; exit 1; fi
-    if [ "$waited" -ge "${SERVER_WAIT:-600}" ]; then echo "no retrieval server at $RETRIEVAL_URL after ${waited}s" >&2; exit 1; fi
+    if [ "$waited" -ge "${SERVER_WAIT:-600}" ]; then
+      echo "no retrieval server at $RETRIEVAL_URL after ${waited}s" >&2
+      exit 1
+    fi
     sleep 1  # a cheap local probe: poll often, the trainer starts as soon as the server answers
     waited=$((waited + 1))
   done
@@ -285,11 +297,16 @@ ve_search_overrides() {
   fi
 }
 
-# Print the trainer command; run it unless --dry-run. Hydra overrides come last so they win.
+# Print the trainer command; run it unless --dry-run. Hydra overrides come last so they win. Before anything starts,
+# recipes/preflight.py checks that the reward, rollout and data fit (PREFLIGHT=0 skips it, at the user's word).
 ve_run() {
   local cmd=("$VE_PYTHON" -m verl.trainer.main_ppo "${HYDRA_FLAGS[@]}" "$@" "${SMOKE_ARGS[@]}" "${EXTRA_ARGS[@]}")
   echo "# trainer:"
   ve_print "${cmd[@]}"
   if [ "$DRY_RUN" = 1 ]; then return 0; fi
+  if [ "${#HYDRA_FLAGS[@]}" = 0 ] && [ "${PREFLIGHT:-1}" != 0 ]; then
+    "$VE_PYTHON" "$VE_RECIPES/preflight.py" "$@" "${SMOKE_ARGS[@]}" "${EXTRA_ARGS[@]}" || exit 2
+  fi
+  if [ "${#HYDRA_FLAGS[@]}" = 0 ]; then ve_start_retrieval_server; fi  # --cfg prints a config: no server needed
   "${cmd[@]}"
 }

@@ -450,6 +450,7 @@ source {RECIPES}/_common.sh
 ve_parse_args
 RETRIEVAL_PORT={port}
 ve_retrieval_server
+ve_start_retrieval_server
 echo "pid=$VE_SERVER_PID"
 echo "wait_s=${{VERL_EVIDENCE_RETRIEVAL_WAIT_S:-unset}}"
 python - <<'PY'
@@ -514,6 +515,7 @@ ve_parse_args
 RETRIEVAL_PORT={port}
 SERVER_ARGS="--index-dir {missing}"
 ve_retrieval_server
+ve_start_retrieval_server
 # stands in for verl's trainer: a child of the recipe shell with the trainer's module on its command line
 python - verl.trainer.main_ppo <<'PY'
 import time
