@@ -159,7 +159,7 @@ def minilm_nli_model(directory: Path) -> Path:
 
 def judge_speedup(model_dir: Path, premises: list[str], hypotheses: list[str], args, loop) -> dict[str, Any]:
     """Pairs/s of one call per pair, one batched call, and concurrent single-pair requests."""
-    from verl_evidence.judge import BatchingJudge, NLIJudge
+    from verl_evidence.reward_managers.judge import BatchingJudge, NLIJudge
 
     count = len(premises)
     nli = NLIJudge(str(model_dir), device="cpu", batch_size=args.nli_batch, torch_threads=args.torch_threads)
@@ -204,7 +204,7 @@ def main() -> int:
     import verl_evidence.reward_managers  # noqa: F401  (registration, as the verl plugin does)
     from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
 
-    from verl_evidence.judge import JudgeConfig, connect_judge
+    from verl_evidence.reward_managers.judge import JudgeConfig, connect_judge
     from verl_evidence.rewards import evinote, eviomni, grace
     from verl_evidence.testing import save_tiny_tokenizer, tiny_nli_model, tiny_tokenizer
 

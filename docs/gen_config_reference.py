@@ -44,7 +44,7 @@ MEANINGS: dict[str, str] = {
     "grace.path_reward": "paid for the right path (`<evidence>` iff answerable)",
     "grace.alpha": "weight of ROUGE-L(evidence, gold evidence)",
     "grace.beta": "weight of ROUGE-L(answer, gold answers)",
-    # verl_evidence.judge.JudgeConfig (reward_kwargs prefix nli_)
+    # verl_evidence.reward_managers.judge.JudgeConfig (reward_kwargs prefix nli_)
     "judge.model": "NLI checkpoint, hub name or local directory (required by `evinote`)",
     "judge.device": "`auto` (GPU if the actor has one), `cpu`, `cuda`, `cuda:1`",
     "judge.batch_size": "pairs per forward pass",
@@ -269,7 +269,7 @@ def render() -> str:
     from verl_evidence import advantage
     from verl_evidence.agent_loops.eviomni_loop import EviOmniLoopSettings
     from verl_evidence.agent_loops.search_loop import SearchLoopSettings
-    from verl_evidence.judge import JudgeConfig
+    from verl_evidence.reward_managers.judge import JudgeConfig
     from verl_evidence.reward_managers import MANAGER_NAMES, scorers
     from verl_evidence.rewards import evinote, eviomni, grace
     from verl_evidence.tools.search_tool import RETRIEVAL_URL_ENV, SearchTool

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from verl_evidence.judge import (
+from verl_evidence.reward_managers.judge import (
     BatchingJudge,
     JudgeConfig,
     NLIJudge,

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from conftest import make_batch, score_with_worker
 
-from verl_evidence.judge import JudgeConfig, NLIJudgeLoadError, RayJudgeClient
+from verl_evidence.reward_managers.judge import JudgeConfig, NLIJudgeLoadError, RayJudgeClient
 from verl_evidence.rewards import evinote
 from verl_evidence.testing import expected_overlap_entailment
 

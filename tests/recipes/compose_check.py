@@ -45,7 +45,7 @@ def build_manager(cfg) -> str:
     from verl_evidence.testing import tiny_tokenizer
 
     if cfg.reward.reward_manager.name == "evinote":
-        from verl_evidence.judge import JudgeConfig
+        from verl_evidence.reward_managers.judge import JudgeConfig
 
         kwargs = OmegaConf.to_container(cfg.reward.get("reward_kwargs") or {}, resolve=True)
         return f"judge settings ok: {JudgeConfig.from_reward_kwargs(kwargs).model}"

@@ -16,7 +16,7 @@ import re
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Mapping, Sequence
 
-from verl_evidence.judge import JudgeClient, JudgeConfig, connect_judge
+from verl_evidence.reward_managers.judge import JudgeClient, JudgeConfig, connect_judge
 from verl_evidence.reward_managers.sample import Sample
 from verl_evidence.rewards import evinote, eviomni, grace
 from verl_evidence.rewards.text import coerce_ground_truth
