@@ -6,7 +6,7 @@ Each area owns its commands in its own module and adds them here through a
     serve / index ...   retrieval_server.cli
     data ...            verl_evidence.dataprep.cli
     eval                verl_evidence.eval.cli
-    demo                verl_evidence.demo
+    demo                verl_evidence.eval.demo
     evipath ...         verl_evidence.evipath.cli
     smoke ...           verl_evidence.smoke
 """
@@ -29,7 +29,7 @@ _COMMAND_MODULES = (
     "retrieval_server.cli",
     "verl_evidence.dataprep.cli",
     "verl_evidence.eval.cli",
-    "verl_evidence.demo",
+    "verl_evidence.eval.demo",
     "verl_evidence.evipath.cli",
     "verl_evidence.smoke",
 )

@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 from verl.utils.logger.aggregate_logger import concat_dict_to_str
 
 import verl_evidence
-from verl_evidence import demo, smoke
-from verl_evidence.eval import training_report
+from verl_evidence import smoke
+from verl_evidence.eval import demo, training_report
 from verl_evidence.eval.training_report import training_curves, write_training_report
 
 REPO = Path(__file__).resolve().parents[2]
