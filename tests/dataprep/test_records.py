@@ -57,7 +57,7 @@ def test_duplicate_ids(tmp_path: Path) -> None:
         {"id": "a", "question": "q1?", "golden_answers": ["x"]},
         {"id": "a", "question": "q2?", "golden_answers": ["y"]},
     ]
-    with pytest.raises(DataPrepError, match=r"duplicate id 'a' \(rows 1 and 2\)"):
+    with pytest.raises(DataPrepError, match=r"duplicate id 'a' in data source 'nq' \(rows 1 and 2\)"):
         read_flashrag_jsonl(write_jsonl(tmp_path / "dup.jsonl", rows), "nq")
 
 
@@ -108,8 +108,8 @@ def test_search_r1_parquet(tmp_path: Path) -> None:
     pq.write_table(search_r1_table([["Paris", "paris city"], ["42"]], ["nq", "hotpotqa"]), path)
     records = read_search_r1_parquet(path)
     assert [(r.id, r.data_source, r.answers) for r in records] == [
-        ("train_0", "nq", ("Paris", "paris city")),
-        ("train_1", "hotpotqa", ("42",)),
+        ("nq/train_0", "nq", ("Paris", "paris city")),
+        ("hotpotqa/train_1", "hotpotqa", ("42",)),
     ]
     assert read_search_r1_parquet(path, data_source="triviaqa")[0].data_source == "triviaqa"
     pq.write_table(search_r1_table([["x"]], ["searchR1_nq"]), path)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 from pathlib import Path
 
@@ -26,7 +26,9 @@ from verl_evidence.dataprep import grace as grace_mod
 from verl_evidence.dataprep import rows as rows_mod
 from verl_evidence.dataprep.records import (
     DataPrepError,
+    ParquetInput,
     QARecord,
+    SourceRow,
     bundled_paths,
     check_references,
     read_corpus,
@@ -108,14 +110,49 @@ def qa_command(
     output: Path = typer.Option(..., "--output", "-o", help="parquet file to write"),
     method: SearchMethod = typer.Option(SearchMethod.search_r1, help="which searching method the rows are for"),
     data_source: str | None = typer.Option(None, help="data source name (required for FlashRAG files)"),
-    split: str = typer.Option("train", help="recorded in extra_info.split"),
-    template: str | None = typer.Option(None, help="prompt template: file, packaged prompt name or default name"),
+    split: str | None = typer.Option(
+        None, help="extra_info.split; default: a verl-layout row keeps its own, other rows get 'train'"
+    ),
+    template: str | None = typer.Option(
+        None, help="prompt template: file, packaged prompt name or default name (re-renders verl-layout prompts)"
+    ),
     new_data_source: bool = typer.Option(False, "--new-data-source", help="accept a data source name not yet known"),
 ) -> None:
-    """Rows for the multi-turn search methods (Search-R1 baseline, EviNote-RAG)."""
-    records = load_records(source, data_source, new_data_source)
-    rows = rows_mod.search_rows(records, method.value, load_template(template or method.value), split)
-    _report(rows_mod.write_parquet(rows, output), rows)
+    """Rows for the multi-turn search methods (Search-R1 baseline, EviNote-RAG).
+
+    A parquet is read and written in record batches; rows already in verl's layout (Search-R1's files)
+    keep their prompt, reward_model and extra_info and gain only what the search loop and rewards read.
+    """
+    prompt_template = load_template(template or method.value)
+    parquet = ParquetInput(source, data_source, new_data_source) if source.endswith(".parquet") else None
+    if parquet is None:
+        batches: Iterable[list[SourceRow]] = [
+            [SourceRow(r) for r in load_records(source, data_source, new_data_source)]
+        ]
+    else:
+        batches = parquet.batches()
+    given_schema = parquet.schema if parquet is not None and parquet.in_verl_layout else None
+    index = kept = 0
+    with rows_mod.RowWriter(output, rows_mod.search_row_schema(given_schema)) as writer, _progress() as progress:
+        task = progress.add_task("writing rows", total=parquet.num_rows if parquet else None, visible=bool(parquet))
+        for batch in batches:
+            rows = []
+            for item in batch:
+                rows.append(
+                    rows_mod.search_row(item, method.value, prompt_template, index, split, template is not None)
+                )
+                kept += rows_mod.keeps_given_prompt(item, method.value, template is not None)
+                index += 1
+            writer.write(rows)
+            progress.advance(task, len(batch))
+    if given_schema is not None:
+        console.print(
+            f"rows already in verl's layout: kept {kept} prompts, rendered {index - kept} "
+            f"with the {template or method.value!r} template; kept reward_model and extra_info"
+        )
+    if parquet is not None and parquet.unread_columns:
+        console.print(f"columns not read (not part of the rows): {', '.join(parquet.unread_columns)}")
+    console.print(f"wrote {writer.rows} rows to {output}")
 
 
 def token_counter(tokenizer_path: str) -> Callable[[str], int]:

@@ -5,7 +5,12 @@ Accepted inputs:
   plus the bundled set's gold annotations (``gold_passage_ids``, ``gold_evidence``,
   ``distractor_ids``) when present.
 - Search-R1 parquet: ``id``, ``question``, ``golden_answers`` (or
-  ``reward_model.ground_truth.target``) and ``data_source``.
+  ``reward_model.ground_truth.target``) and ``data_source``, read in record batches
+  (``ParquetInput``). Search-R1's merge scripts keep FlashRAG's ids, which restart per
+  dataset (``train_0`` in NQ and in HotpotQA), so a parquet ``id`` is recorded as
+  ``<data_source>/<id>``; a duplicate within one data source is refused. Files already
+  in verl's row layout (``prompt``, ``reward_model``, ``data_source``) also hand their
+  verl columns on (``SourceRow.given``) to pass through ``rows.search_row``.
 - Corpora in FlashRAG JSONL: ``{"id", "contents": "Title\\ntext"}``.
 """
 
@@ -14,11 +19,12 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 logger = logging.getLogger(__name__)
@@ -99,10 +105,14 @@ def _require(row: dict, columns: Iterable[str], where: str) -> None:
 
 
 def record_from_row(row: dict, where: str, data_source: str) -> QARecord:
-    """Validate one input row and turn it into a ``QARecord``."""
-    if "golden_answers" not in row and isinstance(row.get("reward_model"), dict):
-        # Search-R1 parquet keeps the answers only in the reward column.
-        row = {**row, "golden_answers": row["reward_model"].get("ground_truth")}
+    """Validate one input row and turn it into a ``QARecord``.
+
+    A row with a ``reward_model`` column takes its answers from there (the target a reward will score
+    against), else from ``golden_answers``.
+    """
+    truth = row["reward_model"].get("ground_truth") if isinstance(row.get("reward_model"), dict) else None
+    if truth is not None:
+        row = {**row, "golden_answers": truth}
     _require(row, ("id", "question", "golden_answers"), where)
     question = str(row["question"]).strip()
     if not question:
@@ -124,12 +134,27 @@ def record_from_row(row: dict, where: str, data_source: str) -> QARecord:
     )
 
 
+class UniqueIds:
+    """Refuses a question id seen before in the same data source, naming both rows (1-based)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.rows: dict[tuple[str, str], int] = {}
+
+    def add(self, record: QARecord, row_number: int) -> None:
+        key = (record.data_source, record.id)
+        first = self.rows.setdefault(key, row_number)
+        if first != row_number:
+            raise DataPrepError(
+                f"{self.source}: duplicate id {record.id!r} in data source {record.data_source!r} "
+                f"(rows {first} and {row_number})"
+            )
+
+
 def check_unique_ids(records: Sequence[QARecord], source: str) -> None:
-    seen: dict[str, int] = {}
-    for position, record in enumerate(records):
-        if record.id in seen:
-            raise DataPrepError(f"{source}: duplicate id {record.id!r} (rows {seen[record.id] + 1} and {position + 1})")
-        seen[record.id] = position
+    ids = UniqueIds(source)
+    for number, record in enumerate(records, start=1):
+        ids.add(record, number)
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
@@ -163,26 +188,132 @@ def read_flashrag_jsonl(path: str | Path, data_source: str, allow_new_source: bo
     return records
 
 
+# Columns read from a parquet input; any other (FlashRAG's ``metadata``, which for HotpotQA holds every
+# question's distractor paragraphs) is never loaded.
+PARQUET_COLUMNS = ("id", "question", "golden_answers", "data_source", "prompt", "ability", "reward_model", "extra_info")
+# A parquet with these columns is already in verl's row layout: its rows pass through (rows.search_row).
+VERL_ROW_COLUMNS = frozenset({"data_source", "prompt", "reward_model"})
+# The verl columns a row in that layout hands on; ``agent_name`` is not among them because the method sets it.
+GIVEN_COLUMNS = ("data_source", "prompt", "ability", "reward_model", "extra_info")
+PARQUET_BATCH_ROWS = 4096
+
+
+@dataclass(frozen=True)
+class SourceRow:
+    """A validated question and, for a file already in verl's row layout, that row's verl columns as read."""
+
+    record: QARecord
+    given: dict[str, Any] | None = None
+
+
+def question_id(row: dict, data_source: str, where: str) -> str:
+    """The id a parquet row is recorded under.
+
+    ``id`` column (FlashRAG's, restarting per dataset): ``<data_source>/<id>`` (kept when it already has
+    that prefix); else ``extra_info.id`` (a file this project wrote) as it is; else
+    ``<data_source>/<extra_info.index>``.
+    """
+    if row.get("id") is not None:
+        raw, prefix = str(row["id"]), f"{data_source}/"
+        return raw if raw.startswith(prefix) else prefix + raw
+    extra = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
+    if extra.get("id") is not None:
+        return str(extra["id"])
+    if extra.get("index") is not None:
+        return f"{data_source}/{extra['index']}"
+    raise DataPrepError(f"{where}: no question id: add an id column (or extra_info.id / extra_info.index)")
+
+
+def _check_verl_row(row: dict, where: str) -> None:
+    prompt = row.get("prompt")
+    messages_ok = isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt)
+    if not messages_ok or not all(isinstance(m.get("content"), str) and isinstance(m.get("role"), str) for m in prompt):
+        raise DataPrepError(f"{where}: prompt must be a non-empty list of {{role, content}} messages")
+    for column in ("reward_model", "extra_info"):
+        if row.get(column) is not None and not isinstance(row[column], dict):
+            raise DataPrepError(f"{where}: column {column!r} must be a struct, got {type(row[column]).__name__}")
+
+
+class ParquetInput:
+    """A Search-R1 (or verl-layout) parquet, validated and read in record batches of ``batch_rows``
+    (default ``PARQUET_BATCH_ROWS``).
+
+    Only ``PARQUET_COLUMNS`` are read, batch by batch, so memory stays bounded by a batch whatever the
+    file's size. ``data_source`` overrides the file's column when given.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        data_source: str | None = None,
+        allow_new_source: bool = False,
+        batch_rows: int | None = None,
+    ) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise DataPrepError(f"{self.path}: no such file")
+        try:
+            self.file = pq.ParquetFile(self.path)
+        except (pa.ArrowException, OSError) as err:
+            raise DataPrepError(f"{self.path}: not a readable parquet file ({err})") from err
+        names = self.file.schema_arrow.names
+        if data_source is None and "data_source" not in names:
+            raise DataPrepError(f"{self.path}: missing column data_source (or pass --data-source)")
+        if data_source is not None:
+            check_data_source(data_source, allow_new_source)
+        self.data_source = data_source
+        self.allow_new_source = allow_new_source
+        self.batch_rows = batch_rows or PARQUET_BATCH_ROWS
+        self.columns = [column for column in PARQUET_COLUMNS if column in names]
+        self.schema = pa.schema([self.file.schema_arrow.field(column) for column in self.columns])
+        self.unread_columns = [column for column in names if column not in PARQUET_COLUMNS]
+        self.in_verl_layout = VERL_ROW_COLUMNS <= set(names)
+        self.num_rows = self.file.metadata.num_rows
+
+    def _source_of(self, row: dict, where: str, checked: set[str]) -> str:
+        name = self.data_source or row.get("data_source")
+        if name is None:
+            raise DataPrepError(f"{where}: empty data_source (or pass --data-source)")
+        if name not in checked:
+            try:
+                checked.add(check_data_source(name, self.allow_new_source))
+            except DataPrepError as err:
+                raise DataPrepError(f"{where}: {err}") from err
+        return name
+
+    def batches(self) -> Iterator[list[SourceRow]]:
+        """Validated rows, one list per record batch; raises on the first bad or duplicate row."""
+        ids = UniqueIds(str(self.path))
+        checked: set[str] = set()
+        number = 0
+        for batch in self.file.iter_batches(batch_size=self.batch_rows, columns=self.columns):
+            out = []
+            for row in batch.to_pylist():
+                number += 1
+                where = f"{self.path}:row {number}"
+                source = self._source_of(row, where, checked)
+                row["id"] = question_id(row, source, where)
+                extra = row.get("extra_info")
+                if row.get("question") is None and isinstance(extra, dict) and extra.get("question") is not None:
+                    row["question"] = extra["question"]  # a file this project wrote keeps it there only
+                record = record_from_row(row, where, source)
+                ids.add(record, number)
+                given = None
+                if self.in_verl_layout:
+                    _check_verl_row(row, where)
+                    given = {column: row[column] for column in GIVEN_COLUMNS if column in row}
+                out.append(SourceRow(record, given))
+            yield out
+        if number == 0:
+            raise DataPrepError(f"{self.path}: no rows")
+
+
 def read_search_r1_parquet(
     path: str | Path, data_source: str | None = None, allow_new_source: bool = False
 ) -> list[QARecord]:
-    """Read a Search-R1 parquet; ``data_source`` overrides the file's column when given."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataPrepError(f"{path}: no such file")
-    table = pq.read_table(path)
-    if data_source is None and "data_source" not in table.column_names:
-        raise DataPrepError(f"{path}: missing column data_source (or pass --data-source)")
-    records = []
-    for number, row in enumerate(table.to_pylist(), start=1):
-        if "id" not in row and isinstance(row.get("extra_info"), dict) and "index" in row["extra_info"]:
-            row["id"] = f"{row.get('data_source', 'row')}-{row['extra_info']['index']}"
-        source = check_data_source(data_source or row["data_source"], allow_new_source)
-        records.append(record_from_row(row, f"{path}:row {number}", source))
-    if not records:
-        raise DataPrepError(f"{path}: no rows")
-    check_unique_ids(records, str(path))
-    return records
+    """All records of a Search-R1 parquet (ids ``<data_source>/<id>``); ``data_source`` overrides the column."""
+    source = ParquetInput(path, data_source, allow_new_source)
+    return [item.record for batch in source.batches() for item in batch]
 
 
 def read_corpus(path: str | Path) -> dict[str, str]:

@@ -7,20 +7,28 @@ Row layout (what ``verl.utils.dataset.rl_dataset.RLHFDataset`` reads):
 ``tools_kwargs``/``need_tools_kwargs`` for the searching methods,
 ``passages`` ([{id, contents}])/``eviomni_len_p`` for EviOmni/LEAR and
 ``retriever``/``passage_ids``/``answerable``/``validate`` for GRACE.
+
+Rows of a file already in verl's layout (Search-R1's parquet) pass through
+``search_row``: their ``prompt``, ``ability``, ``reward_model`` and
+``extra_info`` are kept and only the fields this project's loop and rewards
+read are added (see ``search_row``). ``RowWriter`` writes rows batch by batch
+with one explicit schema, so a 170k-row file never sits in memory at once.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from verl_evidence.dataprep.grace import GraceExample
-from verl_evidence.dataprep.records import DataPrepError, QARecord
+from verl_evidence.dataprep.records import DataPrepError, QARecord, SourceRow
 from verl_evidence.dataprep.templates import format_passages, render
 
 
@@ -92,6 +100,68 @@ def search_rows(records: Sequence[QARecord], method: str, template: str, split: 
     return [_base_row(r, method, i, split, render(template, r.question)) for i, r in enumerate(records)]
 
 
+def keeps_given_prompt(item: SourceRow, method: str, template_given: bool) -> bool:
+    """A row's own prompt is kept unless ``--template`` was given or it was written for another method.
+
+    A row without ``extra_info.method`` (Search-R1's files) counts as ``search_r1``: its prompt asks for
+    the ``<search>``/``<information>``/``<answer>`` protocol the search loop speaks, but has no notes.
+    """
+    if item.given is None or template_given:
+        return False
+    extra = item.given.get("extra_info") or {}
+    return (extra.get("method") or "search_r1") == method
+
+
+def _str_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else [str(v) for v in value]
+
+
+def search_row(
+    item: SourceRow, method: str, template: str, index: int, split: str | None, template_given: bool = False
+) -> dict:
+    """One Search-R1 / EviNote row; ``index`` is the row's position in the output.
+
+    Without ``item.given`` (FlashRAG JSONL, a parquet not in verl's layout) the row is built from the
+    record. A row already in verl's layout passes through: ``data_source`` (unless overridden),
+    ``prompt`` (see ``keeps_given_prompt``; else rendered from ``template``), ``ability``,
+    ``reward_model`` (every key; ``ground_truth.target`` as a list of str) and every ``extra_info`` key,
+    including ``index`` and ``split`` (``split`` replaced only when given), are kept; added are
+    ``agent_name``, ``ground_truth.evidence`` (``[]`` when absent, so every ``data qa`` file has one
+    schema) and ``extra_info`` ``id``, ``question``, ``method``, ``agent_name``, ``need_tools_kwargs`` and
+    ``tools_kwargs.search.create_kwargs.question`` (merged into any ``tools_kwargs`` the row has).
+    """
+    spec = method_spec(method)
+    if not spec.searches:
+        raise DataPrepError(f"method {method!r} does not search; use its own row builder")
+    record, given = item.record, item.given
+    if given is None:
+        return _base_row(record, method, index, split or "train", render(template, record.question))
+    keep = keeps_given_prompt(item, method, template_given)
+    row = _base_row(record, method, index, split or "train", "" if keep else render(template, record.question))
+    if keep:
+        row["prompt"] = [dict(message) for message in given["prompt"]]
+    row["ability"] = given.get("ability") or spec.ability
+
+    reward = dict(given.get("reward_model") or {})
+    truth = dict(reward.get("ground_truth") or {})
+    truth["target"] = _str_list(truth.get("target"))
+    truth["evidence"] = _str_list(truth.get("evidence"))
+    row["reward_model"] = {**reward, "style": reward.get("style") or "rule", "ground_truth": truth}
+
+    theirs = dict(given.get("extra_info") or {})
+    ours = row["extra_info"]
+    ours["index"] = theirs.get("index", index)
+    ours["split"] = split or theirs.get("split") or "train"
+    tools = dict(theirs.get("tools_kwargs") or {})
+    tool = dict(tools.get(SEARCH_TOOL_NAME) or {})
+    tool["create_kwargs"] = {**(tool.get("create_kwargs") or {}), "question": record.question}
+    ours["tools_kwargs"] = {**tools, SEARCH_TOOL_NAME: tool}
+    row["extra_info"] = {**theirs, **ours}
+    return row
+
+
 def eviomni_rows(
     records: Sequence[QARecord],
     passages: Sequence[Sequence[dict]],
@@ -136,6 +206,110 @@ def grace_rows(examples: Sequence[GraceExample], corpus: dict[str, str], templat
 
 
 _STRINGS = pa.list_(pa.string())
+_MESSAGES = pa.list_(pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string())]))
+_CREATE_KWARGS = pa.struct([pa.field("create_kwargs", pa.struct([pa.field("question", pa.string())]))])
+# The columns ``search_row`` writes, with the types every ``data qa`` file has.
+SEARCH_ROW_SCHEMA = pa.schema(
+    [
+        pa.field("data_source", pa.string()),
+        pa.field("prompt", _MESSAGES),
+        pa.field("ability", pa.string()),
+        pa.field("agent_name", pa.string()),
+        pa.field(
+            "reward_model",
+            pa.struct(
+                [
+                    pa.field("style", pa.string()),
+                    pa.field("ground_truth", pa.struct([pa.field("target", _STRINGS), pa.field("evidence", _STRINGS)])),
+                ]
+            ),
+        ),
+        pa.field(
+            "extra_info",
+            pa.struct(
+                [
+                    pa.field("index", pa.int64()),
+                    pa.field("split", pa.string()),
+                    pa.field("id", pa.string()),
+                    pa.field("question", pa.string()),
+                    pa.field("method", pa.string()),
+                    pa.field("agent_name", pa.string()),
+                    pa.field("tools_kwargs", pa.struct([pa.field(SEARCH_TOOL_NAME, _CREATE_KWARGS)])),
+                    pa.field("need_tools_kwargs", pa.bool_()),
+                ]
+            ),
+        ),
+    ]
+)
+
+
+def _laid_over(ours: pa.DataType, theirs: pa.DataType | None) -> pa.DataType:
+    """``theirs`` with ``ours`` laid over it: struct fields of both (theirs in their order, then our new
+    ones), our type wherever both have a field, recursively through structs and lists."""
+    if theirs is None:
+        return ours
+    if pa.types.is_struct(ours) and pa.types.is_struct(theirs):
+        our_fields = {f.name: f.type for f in ours}
+        fields = [
+            pa.field(f.name, _laid_over(our_fields[f.name], f.type) if f.name in our_fields else f.type) for f in theirs
+        ]
+        their_names = {f.name for f in theirs}
+        return pa.struct(fields + [pa.field(n, t) for n, t in our_fields.items() if n not in their_names])
+    if pa.types.is_list(ours) and (pa.types.is_list(theirs) or pa.types.is_large_list(theirs)):
+        return pa.list_(_laid_over(ours.value_type, theirs.value_type))
+    return ours
+
+
+def search_row_schema(given: pa.Schema | None = None) -> pa.Schema:
+    """``SEARCH_ROW_SCHEMA``, widened by the fields of an input in verl's layout (kept by ``search_row``)."""
+    if given is None:
+        return SEARCH_ROW_SCHEMA
+    return pa.schema(
+        [
+            pa.field(f.name, _laid_over(f.type, given.field(f.name).type if f.name in given.names else None))
+            for f in SEARCH_ROW_SCHEMA
+        ]
+    )
+
+
+class RowWriter:
+    """Writes rows batch by batch with one ``schema`` to a temporary file renamed to ``path`` on success.
+
+    Used as a context manager: an exception (bad input found halfway) or zero rows leaves no file at
+    ``path``, as the one-shot ``write_parquet`` does.
+    """
+
+    def __init__(self, path: str | Path, schema: pa.Schema) -> None:
+        self.path = Path(path)
+        self.schema = schema
+        self.rows = 0
+        self._partial = self.path.with_name(f".{self.path.name}.partial")
+        self._writer: pq.ParquetWriter | None = None
+
+    def __enter__(self) -> Self:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._writer = pq.ParquetWriter(self._partial, self.schema)
+        return self
+
+    def write(self, rows: Sequence[dict]) -> None:
+        if not rows:
+            return
+        assert self._writer is not None, "RowWriter is used as a context manager"
+        self._writer.write_table(pa.Table.from_pylist(list(rows), schema=self.schema))
+        self.rows += len(rows)
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        assert self._writer is not None
+        self._writer.close()
+        if kind is None and self.rows == 0:
+            self._partial.unlink(missing_ok=True)
+            raise DataPrepError(f"{self.path}: no rows to write")
+        if kind is None:
+            os.replace(self._partial, self.path)
+        else:
+            self._partial.unlink(missing_ok=True)
 
 
 def _ground_truth_type(rows: Sequence[dict]) -> pa.DataType:
