@@ -206,7 +206,7 @@ def main() -> int:
 
     from verl_evidence.reward_managers.judge import JudgeConfig, connect_judge
     from verl_evidence.rewards import evinote, eviomni, grace
-    from verl_evidence.testing import save_tiny_tokenizer, tiny_nli_model, tiny_tokenizer
+    from verl_evidence.local.tiny_models import save_tiny_tokenizer, tiny_nli_model, tiny_tokenizer
 
     torch.set_num_threads(args.torch_threads)
     console = Console()

@@ -160,7 +160,7 @@ def main() -> int:
 
     logging.disable(logging.WARNING)
     import verl_evidence.agent_loops as loops
-    from verl_evidence.testing import tiny_tokenizer
+    from verl_evidence.local.tiny_models import tiny_tokenizer
     from verl_evidence.tools.search_tool import SearchTool
 
     loops.register_all()

@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from verl_evidence.smoke import step_metrics  # noqa: E402
+from verl_evidence.local.smoke.logs import step_metrics  # noqa: E402
 
 BUDGET_S = 90.0
 # verl's console metrics of the last step: the learning signal each GRPO run must show (docs/debug-on-cpu.md)

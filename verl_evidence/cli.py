@@ -8,7 +8,7 @@ Each area owns its commands in its own module and adds them here through a
     eval                verl_evidence.eval.cli
     demo                verl_evidence.eval.demo
     evipath ...         verl_evidence.evipath.cli
-    smoke ...           verl_evidence.smoke
+    smoke ...           verl_evidence.local.smoke.cli
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ _COMMAND_MODULES = (
     "verl_evidence.eval.cli",
     "verl_evidence.eval.demo",
     "verl_evidence.evipath.cli",
-    "verl_evidence.smoke",
+    "verl_evidence.local.smoke.cli",
 )
 
 

@@ -9,6 +9,7 @@ a Ray worker that never imports, say, the agent-loop package does not pay the
 2-4 s of importing it for us.
 """
 
+from verl_evidence.local import cpu_mode_selected
 from verl_evidence.registration import when_imported
 
 
@@ -31,6 +32,8 @@ when_imported("verl.experimental.reward_loop.reward_manager", _register_reward_m
 when_imported("verl.experimental.agent_loop", _register_agent_loops)
 
 # CPU training mode (VERL_PLATFORM=cpu): platform, engine and rollout for verl's trainer without accelerators.
-from verl_evidence import cpu_mode as _cpu_mode  # noqa: E402
+# Loaded only when selected: a production run imports none of verl_evidence.local.
+if cpu_mode_selected():
+    from verl_evidence.local.cpu_mode import activate as _activate_cpu_mode
 
-_cpu_mode.activate()
+    _activate_cpu_mode()

@@ -15,14 +15,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory) -> Path:
-    from verl_evidence.testing import save_tiny_tokenizer
+    from verl_evidence.local.tiny_models import save_tiny_tokenizer
 
     return save_tiny_tokenizer(tmp_path_factory.mktemp("tiny_tokenizer"))
 
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from verl_evidence.testing import tiny_tokenizer
+    from verl_evidence.local.tiny_models import tiny_tokenizer
 
     return tiny_tokenizer()
 
@@ -31,8 +31,8 @@ def tokenizer():
 def nli_dir(tmp_path_factory) -> Path:
     """NLI model whose entailment grows with premise/hypothesis token overlap (MiniLM's BERT pair
     tokenizer); entailment at index 1 (MNLI heads often use 0 or 2). Reference values for it:
-    ``verl_evidence.testing.expected_overlap_entailment``."""
-    from verl_evidence.testing import overlap_nli_model
+    ``verl_evidence.local.tiny_models.expected_overlap_entailment``."""
+    from verl_evidence.local.tiny_models import overlap_nli_model
 
     return overlap_nli_model(tmp_path_factory.mktemp("overlap_nli"))
 

@@ -10,7 +10,7 @@ from verl.trainer.ppo.reward import resolve_reward_manager_cls
 
 import verl_evidence.reward_managers  # noqa: F401  (registration)
 from verl_evidence.rewards import evinote, eviomni, grace
-from verl_evidence.testing import expected_overlap_entailment
+from verl_evidence.local.tiny_models import expected_overlap_entailment
 
 GOLD = {
     "target": ["the committee", "committee"],

@@ -12,13 +12,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from verl_evidence import cpu_mode
+from verl_evidence.local import cpu_rollout, verl_patches
 
 
 def test_unsupported_verl_version_is_refused_with_a_clear_message():
     with pytest.raises(RuntimeError, match=r"supports verl 0\.9\.x; verl 0\.10\.0 is installed"):
-        cpu_mode.check_verl_version("0.10.0")
-    assert cpu_mode.check_verl_version().startswith("0.9.")
+        verl_patches.check_verl_version("0.10.0")
+    assert verl_patches.check_verl_version().startswith("0.9.")
 
 
 # --- the private verl internals the mode patches: if one of these fails, verl changed under cpu_mode ---
@@ -51,7 +51,7 @@ def test_verl_replay_buffer_still_sleeps_its_default_poll_interval_between_check
     from verl.trainer.ppo.v1 import replay_buffer, trainer_base
 
     init = getattr(replay_buffer.ReplayBuffer.__init__, "__wrapped__", replay_buffer.ReplayBuffer.__init__)
-    assert inspect.signature(init).parameters["poll_interval"].default == cpu_mode.VERL_REPLAY_BUFFER_POLL_DEFAULT
+    assert inspect.signature(init).parameters["poll_interval"].default == verl_patches.VERL_REPLAY_BUFFER_POLL_DEFAULT
     assert "time.sleep(self.poll_interval)" in inspect.getsource(replay_buffer.ReplayBuffer._wait_for_next_poll)
     # the trainer leaves the interval at its default: the patch is what shortens it
     assert "poll_interval" not in inspect.getsource(trainer_base.PPOTrainer._build_replay_buffer)
@@ -61,13 +61,13 @@ def test_verl_replay_buffer_still_sleeps_its_default_poll_interval_between_check
 
 def test_replay_buffer_poll_setting_is_read_and_checked(monkeypatch):
     monkeypatch.delenv("VERL_EVIDENCE_CPU_POLL_S", raising=False)
-    assert cpu_mode.replay_buffer_poll_s() == cpu_mode.REPLAY_BUFFER_POLL_S
+    assert verl_patches.replay_buffer_poll_s() == verl_patches.REPLAY_BUFFER_POLL_S
     monkeypatch.setenv("VERL_EVIDENCE_CPU_POLL_S", "0.5")
-    assert cpu_mode.replay_buffer_poll_s() == 0.5
+    assert verl_patches.replay_buffer_poll_s() == 0.5
     for bad in ("soon", "0", "-1"):
         monkeypatch.setenv("VERL_EVIDENCE_CPU_POLL_S", bad)
         with pytest.raises(ValueError, match="VERL_EVIDENCE_CPU_POLL_S"):
-            cpu_mode.replay_buffer_poll_s()
+            verl_patches.replay_buffer_poll_s()
 
 
 # --- registration, in fresh processes (plugins load on `import verl`) ---
@@ -141,11 +141,11 @@ print("PROBE" + json.dumps({
 @pytest.mark.slow
 def test_selected_mode_polls_the_replay_buffer_often_unless_the_caller_chose_an_interval():
     assert _probe({"VERL_PLATFORM": "cpu"}, POLL_PROBE) == {
-        "default": cpu_mode.REPLAY_BUFFER_POLL_S, "async": cpu_mode.REPLAY_BUFFER_POLL_S,
+        "default": verl_patches.REPLAY_BUFFER_POLL_S, "async": verl_patches.REPLAY_BUFFER_POLL_S,
         "caller_keyword": 3.0, "caller_positional": 4.0,
     }  # fmt: skip
     assert _probe({"VERL_PLATFORM": "cpu", "VERL_EVIDENCE_CPU_POLL_S": "0.25"}, POLL_PROBE)["default"] == 0.25
-    assert _probe({}, POLL_PROBE)["default"] == cpu_mode.VERL_REPLAY_BUFFER_POLL_DEFAULT  # untouched when not selected
+    assert _probe({}, POLL_PROBE)["default"] == verl_patches.VERL_REPLAY_BUFFER_POLL_DEFAULT  # untouched when not selected
 
 
 @pytest.mark.slow
@@ -158,7 +158,7 @@ def test_mode_is_inactive_unless_selected():
 
 @pytest.fixture(scope="module")
 def policy_dir(tmp_path_factory):
-    from verl_evidence.testing import tiny_causal_lm
+    from verl_evidence.local.tiny_models import tiny_causal_lm
 
     directory = tmp_path_factory.mktemp("policy")
     tiny_causal_lm(directory=directory)
@@ -167,13 +167,13 @@ def policy_dir(tmp_path_factory):
 
 def _server(policy_dir, **config):
     rollout = SimpleNamespace(response_length=12, prompt_length=64, seed=0, **config)
-    return cpu_mode.HFRolloutServer(rollout, SimpleNamespace(local_path=str(policy_dir), trust_remote_code=False), 0)
+    return cpu_rollout.HFRolloutServer(rollout, SimpleNamespace(local_path=str(policy_dir), trust_remote_code=False), 0)
 
 
 def test_rollout_server_generates_with_its_weight_version_and_takes_new_weights(policy_dir):
     import torch
 
-    from verl_evidence.testing import tiny_causal_lm
+    from verl_evidence.local.tiny_models import tiny_causal_lm
 
     server = _server(policy_dir)
     greedy = {"temperature": 0.0, "logprobs": True}

@@ -95,7 +95,7 @@ def tiny_set(tmp_path_factory) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory) -> Path:
-    from verl_evidence.testing import tiny_tokenizer
+    from verl_evidence.local.tiny_models import tiny_tokenizer
 
     directory = tmp_path_factory.mktemp("tokenizer")
     tiny_tokenizer().save_pretrained(directory)

@@ -176,7 +176,7 @@ def test_eviomni_rows_from_a_passages_file(tiny_set, tokenizer_dir, tmp_path: Pa
 
 
 def test_grace_cli_prints_statistics(tiny_set, tmp_path: Path) -> None:
-    from verl_evidence.testing import tiny_nli_model
+    from verl_evidence.local.tiny_models import tiny_nli_model
 
     qa, corpus = tiny_set
     reranker = tiny_nli_model(tmp_path / "reranker", id2label={0: "relevant"})  # a one-logit cross-encoder

@@ -21,9 +21,9 @@ from typer.testing import CliRunner
 from verl.utils.logger.aggregate_logger import concat_dict_to_str
 
 import verl_evidence
-from verl_evidence import smoke
 from verl_evidence.eval import demo, training_report
 from verl_evidence.eval.training_report import training_curves, write_training_report
+from verl_evidence.local.smoke import logs as smoke_logs
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDED = Path(__file__).with_name("data") / "demo_train_console.log"
@@ -107,7 +107,7 @@ def check_png(path: Path) -> None:
 
 
 def test_verl_console_output_becomes_a_plot_and_a_per_step_table(tmp_path: Path) -> None:
-    metrics = smoke.step_metrics(console_output())
+    metrics = smoke_logs.step_metrics(console_output())
     report = write_training_report(metrics, tmp_path, title="Training: 3 GRPO steps on CPU")
     assert report.png == tmp_path / "training.png" and report.markdown == tmp_path / "training.md"
     check_png(report.png)
@@ -154,7 +154,7 @@ def test_a_run_without_validation_still_plots_the_training_reward(tmp_path: Path
 
 
 def test_progress_lines() -> None:
-    metrics = smoke.step_metrics(console_output())
+    metrics = smoke_logs.step_metrics(console_output())
     assert training_report.format_step(0, metrics[0]) == "before training, val reward 0.050"
     assert training_report.format_step(2, metrics[2], 3) == (
         "step 2/3, train reward 0.250 (0.000–0.900), grad norm 0.520, val reward 0.200, 20s"
@@ -164,7 +164,7 @@ def test_progress_lines() -> None:
 @pytest.mark.skipif(not RECORDED.exists(), reason="no recorded demo --train output")
 def test_a_recorded_demo_train_run(tmp_path: Path) -> None:
     """The console output of a real `verl-evidence demo --train --train-steps 2` run (its step lines)."""
-    metrics = smoke.step_metrics(RECORDED.read_text())
+    metrics = smoke_logs.step_metrics(RECORDED.read_text())
     report = write_training_report(metrics, tmp_path)
     check_png(report.png)
     curves = report.curves

@@ -54,7 +54,7 @@ def test_a_local_hf_model_directory_runs_as_the_policy(verl_event_loop, retrieva
     from verl_evidence.eval.datasets import bundled_rows, examples_from_rows
     from verl_evidence.eval.runner import PolicySpec
     from verl_evidence.eval.session import make_runner, open_session
-    from verl_evidence.testing import tiny_causal_lm
+    from verl_evidence.local.tiny_models import tiny_causal_lm
 
     model_dir = tmp_path / "tiny-model"
     tiny_causal_lm(seed=0, directory=model_dir)
@@ -76,7 +76,7 @@ def test_a_local_hf_model_directory_runs_as_the_policy(verl_event_loop, retrieva
 
 def test_eval_command_with_an_openai_compatible_endpoint(retrieval_server_url, tmp_path) -> None:
     from verl_evidence.cli import app
-    from verl_evidence.testing import save_tiny_tokenizer, tiny_tokenizer
+    from verl_evidence.local.tiny_models import save_tiny_tokenizer, tiny_tokenizer
 
     tokenizer_dir = save_tiny_tokenizer(tmp_path / "tok")
     server = OpenAICompatibleServer(
@@ -107,7 +107,7 @@ def test_evipath_planner_evaluated_as_trained_through_an_endpoint(retrieval_serv
     """`--evipath paper`: the EviPath system prompt, Search("…") actions, executor calls and user-turn observations."""
     from verl_evidence.cli import app
     from verl_evidence.prompts import load_prompt
-    from verl_evidence.testing import save_tiny_tokenizer, tiny_tokenizer
+    from verl_evidence.local.tiny_models import save_tiny_tokenizer, tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
     tokenizer_dir = save_tiny_tokenizer(tmp_path / "tok")

@@ -89,7 +89,7 @@ def test_multi_node_launch_needs_its_rendezvous():
 @pytest.mark.slow
 @pytest.mark.timeout(420)  # its subprocess has 300 s
 def test_recipe_composes_with_verl_sft_config_and_reads_our_parquet(tmp_path):
-    from verl_evidence.testing import tiny_causal_lm
+    from verl_evidence.local.tiny_models import tiny_causal_lm
 
     model_dir = tmp_path / "tiny"
     tiny_causal_lm(seed=0, directory=model_dir)

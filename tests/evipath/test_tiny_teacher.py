@@ -11,7 +11,7 @@ import torch
 
 from verl_evidence.evipath.cli import run_synthesis
 from verl_evidence.evipath.teacher import TeacherConfig
-from verl_evidence.testing import tiny_causal_lm, tiny_tokenizer
+from verl_evidence.local.tiny_models import tiny_causal_lm, tiny_tokenizer
 
 
 class TinyModelBackend:

@@ -13,7 +13,7 @@ from verl_evidence.evipath.pipeline import Synthesizer, Trajectory
 from verl_evidence.evipath.teacher import Teacher, TeacherConfig
 from verl_evidence.evipath.writer import planner_messages, write_outputs
 from verl_evidence.prompts import load_prompt
-from verl_evidence.testing import tiny_tokenizer
+from verl_evidence.local.tiny_models import tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

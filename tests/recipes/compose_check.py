@@ -42,7 +42,7 @@ def build_manager(cfg) -> str:
     from omegaconf import OmegaConf
     from verl.trainer.ppo.reward import load_reward_manager
 
-    from verl_evidence.testing import tiny_tokenizer
+    from verl_evidence.local.tiny_models import tiny_tokenizer
 
     if cfg.reward.reward_manager.name == "evinote":
         from verl_evidence.reward_managers.judge import JudgeConfig
@@ -84,7 +84,7 @@ def score_samples(cfg, samples: list[dict]) -> list[dict[str, float]]:
     from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
 
     from verl_evidence.eval.scoring import build_reward_dataproto, numeric_components
-    from verl_evidence.testing import save_tiny_tokenizer, tiny_tokenizer
+    from verl_evidence.local.tiny_models import save_tiny_tokenizer, tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
     with open_dict(cfg):

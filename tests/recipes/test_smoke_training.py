@@ -1,7 +1,7 @@
 """Recipes really train: ``recipes/<name>.sh --smoke`` runs verl's own trainer (main_ppo) for 2 steps on CPU.
 
 Each run uses the recipe's presets and reward manager unchanged, a tiny policy warmed
-up on the methods' formats (verl_evidence.smoke), and data prepared from the bundled
+up on the methods' formats (verl_evidence.local.smoke), and data prepared from the bundled
 set. The assertions read verl's own console metrics at step 2: rewards that differ
 within a GRPO group (non-zero advantages), a gradient, and a rollout that generates
 from the synced weights (verl's rollout-vs-actor log-prob gap stays small after an
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_evidence import smoke
+from verl_evidence.local.smoke import logs as smoke_logs
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -25,7 +25,7 @@ RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
 
 def step_metrics(output: str, step: int) -> dict[str, float]:
-    metrics = smoke.step_metrics(output).get(step)
+    metrics = smoke_logs.step_metrics(output).get(step)
     assert metrics, f"no metrics for step {step} in the trainer's output:\n{output[-4000:]}"
     return metrics
 

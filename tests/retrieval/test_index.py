@@ -190,7 +190,7 @@ def test_changed_corpus_refuses_to_start_naming_files(tmp_path, small_index):
 
 
 def test_other_model_refuses_to_start_naming_files(tmp_path, small_index):
-    from verl_evidence.testing import tiny_nli_model
+    from verl_evidence.local.tiny_models import tiny_nli_model
 
     index_dir = tmp_path / "index"
     shutil.copytree(small_index, index_dir)

@@ -23,7 +23,7 @@ PROMPT_LENGTH = 8192
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory) -> Path:
-    from verl_evidence.testing import tiny_causal_lm
+    from verl_evidence.local.tiny_models import tiny_causal_lm
 
     directory = tmp_path_factory.mktemp("tiny_lm")
     tiny_causal_lm(seed=0, directory=directory)

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from rollout_helpers import make_row, run_worker, unpad, with_settings
 
-from verl_evidence.backends import HFGenerationBackend, OpenAIBackend, ScriptedBackend
+from verl_evidence.local.backends import HFGenerationBackend, OpenAIBackend, ScriptedBackend
 from verl_evidence.testing import OpenAICompatibleServer
 
 
@@ -59,7 +59,7 @@ def test_hf_backend_greedy_limits_logprobs_and_stop_strings(hf_backend, tokenize
 
 def test_hf_backend_honours_ignore_eos_when_the_model_config_names_an_eos(tokenizer):
     """transformers fills an EOS left unset from the model's generation config; ignore_eos must still hold."""
-    from verl_evidence.testing import tiny_causal_lm
+    from verl_evidence.local.tiny_models import tiny_causal_lm
 
     model = tiny_causal_lm(seed=0)
     backend = HFGenerationBackend(model, tokenizer)

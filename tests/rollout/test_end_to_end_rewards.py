@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 from rollout_helpers import make_row, unpad, with_settings
 
-from verl_evidence.backends import ScriptedBackend
+from verl_evidence.local.backends import ScriptedBackend
 from verl_evidence.rewards import evinote, eviomni, grace
-from verl_evidence.testing import expected_overlap_entailment
+from verl_evidence.local.tiny_models import expected_overlap_entailment
 
 pytestmark = pytest.mark.slow
 
@@ -35,8 +35,8 @@ def ray_session():
 
 @pytest.fixture(scope="module")
 def nli_dir(tmp_path_factory):
-    """A judge whose entailment grows with token overlap (see verl_evidence.testing.overlap_nli_model)."""
-    from verl_evidence.testing import overlap_nli_model
+    """A judge whose entailment grows with token overlap (see verl_evidence.local.tiny_models.overlap_nli_model)."""
+    from verl_evidence.local.tiny_models import overlap_nli_model
 
     return overlap_nli_model(tmp_path_factory.mktemp("overlap_nli"))
 

@@ -16,7 +16,7 @@ from test_eviomni_loop import PASSAGES, QUESTION, responder_for
 from test_search_loop import ANSWER_TURN, SEARCH_TURN, search_config
 
 from verl_evidence.agent_loops.common import EngineFields
-from verl_evidence.backends import ScriptedBackend
+from verl_evidence.local.backends import ScriptedBackend
 from verl.workers.rollout.replica import TokenOutput
 
 pytestmark = pytest.mark.slow

@@ -6,7 +6,7 @@ import pytest
 from rollout_helpers import make_row, run_worker, unpad, with_settings
 
 from retrieval_server.client import RetrievalClient
-from verl_evidence.backends import ScriptedBackend
+from verl_evidence.local.backends import ScriptedBackend
 from verl_evidence.prompts import load_prompt, render_prompt
 from verl_evidence.tools.search_tool import format_documents
 

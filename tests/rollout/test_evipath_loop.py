@@ -20,7 +20,7 @@ from verl_evidence.agent_loops.search_loop import (
     assistant_turn_end_ids,
     planner_action,
 )
-from verl_evidence.backends import ScriptedBackend
+from verl_evidence.local.backends import ScriptedBackend
 from verl_evidence.evipath.parsing import ExecutorStep, PlannerTurn, render_planner_turn
 from verl_evidence.evipath.pipeline import SubQuestion, Trajectory
 from verl_evidence.evipath.protocol import pool_item

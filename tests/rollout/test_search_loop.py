@@ -10,7 +10,7 @@ import pytest
 from rollout_helpers import make_row, run_worker, unpad, with_settings
 
 from retrieval_server.client import RetrievalClient
-from verl_evidence.backends import ScriptedBackend
+from verl_evidence.local.backends import ScriptedBackend
 
 pytestmark = pytest.mark.slow
 
@@ -328,19 +328,21 @@ def test_per_turn_cap_without_action_is_corrected_not_fatal(base_config, search_
 
 
 def test_smoke_warm_up_lays_out_tokens_as_the_loop_does(base_config, search_url, tokenizer, model_dir, tmp_path, monkeypatch):
-    """The smoke policy's search warm-up (verl_evidence.smoke) is the token sequence this loop builds and continues."""
-    from verl_evidence import smoke
+    """The smoke policy's search warm-up (verl_evidence.local.smoke) is the token sequence this loop builds and continues."""
+    from verl_evidence.local.smoke import settings as smoke_settings
+    from verl_evidence.local.smoke.training import example_ids
+    from verl_evidence.local.smoke.warmup_data import warmup_examples
     from verl_evidence.agent_loops.search_loop import SearchLoopSettings
 
     monkeypatch.setenv("VERL_EVIDENCE_SMOKE_DIR", str(tmp_path))
-    example = next(e for e in smoke.warmup_examples("search", model_dir) if "<summary>" in e["messages"][-1]["content"])
+    example = next(e for e in warmup_examples("search", model_dir) if "<summary>" in e["messages"][-1]["content"])
     policy = [tokenizer.encode(s["text"], add_special_tokens=False) for s in example["segments"] if s["trained"]]
     search_text, answer_text = (s["text"] for s in example["segments"] if s["trained"])
     backend = ScriptedBackend(tokenizer, turns=[search_text, answer_text])
-    config = search_config(base_config, search_url, max_turns=2, topk=1, max_obs_tokens=smoke.SMOKE_MAX_OBS_TOKENS)
+    config = search_config(base_config, search_url, max_turns=2, topk=1, max_obs_tokens=smoke_settings.SMOKE_MAX_OBS_TOKENS)
     out = unpad(run_worker(config, backend, [make_row(example["question"], "evidence_search", messages=example["messages"][:-1])]))
 
-    ids, labels = smoke._example_ids(tokenizer, example)
+    ids, labels = example_ids(tokenizer, example)
     n_prompt = len(out["prompt_ids"])
     assert ids[:n_prompt] == out["prompt_ids"]
     runs = segments(out["response_ids"], out["response_mask"])
@@ -354,7 +356,7 @@ def test_smoke_warm_up_lays_out_tokens_as_the_loop_does(base_config, search_url,
         SearchLoopSettings().final_turn_notice, add_special_tokens=False
     )
     assert runs[1][1][-len(closing) :] == closing
-    assert len(runs[1][1]) == len(opening) + smoke.SMOKE_MAX_OBS_TOKENS + len(closing)
+    assert len(runs[1][1]) == len(opening) + smoke_settings.SMOKE_MAX_OBS_TOKENS + len(closing)
     assert context[-len(closing) :] == closing
     assert ids[n_prompt + len(policy[0]) + len(runs[1][1]) :][: len(policy[1])] == policy[1]
     # loss only on what the policy writes (and the end of its turn)

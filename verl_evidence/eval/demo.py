@@ -336,8 +336,8 @@ def _stream(command: list[str], env: dict[str, str], log_path: Path, steps: int)
 
     Returns the exit code, the whole output and when verl's trainer started (seconds after launch).
     """
-    from verl_evidence import smoke
     from verl_evidence.eval.training_report import format_step
+    from verl_evidence.local.smoke import logs as smoke_logs
 
     started = time.monotonic()
     trainer_started = None
@@ -361,7 +361,7 @@ def _stream(command: list[str], env: dict[str, str], log_path: Path, steps: int)
                     trainer_started = elapsed
                     console.print(f"  [{elapsed:4.0f}s] starting verl's trainer (Ray start-up, workers, model load)")
                 elif "step:" in line and " - " in line:
-                    for step, values in smoke.step_metrics(line).items():
+                    for step, values in smoke_logs.step_metrics(line).items():
                         console.print(f"  [{elapsed:4.0f}s] {format_step(step, values, steps)}")
         code = process.wait()
     except BaseException:
@@ -387,8 +387,8 @@ def _stop(process: subprocess.Popen) -> None:
 
 def run_training(recipe: Path, out: Path, steps: int, report_path: Path) -> bool:
     """``--train``: the recipe's real CPU run, then ``training.png`` / ``training.md`` and a report section."""
-    from verl_evidence import smoke
     from verl_evidence.eval.training_report import TRAINING_MD, TRAINING_PNG, write_training_report
+    from verl_evidence.local.smoke import logs as smoke_logs
 
     command, env = training_invocation(recipe, steps)
     printable = _printable(command, env, recipe)
@@ -401,7 +401,7 @@ def run_training(recipe: Path, out: Path, steps: int, report_path: Path) -> bool
     started = time.monotonic()
     code, output, trainer_started = _stream(command, env, log_path, steps)
     elapsed = time.monotonic() - started
-    metrics = smoke.step_metrics(output)
+    metrics = smoke_logs.step_metrics(output)
     trained_steps = sorted(step for step, values in metrics.items() if step >= 1 and "critic/score/mean" in values)
     if code != 0 or not trained_steps:
         tail = "".join(output.splitlines(keepends=True)[-40:])

@@ -8,7 +8,7 @@ The path of one example is the trainer's path, minus the GPUs:
     --> reward manager run_single --> EvalRecord
 
 Policies (all behind verl's ``LLMServerClient`` interface, see
-:mod:`verl_evidence.backends`): a local HF model directory, an
+:mod:`verl_evidence.local.backends`): a local HF model directory, an
 OpenAI-compatible endpoint, or recorded trajectories replayed turn by turn
 (the texts are fixed, but retrieval runs live against the server).
 """

@@ -123,7 +123,7 @@ def open_session(
     from transformers import AutoTokenizer
 
     import verl_evidence.plugin  # noqa: F401  (registers the agent loops and reward managers in this process)
-    from verl_evidence.testing import save_tiny_tokenizer, tiny_nli_model
+    from verl_evidence.local.tiny_models import save_tiny_tokenizer, tiny_nli_model
 
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -170,7 +170,7 @@ def open_session(
 
 
 def replay_backend(example: EvalExample, tokenizer: Any):
-    """A :class:`~verl_evidence.backends.ScriptedBackend` that replays ``example.script``.
+    """A :class:`~verl_evidence.local.backends.ScriptedBackend` that replays ``example.script``.
 
     Loops that generate one turn after another (search, GRACE) consume the
     script in order. The EviOmni loop generates o_r, o_e and o_f concurrently,
@@ -178,7 +178,7 @@ def replay_backend(example: EvalExample, tokenizer: Any):
     matched by what its prompt contains: the continuation of the first turn is
     o_f, a prompt that still shows the rationale is o_r, the remaining one o_e.
     """
-    from verl_evidence.backends import ScriptedBackend
+    from verl_evidence.local.backends import ScriptedBackend
     from verl_evidence.rewards.text import extract_last
 
     script = list(example.script or [])
@@ -216,13 +216,13 @@ def make_runner(
             return replay_backend(example, session.tokenizer)
 
     elif policy.kind == "hf":
-        from verl_evidence.backends import HFGenerationBackend
+        from verl_evidence.local.backends import HFGenerationBackend
 
         backend = HFGenerationBackend.from_pretrained(policy.target)
         backend_for = lambda example: backend
         concurrency = 1  # HF generate is not re-entrant; the backend serialises anyway
     else:
-        from verl_evidence.backends import OpenAIBackend
+        from verl_evidence.local.backends import OpenAIBackend
 
         backend = OpenAIBackend(policy.target, policy.model_name, tokenizer=session.tokenizer)
         backend_for = lambda example: backend

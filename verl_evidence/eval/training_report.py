@@ -95,7 +95,7 @@ class TrainingCurves:
 
 
 def training_curves(metrics: Mapping[int, Mapping[str, float]]) -> TrainingCurves:
-    """Sort verl's per-step metrics (:func:`verl_evidence.smoke.step_metrics`) into curves."""
+    """Sort verl's per-step metrics (:func:`verl_evidence.local.smoke.logs.step_metrics`) into curves."""
     curves = TrainingCurves()
     best_n: dict[tuple[str, str], int] = {}
     for step, values in sorted(metrics.items()):

@@ -1,0 +1,73 @@
+"""``verl-evidence smoke prepare METHOD`` / ``python -m verl_evidence.local.smoke prepare METHOD``.
+
+Prints what ``recipes/<method>.sh --smoke`` needs (policy, data, judge, settings) as shell assignments.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from verl_evidence.local.smoke.settings import METHODS, locked, smoke_dir, smoke_method
+
+
+def prepare(method: str) -> dict[str, str]:
+    """What ``recipes/<method>.sh --smoke`` needs: policy, data, and (EviNote) the judge, as shell variables."""
+    spec = smoke_method(method)
+    from verl_evidence.local.smoke.models import nli_judge, random_policy, warmed_up_policy
+    from verl_evidence.local.smoke.warmup_data import warmed_up_rows, warmup_data
+
+    root = smoke_dir()
+    with locked(root / "prepare"):
+        base = root / "random_policy"
+        if not (base / "model.safetensors").exists():
+            random_policy(base)
+        if spec.family is None:  # verl's SFT trainer from the random policy on every family's format
+            return {"MODEL_PATH": str(base), "TRAIN_FILES": str(warmup_data(base)), **spec.settings}
+        policy = warmed_up_policy(spec.family)
+        data = warmed_up_rows(method, policy)
+        variables = {"MODEL_PATH": str(policy), "TRAIN_FILES": str(data), "VAL_FILES": str(data), **spec.settings}
+        if spec.nli_judge:
+            variables["NLI_MODEL"] = str(nli_judge())
+        return variables
+
+
+def shell_assignments(method: str) -> list[str]:
+    """``prepare(method)`` as ``NAME=value`` lines a recipe reads (values shell-quoted)."""
+    import shlex
+
+    return [f"{name}={shlex.quote(value)}" for name, value in prepare(method).items()]
+
+
+def register(root) -> None:
+    import typer
+
+    smoke_app = typer.Typer(
+        help="Smoke runs of the recipes on CPU (tiny warmed-up policy, bundled data).", no_args_is_help=True
+    )
+
+    @smoke_app.command("prepare")
+    def prepare_command(method: str = typer.Argument(..., help=" | ".join(METHODS))) -> None:
+        """Build (or reuse) the smoke policy, data and judge; print them as shell assignments for the recipes."""
+        for line in shell_assignments(method):
+            typer.echo(line)
+
+    root.add_typer(smoke_app, name="smoke")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m verl_evidence.local.smoke prepare METHOD``: what the recipes call (``verl-evidence smoke prepare``
+    without importing every command of the CLI, which costs seconds on a small machine)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] != "prepare":
+        print(f"usage: python -m verl_evidence.local.smoke prepare {{{','.join(METHODS)}}}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        lines = shell_assignments(args[1])
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 0

@@ -1,0 +1,72 @@
+"""The smoke runs' models: the random tiny policy, its warmed-up copies per family, and EviNote's NLI judge."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from verl_evidence.local.smoke.settings import POLICY_HIDDEN, POLICY_LAYERS, WARMUP_STEPS, locked, smoke_dir
+
+logger = logging.getLogger(__name__)
+
+
+def random_policy(directory: Path) -> Path:
+    """A randomly initialised 2-layer Qwen2 (hidden 128) with the offline byte-level tokenizer."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from verl_evidence.local.tiny_models import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=POLICY_HIDDEN,
+        intermediate_size=POLICY_HIDDEN * 2,
+        num_hidden_layers=POLICY_LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    Qwen2ForCausalLM(config).save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return directory
+
+
+def warmed_up_policy(family: str) -> Path:
+    """The tiny policy warmed up on one family's format (HF directory), built once per machine."""
+    from verl_evidence.local.smoke.training import warm_up
+    from verl_evidence.local.smoke.warmup_data import warmup_examples
+
+    if family not in WARMUP_STEPS:
+        raise ValueError(f"unknown warm-up family {family!r}; one of {', '.join(WARMUP_STEPS)}")
+    root = smoke_dir()
+    policy = root / f"policy-{family}"
+    if (policy / "model.safetensors").exists():
+        return policy
+    with locked(policy):
+        if not (policy / "model.safetensors").exists():
+            base = root / "random_policy"
+            if not (base / "model.safetensors").exists():
+                random_policy(base)
+            losses = warm_up(base, warmup_examples(family, base), policy, steps=WARMUP_STEPS[family])
+            (root / f"warmup-{family}.json").write_text(json.dumps({"steps": len(losses), "loss": losses}))
+            logger.info("smoke policy %s: warm-up loss %.3f -> %.3f", family, losses[0], sum(losses[-20:]) / 20)
+    return policy
+
+
+def nli_judge() -> Path:
+    from verl_evidence.local.tiny_models import overlap_nli_model
+
+    out = smoke_dir() / "nli"
+    if not (out / "config.json").exists():
+        with locked(out):
+            if not (out / "config.json").exists():
+                overlap_nli_model(out)
+    return out

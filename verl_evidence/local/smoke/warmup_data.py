@@ -1,0 +1,208 @@
+"""The warm-up examples: each family's output format, built from the bundled questions' gold answers and evidence.
+
+A family is the recipes that share a prompt format (and so a warmed-up policy):
+``eviomni`` (EviOmni, LEAR, composite), ``search`` (EviNote, Search-R1), ``grace``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+from verl_evidence.local.smoke.data import method_data, read_rows
+from verl_evidence.local.smoke.settings import (
+    FAMILIES,
+    SMOKE_MAX_OBS_TOKENS,
+    WARMUP_ROWS_PER_FORMAT,
+    smoke_dir,
+    smoke_method,
+)
+
+
+def _first(values, default: str = "") -> str:
+    values = list(values or [])
+    return str(values[0]) if values else default
+
+
+def _warmup_examples(
+    rows: list[dict], target: Callable[[dict], list[dict] | None], count: int, seed: int
+) -> list[dict]:
+    """Chat examples: the row's prompt and an assistant reply (a message, or ``segments`` of one turn)."""
+    examples = []
+    for row in random.Random(seed).sample(rows, len(rows)):
+        reply = target(row)
+        question = row["extra_info"]["question"]
+        if reply and "role" in reply[0]:
+            examples.append({"messages": list(row["prompt"]) + reply, "question": question})
+        elif reply:
+            text = "".join(segment["text"] for segment in reply)
+            messages = list(row["prompt"]) + [{"role": "assistant", "content": text}]
+            examples.append({"messages": messages, "segments": reply, "question": question})
+        if len(examples) == count:
+            break
+    return examples
+
+
+def _short(text: str, words: int = 8) -> str:
+    # Short spans: the warm-up teaches the format; copying long spans is what RL is for.
+    return " ".join(text.split()[:words])
+
+
+def _eviomni_target(row: dict) -> list[dict] | None:
+    truth = row["reward_model"]["ground_truth"]
+    evidence, answer = _first(truth.get("evidence")), _first(truth.get("target"))
+    if not evidence or not answer:
+        return None
+    reply = f"<reason>One passage answers it.</reason><extract>{_short(evidence)}</extract><answer>{answer}</answer>"
+    return [{"role": "assistant", "content": reply}]
+
+
+def _eviomni_masked_answers(rows: list[dict], count: int) -> list[dict]:
+    """The o_r / o_e prompts (knowledge-masked inputs) the EviOmni loop asks the same policy to answer."""
+    from verl_evidence.prompts import load_prompt, render_prompt
+    from verl_evidence.tools.documents import format_documents
+
+    template = load_prompt("eviomni_answer")
+    examples = []
+    for index, row in enumerate(rows[:count]):
+        truth = row["reward_model"]["ground_truth"]
+        evidence, answer = _first(truth.get("evidence")), _first(truth.get("target"))
+        passages = format_documents([{"document": p} for p in row["extra_info"].get("passages") or []])
+        masked = "[hidden]"
+        fields = {
+            "question": row["extra_info"]["question"],
+            "passages": passages,
+            "rationale": "One passage answers it.",
+            "evidence": _short(evidence),
+        }
+        fields["evidence" if index % 2 else "passages"] = masked
+        if index % 2 == 0:
+            fields["rationale"] = masked
+        prompt = render_prompt(template, **fields)
+        reply = {"role": "assistant", "content": f"<answer>{answer}</answer>"}
+        examples.append({"messages": [{"role": "user", "content": prompt}, reply]})
+    return examples
+
+
+def _search_target(with_note: bool, tokenizer) -> Callable[[dict], list[dict] | None]:
+    """One search, its observation, (a note,) the answer: laid out token for token as the search loop builds it.
+
+    The policy's turns are encoded on their own and the context between them is the
+    loop's own pieces (``INFORMATION_OPEN``, the document tokens cut at the smoke
+    run's ``max_obs_tokens``, ``INFORMATION_CLOSE``, the final-turn notice), so the
+    tiny policy sees at warm-up exactly the token sequence it continues at rollout.
+    Context pieces carry no loss (``trained: False``), as they carry no loss in RL.
+    """
+    from verl_evidence.agent_loops.common import encode
+    from verl_evidence.agent_loops.search_loop import INFORMATION_CLOSE, INFORMATION_OPEN, SearchLoopSettings
+    from verl_evidence.bundled import load_corpus
+    from verl_evidence.tools.documents import format_documents
+
+    corpus = {doc["id"]: doc["contents"] for doc in load_corpus()}
+    notice = SearchLoopSettings().final_turn_notice  # the smoke run allows one search: its answer turn is the last
+
+    def target(row: dict) -> list[dict] | None:
+        truth = row["reward_model"]["ground_truth"]
+        evidence, answer = _first(truth.get("evidence")), _first(truth.get("target"))
+        question = row["extra_info"]["question"]
+        passage = next((text for text in corpus.values() if evidence and evidence in text), None)
+        if not answer or passage is None:
+            return None
+        documents = encode(tokenizer, format_documents([{"document": {"id": "d", "contents": passage}}]))
+        observation = tokenizer.decode(documents[:SMOKE_MAX_OBS_TOKENS])
+        note = f"<summary>*{_short(evidence, 6)}*</summary>\n" if with_note else ""
+        return [
+            {"text": f"<search>{_short(question, 6)}</search>", "trained": True},
+            {"text": INFORMATION_OPEN, "trained": False},
+            {"text": observation, "trained": False, "ids": documents[:SMOKE_MAX_OBS_TOKENS]},
+            {"text": INFORMATION_CLOSE, "trained": False},
+            {"text": notice, "trained": False},
+            {"text": f"{note}<answer>{answer}</answer>", "trained": True},
+        ]
+
+    return target
+
+
+def _grace_target(row: dict) -> list[dict] | None:
+    truth = row["reward_model"]["ground_truth"]
+    answer = _first(truth.get("target"))
+    if not answer:
+        return None
+    if truth.get("answerable"):
+        evidence = _first(truth.get("evidence"))
+        if not evidence:
+            return None
+        return [{"role": "assistant", "content": f"<evidence>{_short(evidence)}</evidence>\n<answer>{answer}</answer>"}]
+    return [{"role": "assistant", "content": f"<llm>I recall it.</llm>\n<answer>{answer}</answer>"}]
+
+
+def warmup_examples(family: str, tokenizer_dir: Path) -> list[dict]:
+    """Chat examples (``messages``) in the output format of one family of recipes."""
+    n = WARMUP_ROWS_PER_FORMAT
+    if family == "eviomni":
+        rows = read_rows(method_data("eviomni", tokenizer_dir))
+        # Mostly the trained (r, e, o_f) format; a few knowledge-masked answer prompts (o_r, o_e) so those answers
+        # keep their tags, but not so many that "</answer>" crowds out "</reason>" in a model this small.
+        return _warmup_examples(rows, _eviomni_target, n, seed=1) + _eviomni_masked_answers(rows, 2)
+    if family == "search":
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        evinote = read_rows(method_data("evinote", tokenizer_dir))
+        with_note = _warmup_examples(evinote, _search_target(True, tokenizer), n, seed=2)
+        # Search-R1's prompt with the same questions, without notes: its exact-match reward then has answers to find.
+        questions = {e["question"] for e in with_note}
+        search_r1_rows = read_rows(method_data("search_r1", tokenizer_dir))
+        search_r1 = [r for r in search_r1_rows if r["extra_info"]["question"] in questions]
+        return with_note + _warmup_examples(search_r1, _search_target(False, tokenizer), n // 4, seed=3)
+    if family == "grace":
+        rows = read_rows(method_data("grace", tokenizer_dir))
+        examples = []
+        for answerable in (True, False):
+            subset = [r for r in rows if bool(r["reward_model"]["ground_truth"].get("answerable")) == answerable]
+            examples += _warmup_examples(subset, _grace_target, n // 2, seed=4 + answerable)
+        return examples
+    raise ValueError(f"unknown warm-up family {family!r}")
+
+
+def warmup_data(tokenizer_dir: Path) -> Path:
+    """Every family's examples as chat-format parquet (``messages``): the data of the evipath_sft smoke run."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = smoke_dir() / "data" / "warmup.parquet"
+    if out.exists():
+        return out
+    examples = [
+        {"messages": e["messages"]}  # verl's SFT data: chat messages only
+        for family in sorted(FAMILIES) for e in warmup_examples(family, tokenizer_dir)
+    ]
+    pq.write_table(pa.Table.from_pylist(examples), out.with_suffix(".tmp.parquet"))
+    out.with_suffix(".tmp.parquet").replace(out)
+    return out
+
+
+def warmed_up_rows(method: str, tokenizer_dir: Path) -> Path:
+    """``method``'s prepared rows restricted to the questions its family was warmed up on (cached).
+
+    A 2-layer policy learns the format on the prompts it saw: sampled at temperature
+    1, the EviOmni policy closed reason/extract/answer in 13 of 48 samples on its
+    warm-up questions and in 1 of 48 on other questions (measured). The search
+    recipes' rewards also turn on the exact answer (Search-R1's EM, EviNote's gate),
+    which such a policy only knows by heart. Training on those questions is what gives
+    every smoke run's GRPO groups a spread at step 2.
+    """
+    out = smoke_dir() / "data" / f"{method}-warmed.parquet"
+    if out.exists():
+        return out
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    spec = smoke_method(method)
+    questions = {e["question"] for e in warmup_examples(spec.family, tokenizer_dir) if "question" in e}
+    kept = [r for r in read_rows(method_data(spec.data, tokenizer_dir)) if r["extra_info"]["question"] in questions]
+    tmp = out.with_suffix(".tmp.parquet")
+    pq.write_table(pa.Table.from_pylist(kept), tmp)
+    tmp.replace(out)
+    return out
