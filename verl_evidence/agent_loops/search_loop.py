@@ -468,7 +468,9 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
                 raise AssertionError(f"no handler for {state}")
         return self._output(data)
 
-    async def _handle_generating(self, data: SearchAgentData, sampling_params: dict[str, Any], priority: int):
+    async def _handle_generating(
+        self, data: SearchAgentData, sampling_params: dict[str, Any], priority: int
+    ) -> TurnState:
         """One policy turn; its first complete action decides what comes next."""
         s, traj = self.settings, data.traj
         if traj.remaining <= 0:
@@ -500,7 +502,7 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
             return data.end("response_length")
         return TurnState.CORRECTING  # EOS without an answer, or the per-turn cap reached mid-thought
 
-    async def _handle_searching(self, data: SearchAgentData):
+    async def _handle_searching(self, data: SearchAgentData) -> TurnState:
         """Run the turn's searches and append their observation (mask 0)."""
         s = self.settings
         data.searches.extend(data.queries)
@@ -528,13 +530,14 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
         data.observation_messages += 1
         return self._append_context(data, user_content, inline_ids)
 
-    def _handle_correcting(self, data: SearchAgentData):
+    def _handle_correcting(self, data: SearchAgentData) -> TurnState:
         """A turn without a valid action: append the correction (mask 0) and let the policy try again."""
         data.invalid_actions += 1
         feedback = self.settings.feedback
         return self._append_context(data, feedback.strip(), encode_cached(self.tokenizer, feedback))
 
-    def _append_context(self, data: SearchAgentData, user_content: str, inline_ids: list[int]):
+    def _append_context(self, data: SearchAgentData, user_content: str, inline_ids: list[int]) -> TurnState:
+        """Append what follows the turn (mask 0); a trajectory out of budget ends here."""
         pieces = self._context(
             user_content, inline_ids, data.turn, data.prompt_ids + data.traj.ids, data.turn_ids, data.traj
         )
