@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from verl_evidence.rewards.text import (
+    FALSE_WORDS,
+    TRUE_WORDS,
     answer_recall,
     block_sequence,
     coerce_ground_truth,
@@ -17,6 +19,7 @@ from verl_evidence.rewards.text import (
     f1_score,
     find_blocks,
     normalize,
+    parse_bool,
     strip_thinking,
     tag_events,
     whitespace_token_count,
@@ -175,3 +178,28 @@ def test_cut_at_stop_on_a_stop_token_and_without_any_stop() -> None:
     assert kept == ids[:3] and why == "stop"
     kept, why = cut_at_stop(ids, _CharTokenizer(), ["zz"], {0})
     assert kept == ids and why == "length"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (True, True), (False, False), (1, True), (0, False), (2.5, True), (0.0, False),
+        (float("nan"), None), (float("-inf"), None),
+        ("true", True), (" Yes ", True), ("1", True), ("FALSE", False), ("no", False), ("0", False),
+        ("maybe", None), ("validation", None), ("answerable", None), ("", None), (None, None),
+        ([True], True), (np.array(["no"]), False), (np.bool_(True), True), ([1, 0], None),
+    ],
+)
+def test_parse_bool_reads_one_word_list(value, expected) -> None:
+    assert parse_bool(value) is expected
+
+
+def test_ground_truth_and_grace_validation_flag_use_the_same_words() -> None:
+    from verl_evidence.rewards.grace import GRACE_VALIDATION, config_from_kwargs
+
+    for word in TRUE_WORDS:
+        assert coerce_ground_truth({"answerable": word.upper()})["answerable"] is True
+        assert config_from_kwargs({}, {"validate": word}) == GRACE_VALIDATION
+    for word in FALSE_WORDS:
+        assert coerce_ground_truth({"answerable": word})["answerable"] is False
+        assert config_from_kwargs({}, {"validate": word}) != GRACE_VALIDATION

@@ -29,7 +29,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from verl_evidence.rewards.text import block_sequence, coerce_ground_truth, extract_last, rouge_l, strip_thinking
+from verl_evidence.rewards.text import (
+    block_sequence,
+    coerce_ground_truth,
+    extract_last,
+    parse_bool,
+    rouge_l,
+    strip_thinking,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -144,16 +151,6 @@ def score(
     return result
 
 
-def _truthy(value: Any) -> bool:
-    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
-        value = value.tolist()
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "validation", "val")
-    if isinstance(value, float):
-        return math.isfinite(value) and value != 0.0
-    return bool(value) if isinstance(value, (bool, int)) else False
-
-
 # Keyword overrides per mode. The training code's alpha/beta (2, 3) are training weights: a preset passing them must
 # not also change validation, which the paper scores with alpha = beta = 1 (``validation_alpha``/``_beta`` do).
 SHARED_FIELDS = ("format_reward", "path_reward")
@@ -171,7 +168,7 @@ def config_from_kwargs(kwargs: dict[str, Any], extra_info: dict | None = None) -
     """
     mode = kwargs.get("mode")
     if mode is None:
-        mode = "validation" if extra_info and _truthy(extra_info.get("validate")) else "train"
+        mode = "validation" if extra_info and parse_bool(extra_info.get("validate")) else "train"
     key = str(mode).strip().lower()
     if key not in MODES:
         raise ValueError(f"unknown GRACE mode {mode!r}; choose train or validation")

@@ -10,6 +10,7 @@
   :func:`block_sequence`, :func:`strip_thinking`.
 - :func:`cut_at_stop`: where generated token ids end at a stop string or stop
   token (the tokenizer is only asked to ``decode``).
+- :func:`parse_bool`: the one true/false parser for data rows and configs.
 - :func:`coerce_ground_truth`: turns whatever sits in a verl parquet row's
   ``reward_model.ground_truth`` into ``{"target", "evidence", "answerable"}``.
 
@@ -44,6 +45,7 @@ __all__ = [
     "f1_score",
     "find_blocks",
     "normalize",
+    "parse_bool",
     "rouge_l",
     "rouge_tokens",
     "strip_thinking",
@@ -357,7 +359,14 @@ def _flatten_strings(value: Any) -> list[str]:
     return []
 
 
-def _coerce_bool(value: Any) -> bool | None:
+# The one word list for true/false strings in data rows and configs (``extra_info.validate``, ``answerable``).
+TRUE_WORDS = ("true", "yes", "1")
+FALSE_WORDS = ("false", "no", "0")
+
+
+def parse_bool(value: Any) -> bool | None:
+    """``True``/``False`` from a bool, a number, a word of :data:`TRUE_WORDS`/:data:`FALSE_WORDS` (any case)
+    or a one-element list/array of those; ``None`` for anything else (NaN, infinities, other words, empty values)."""
     if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
         value = value.tolist()
     if isinstance(value, list):
@@ -367,12 +376,12 @@ def _coerce_bool(value: Any) -> bool | None:
     if isinstance(value, int):
         return value != 0
     if isinstance(value, float):
-        return None if math.isnan(value) else value != 0.0
+        return value != 0.0 if math.isfinite(value) else None
     if isinstance(value, str):
         low = value.strip().lower()
-        if low in ("true", "yes", "1", "answerable"):
+        if low in TRUE_WORDS:
             return True
-        if low in ("false", "no", "0", "unanswerable"):
+        if low in FALSE_WORDS:
             return False
     return None
 
@@ -410,7 +419,7 @@ def coerce_ground_truth(gt: Any) -> dict:
                 if key in gt:
                     evidence = _flatten_strings(gt[key])
                     break
-            return {"target": target, "evidence": evidence, "answerable": _coerce_bool(gt.get("answerable"))}
+            return {"target": target, "evidence": evidence, "answerable": parse_bool(gt.get("answerable"))}
         return {"target": _flatten_strings(gt), "evidence": [], "answerable": None}
     except Exception as exc:  # noqa: BLE001 -- never let a strange ground truth reach the trainer as an exception
         logger.info("could not read ground truth of type %s (%s); using empty golds", type(gt).__name__, exc)
