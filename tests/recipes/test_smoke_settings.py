@@ -1,12 +1,17 @@
-"""The smoke runs' one table of per-method needs."""
+"""The smoke runs' one table of per-method needs, and the cache lock two recipes starting at once share."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
+from filelock import FileLock, Timeout
 
 from verl_evidence.local.smoke import settings
 from verl_evidence.local.smoke.data import DATA_KINDS
-from verl_evidence.local.smoke.settings import SMOKE_METHODS, WARMUP_STEPS, smoke_method
+from verl_evidence.local.smoke.settings import SMOKE_METHODS, WARMUP_STEPS, locked, smoke_method
 
 
 def test_every_method_names_known_data_and_a_known_warm_up_family() -> None:
@@ -25,3 +30,31 @@ def test_every_method_names_known_data_and_a_known_warm_up_family() -> None:
 def test_an_unknown_method_names_the_known_ones() -> None:
     with pytest.raises(ValueError, match=r"unknown smoke method 'nope'; one of eviomni, lear, evinote"):
         smoke_method("nope")
+
+
+HOLD_THEN_MARK = """
+import sys, time
+from pathlib import Path
+from verl_evidence.local.smoke.settings import locked
+with locked(Path(sys.argv[1])):
+    print("held", flush=True)
+    time.sleep(float(sys.argv[2]))
+    Path(sys.argv[1] + ".done").touch()  # the last thing under the lock
+"""
+
+
+def test_the_cache_lock_excludes_another_process_until_it_is_released(tmp_path: Path) -> None:
+    target = tmp_path / "cache" / "policy-search"
+    command = [sys.executable, "-c", HOLD_THEN_MARK, str(target), "2"]
+    holder = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        lock_file = target.with_suffix(".lock")
+        assert lock_file.exists()
+        with pytest.raises(Timeout):
+            FileLock(lock_file).acquire(timeout=0.2)
+        with locked(target):  # waits, without a timeout, for the holder to finish
+            assert Path(f"{target}.done").exists()
+    finally:
+        holder.kill()
+        holder.wait()

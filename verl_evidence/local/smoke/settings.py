@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from filelock import FileLock
 
 # Bump when the policy, the warm-up data or the method data change shape: caches keyed by it are rebuilt.
 FORMAT_VERSION = 6
@@ -70,8 +71,8 @@ def smoke_dir() -> Path:
     return Path(root) / f"v{FORMAT_VERSION}"
 
 
-def locked(path: Path):
+def locked(path: Path) -> FileLock:
+    """A cross-process lock on ``path`` (file ``<path>.lock``), waited for without a timeout: two recipes
+    starting at once build the cache once. Use as ``with locked(path): ...``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle = open(path.with_suffix(".lock"), "w")
-    fcntl.flock(handle, fcntl.LOCK_EX)  # two recipes starting at once build the cache once
-    return handle
+    return FileLock(path.with_suffix(".lock"))
