@@ -27,7 +27,8 @@ usage: $(basename "$0") [--dry-run] [--smoke] [--no-server] [hydra.key=value ...
   key=value     extra Hydra overrides, appended last (they win)
 
 Environment: MODEL (qwen2.5-1.5b|qwen2.5-3b|qwen2.5-7b|qwen3-4b|qwen3-8b|llama3.2-3b|llama3.1-8b),
-MODEL_PATH, NNODES, GPUS_PER_NODE, TP, TRAIN_FILES, VAL_FILES, RETRIEVAL_URL, START_SERVER,
+MODEL_PATH, NNODES, GPUS_PER_NODE, TP, TRAIN_FILES, VAL_FILES, CHECKPOINT_DIR, RESUME_MODE (auto: continue from
+the last checkpoint in CHECKPOINT_DIR), RETRIEVAL_URL, START_SERVER,
 SERVER_ARGS, SERVER_WAIT (600 s), SERVER_FIRST (1: start the trainer only once the server answers),
 ALLOW_DEMO_CORPUS (1: train on the bundled demo corpus when neither RETRIEVAL_URL nor SERVER_ARGS="--index-dir ..."
 names an index) and every hyperparameter named at the top of the recipe. See docs/recipes.md.
@@ -79,6 +80,7 @@ ve_smoke() {
   # log-prob gap then shows whether the rollout really generates from the synced weights.
   : "${LR:=1e-4}"
   : "${EXPERIMENT:=smoke-$method}" "${CHECKPOINT_DIR:=${TMPDIR:-/tmp}/verl-evidence-smoke/$method}"
+  : "${RESUME_MODE:=disable}"  # a debug run starts fresh (RESUME_MODE=auto with SAVE_FREQ=1 tries resuming on CPU)
   : "${RETRIEVAL_PORT:=8000}"
   if [ "$method" = evipath_sft ]; then
     SMOKE_ARGS=(
@@ -104,7 +106,7 @@ ve_smoke() {
     +actor_rollout_ref.model.override_config.attn_implementation=sdpa
     actor_rollout_ref.model.enable_gradient_checkpointing=false
     actor_rollout_ref.rollout.calculate_log_probs=true
-    # the search recipes: observation cut as the warm-up saw it (verl_evidence.local.smoke.settings.SMOKE_MAX_OBS_TOKENS)
+    # the search recipes: observation cut as the warm-up saw it (local.smoke.settings.SMOKE_MAX_OBS_TOKENS)
     ++actor_rollout_ref.rollout.custom.evidence_search.max_obs_tokens="${MAX_OBS_TOKENS:-256}"
     trainer.total_training_steps="${SMOKE_STEPS:-2}"
   )
@@ -142,14 +144,19 @@ ve_print() {
   printf '%s\n' "$line"
 }
 
-ve_server_healthy() {
+ve_server_healthy() {  # the run's token goes along: a server behind one may guard /health too
+  local auth=()
+  if [ -n "${VERL_EVIDENCE_RETRIEVAL_TOKEN:-}" ]; then auth=(-H @-); fi  # from stdin: never on a command line
   if command -v curl >/dev/null 2>&1; then  # cheaper than starting Python once a second
-    curl -fsS -m 2 -o /dev/null "${1%/}/health" 2>/dev/null
+    printf 'Authorization: Bearer %s\n' "${VERL_EVIDENCE_RETRIEVAL_TOKEN:-}" |
+      curl -fsS -m 2 -o /dev/null "${auth[@]}" "${1%/}/health" 2>/dev/null
     return
   fi
   "$VE_PYTHON" - "$1" <<'EOF' >/dev/null 2>&1
-import sys, httpx
-sys.exit(0 if httpx.get(sys.argv[1].rstrip("/") + "/health", timeout=2.0).status_code == 200 else 1)
+import os, sys, httpx
+token = os.environ.get("VERL_EVIDENCE_RETRIEVAL_TOKEN")
+headers = {"Authorization": f"Bearer {token}"} if token else {}
+sys.exit(0 if httpx.get(sys.argv[1].rstrip("/") + "/health", headers=headers, timeout=2.0).status_code == 200 else 1)
 EOF
 }
 
@@ -172,16 +179,35 @@ ve_watch_server() {
 # A run whose retrieval would be the bundled demo corpus (no RETRIEVAL_URL, no --index-dir in SERVER_ARGS) trains
 # on 322 passages without a word: refuse unless asked (ALLOW_DEMO_CORPUS=1). --smoke, make demo and the tests mean it;
 # --dry-run and Hydra's --cfg print a warning instead, as they train nothing.
+# $1 = 1: this recipe is about to start the server itself (whatever RETRIEVAL_URL says).
 ve_demo_corpus_guard() {
-  if [ "$SMOKE" = 1 ] || [ "${ALLOW_DEMO_CORPUS:-0}" = 1 ] || [ -n "${RETRIEVAL_URL:-}" ]; then return 0; fi
+  if [ "$SMOKE" = 1 ] || [ "${ALLOW_DEMO_CORPUS:-0}" = 1 ]; then return 0; fi
+  if [ "${1:-0}" != 1 ] && [ -n "${RETRIEVAL_URL:-}" ]; then return 0; fi
   if [[ " ${SERVER_ARGS:-} " == *" --index-dir"* ]]; then return 0; fi
-  local problem="this run would retrieve from the bundled demo corpus (322 passages): RETRIEVAL_URL is unset and"
+  local why="RETRIEVAL_URL is unset"
+  if [ "${1:-0}" = 1 ]; then why="no server answers at RETRIEVAL_URL, so the recipe starts one,"; fi
+  local problem="this run would retrieve from the bundled demo corpus (322 passages): $why and"
   problem="$problem SERVER_ARGS has no --index-dir. Point it at your index: RETRIEVAL_URL=http://<host>:<port> (a"
   problem="$problem running server) or SERVER_ARGS=\"--index-dir /path/to/index\"; ALLOW_DEMO_CORPUS=1 trains on"
   problem="$problem the demo corpus anyway"
   if [ "$DRY_RUN" = 1 ] || [ "${#HYDRA_FLAGS[@]}" -gt 0 ]; then echo "# warning: $problem" >&2; return 0; fi
   echo "error: $problem" >&2
   exit 2
+}
+
+# The retrieval server's bearer token: the user's (RETRIEVAL_SERVER_TOKEN or VERL_EVIDENCE_RETRIEVAL_TOKEN), else,
+# when the server listens beyond this machine ($1 = 1), a new one for this run. Exported under both names: the server
+# reads RETRIEVAL_SERVER_TOKEN, the search tool, both agent loops and the readiness checks
+# VERL_EVIDENCE_RETRIEVAL_TOKEN. Only a fingerprint is ever printed.
+ve_retrieval_token() {
+  local token="${VERL_EVIDENCE_RETRIEVAL_TOKEN:-${RETRIEVAL_SERVER_TOKEN:-}}"
+  if [ -z "$token" ] && [ "${1:-0}" = 1 ]; then token="$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')"; fi
+  [ -n "$token" ] || return 0
+  export RETRIEVAL_SERVER_TOKEN="$token" VERL_EVIDENCE_RETRIEVAL_TOKEN="$token"
+}
+
+ve_token_fingerprint() {  # a short hash that tells tokens apart without showing one
+  printf '%s' "$1" | sha256sum | cut -c1-12
 }
 
 # Searching methods: use RETRIEVAL_URL if a server answers there, else plan to start one (SERVER_ARGS are passed to
@@ -197,7 +223,13 @@ ve_retrieval_server() {
   # shellcheck disable=SC2206  # SERVER_ARGS is a list of flags by design
   VE_SERVE=(verl-evidence serve --port "$port" ${SERVER_ARGS:-})
   VE_SERVER_PLANNED=0
+  local wide=0  # a server started here for other nodes listens on every interface: behind a token
+  if [ "$START_SERVER" != 0 ] && [ "$host" = "$(hostname)" ]; then wide=1; fi
+  ve_retrieval_token "$wide"
   echo "# retrieval server: $RETRIEVAL_URL"
+  if [ -n "${VERL_EVIDENCE_RETRIEVAL_TOKEN:-}" ]; then
+    echo "# retrieval token of the search clients: sha256 $(ve_token_fingerprint "$VERL_EVIDENCE_RETRIEVAL_TOKEN")"
+  fi
   if [ "$START_SERVER" = 0 ]; then return 0; fi
   if [ "$DRY_RUN" = 1 ]; then
     echo "# started beside the trainer unless a server already answers there (SERVER_FIRST=1: before it):"
@@ -210,6 +242,7 @@ ve_retrieval_server() {
     "$(hostname)") VE_SERVE+=(--host 0.0.0.0) ;;  # reachable by name from the other nodes
     *) echo "no retrieval server answers at $RETRIEVAL_URL and it is not this machine: start it there" >&2; exit 1 ;;
   esac
+  ve_demo_corpus_guard 1  # a RETRIEVAL_URL on this machine that nothing answers: the server would be ours
   VE_SERVER_PLANNED=1
   if [ "${SERVER_FIRST:-0}" != 1 ]; then
     # The trainer starts while the server loads its index (minutes for wiki-18), instead of after it: every
@@ -265,6 +298,9 @@ ve_common_overrides() {
     trainer.experiment_name="$EXPERIMENT"
     trainer.logger="${LOGGER:-[console]}"
     trainer.save_freq="${SAVE_FREQ:-100}"
+    # A stopped run (preempted, requeued, out of time) started again continues from its last checkpoint here.
+    trainer.resume_mode="${RESUME_MODE:-auto}"
+    trainer.default_local_dir="${CHECKPOINT_DIR:-checkpoints/${PROJECT:-verl-evidence}/$EXPERIMENT}"
     trainer.test_freq="${TEST_FREQ:-50}"
     trainer.val_before_train="${VAL_BEFORE_TRAIN:-true}"
   )

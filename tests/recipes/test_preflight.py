@@ -69,6 +69,7 @@ def test_grace_on_search_rows_stops_before_anything_starts(rows, tmp_path: Path)
     result = run_recipe(
         "evinote_grpo.sh", stand_in_python(tmp_path), "reward_preset=grace",
         TRAIN_FILES=str(rows["qa"]), VAL_FILES=str(rows["qa"]), RETRIEVAL_URL=f"http://127.0.0.1:{port}",
+        SERVER_ARGS=f"--index-dir {tmp_path / 'index'}",
     )
     assert result.returncode == 2, result.stdout + result.stderr
     assert "reward preset 'grace'" in result.stderr

@@ -10,6 +10,7 @@ import json
 import os
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -252,6 +253,15 @@ def test_a_run_on_the_demo_corpus_refuses_unless_asked(script: str) -> None:
     for env in ({"ALLOW_DEMO_CORPUS": "1"}, {"SERVER_ARGS": "--method bm25 --index-dir /idx"}, {"RETRIEVAL_URL": "http://h:1"}):
         chosen = dry_run(script, **env)
         assert chosen.returncode == 0 and "demo corpus" not in chosen.stderr, (env, chosen.stderr)
+    # A RETRIEVAL_URL on this machine that nothing answers: the recipe would start the server, on the demo corpus.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    local = subprocess.run(
+        ["bash", str(RECIPES / script)], capture_output=True, text=True, cwd=REPO, timeout=60,
+        env=recipe_env(PYTHON=sys.executable, RETRIEVAL_URL=f"http://127.0.0.1:{port}"),
+    )
+    assert local.returncode == 2 and "no server answers at RETRIEVAL_URL" in local.stderr, local.stderr
 
 
 def test_smoke_runs_may_use_the_demo_corpus() -> None:
@@ -496,6 +506,56 @@ PY
     finally:
         if Path(f"/proc/{pid}").exists():
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(700)
+def test_a_server_for_other_nodes_is_behind_a_per_run_token(tmp_path: Path) -> None:
+    """RETRIEVAL_URL naming this machine: the server listens on 0.0.0.0, so the run makes a token; the search client
+    (env VERL_EVIDENCE_RETRIEVAL_TOKEN) gets hits, a request without it gets 401. Only a fingerprint is printed."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    host = socket.gethostname()
+    script = f"""
+set -euo pipefail
+source {RECIPES}/_common.sh
+ve_parse_args
+RETRIEVAL_URL=http://{host}:{port}
+ALLOW_DEMO_CORPUS=1  # the bundled corpus, meant
+SERVER_FIRST=1
+ve_retrieval_server
+ve_start_retrieval_server
+echo "pid=$VE_SERVER_PID"
+python - <<'PY'
+import asyncio, hashlib, json, os, httpx
+from verl_evidence.tools.search_tool import SearchService
+url = os.environ["VERL_EVIDENCE_RETRIEVAL_URL"]
+print("fingerprint=" + hashlib.sha256(os.environ["VERL_EVIDENCE_RETRIEVAL_TOKEN"].encode()).hexdigest()[:12])
+print("server_token_same=" + str(os.environ["RETRIEVAL_SERVER_TOKEN"] == os.environ["VERL_EVIDENCE_RETRIEVAL_TOKEN"]))
+bare = httpx.post(url + "/retrieve", json={{"queries": ["Where do the two Niles meet?"], "topk": 1}}, timeout=30)
+print(f"without_token={{bare.status_code}}")
+hits = asyncio.run(SearchService(topk=1).search(["Where do the two Niles meet?"]))[0]
+print("hits=" + json.dumps([h["document"]["id"] for h in hits]))
+PY
+"""
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in ("RETRIEVAL_SERVER_TOKEN", "VERL_EVIDENCE_RETRIEVAL_TOKEN")},
+        "HF_HUB_OFFLINE": "1", "SERVER_WAIT": "300", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
+    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=600, env=env)
+    lines = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line and not line.startswith("#"))
+    try:
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+        assert f"# retrieval token of the search clients: sha256 {lines['fingerprint']}" in result.stdout
+        assert lines["server_token_same"] == "True"
+        assert lines["without_token"] == "401"
+        assert len(json.loads(lines["hits"])) == 1
+    finally:
+        if "pid" in lines and Path(f"/proc/{lines['pid']}").exists():
+            os.kill(int(lines["pid"]), 9)
 
 
 @pytest.mark.slow

@@ -32,6 +32,8 @@ wait "$step"
 FAKE_RAY = """#!/usr/bin/env bash
 echo "ray $*"
 echo $$ >> "$FAKE_STATE/pids"
+# what the Ray workers on this node inherit: the search clients' token (its hash)
+printf '%s' "${VERL_EVIDENCE_RETRIEVAL_TOKEN:-none}" | sha256sum | cut -c1-12 >> "$FAKE_STATE/ray-token"
 case "$FAKE_RAY" in
   fail) echo "RuntimeError: Failed to start the GCS server: port $RAY_PORT is already in use" >&2; exit 1 ;;
   hang) echo "waiting for the GCS..."; exec sleep 600 ;;
@@ -55,6 +57,7 @@ def nodes():
 FAKE_VERL_EVIDENCE = """#!/usr/bin/env bash
 echo "verl-evidence $*"
 echo $$ >> "$FAKE_STATE/pids"
+printf '%s' "${RETRIEVAL_SERVER_TOKEN:-none}" | sha256sum | cut -c1-12 > "$FAKE_STATE/server-token"
 port=""
 while [ $# -gt 0 ]; do if [ "$1" = --port ]; then port="$2"; fi; shift; done
 case "$FAKE_SERVER" in
@@ -67,6 +70,7 @@ esac
 
 FAKE_RECIPE = """#!/usr/bin/env bash
 echo "trainer ran: RAY_ADDRESS=$RAY_ADDRESS RETRIEVAL_URL=$RETRIEVAL_URL NNODES=$NNODES args=$*"
+echo "trainer token: $(printf '%s' "${VERL_EVIDENCE_RETRIEVAL_TOKEN:-none}" | sha256sum | cut -c1-12)"
 """
 
 
@@ -85,6 +89,7 @@ def _alive(pid: int) -> bool:
 
 
 def run_job(tmp_path: Path, ray: str, server: str = "hang", **env: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """The job with stand-ins; the user's retrieval token variables are cleared unless given in ``env``."""
     bin_dir, state, modules, logs = (tmp_path / name for name in ("bin", "state", "modules", "logs"))
     for directory in (bin_dir, state, modules, tmp_path / "repo" / "recipes"):
         directory.mkdir(parents=True, exist_ok=True)
@@ -113,6 +118,9 @@ def run_job(tmp_path: Path, ray: str, server: str = "hang", **env: str) -> tuple
         **env,
     }
     job_env.pop("DRY_RUN", None)
+    for name in ("RETRIEVAL_SERVER_TOKEN", "VERL_EVIDENCE_RETRIEVAL_TOKEN", "RETRIEVAL_URL"):
+        if name not in env:
+            job_env.pop(name, None)
     try:
         # No deadline is set below 2 s: a job that ignores its deadline would hit this 120 s limit instead.
         result = subprocess.run(["bash", str(SBATCH), "trainer.total_epochs=1"], capture_output=True, text=True, env=job_env, cwd=tmp_path, timeout=120)
@@ -204,3 +212,49 @@ def test_job_asked_for_the_demo_corpus_or_given_a_server_runs(tmp_path):
     assert given.returncode == 0, given.stdout + given.stderr
     assert "verl-evidence serve" not in given.stdout  # the user's own server: none started
     assert "RETRIEVAL_URL=http://10.1.2.3:8123 " in given.stdout
+
+
+def fingerprint(token: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(token.encode()).hexdigest()[:12]
+
+
+def test_the_job_makes_a_token_that_reaches_the_server_every_ray_node_and_the_trainer(tmp_path):
+    result, _ = run_job(tmp_path, ray="up", server="up")
+    assert result.returncode == 0, result.stdout + result.stderr
+    state = tmp_path / "state"
+    server = (state / "server-token").read_text().strip()
+    assert server != fingerprint("none")  # the server got a token
+    assert (state / "ray-token").read_text().split() == [server, server]  # both nodes' Ray workers inherit it
+    assert f"trainer token: {server}" in result.stdout
+    assert f"# retrieval token of the server: sha256 {server}" in result.stdout
+    again, _ = run_job(tmp_path / "again", ray="up", server="up")
+    assert (tmp_path / "again" / "state" / "server-token").read_text().strip() != server  # one per job
+
+
+def test_a_users_token_is_used_as_given(tmp_path):
+    result, _ = run_job(tmp_path, ray="up", server="up", RETRIEVAL_SERVER_TOKEN="s3cret-of-the-user")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "state" / "server-token").read_text().strip() == fingerprint("s3cret-of-the-user")
+    assert f"trainer token: {fingerprint('s3cret-of-the-user')}" in result.stdout
+    assert "s3cret-of-the-user" not in result.stdout + result.stderr
+
+
+def test_dry_run_shows_the_same_token_for_server_and_trainer_without_its_value(tmp_path):
+    env = {
+        **os.environ, "DRY_RUN": "1", "NODES": "n1 n2", "REPO": str(REPO), "SETUP": "true",
+        "SERVER_ARGS": "--index-dir /shared/index", "RETRIEVAL_SERVER_TOKEN": "tok-123456",
+    }
+    env.pop("VERL_EVIDENCE_RETRIEVAL_TOKEN", None)
+    result = subprocess.run(["bash", str(SBATCH)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert f"# retrieval token of the server: sha256 {fingerprint('tok-123456')}" in out
+    assert f"# retrieval token of the search clients: sha256 {fingerprint('tok-123456')}" in out
+    assert "tok-123456" not in out + result.stderr
+    env.pop("RETRIEVAL_SERVER_TOKEN")
+    made = subprocess.run(["bash", str(SBATCH)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    server = made.stdout.split("# retrieval token of the server: sha256 ")[1].split()[0]
+    clients = made.stdout.split("# retrieval token of the search clients: sha256 ")[1].split()[0]
+    assert server == clients and len(server) == 12
