@@ -13,8 +13,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -24,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from retrieval_server.batching import BacklogBatcher
 from retrieval_server.config import ServerConfig
 
 logger = logging.getLogger(__name__)
@@ -137,83 +137,6 @@ class ServerMetrics:
         from prometheus_client import generate_latest
 
         return generate_latest(self.registry)
-
-
-# ---------------------------------------------------------------- batching
-Item = TypeVar("Item")
-Result = TypeVar("Result")
-
-
-class BacklogBatcher(Generic[Item, Result]):
-    """Batches of whatever queued while earlier batches ran, up to ``concurrency`` batches at once.
-
-    An idle replica runs a lone request at once (no timer to wait out); under load
-    every request that arrived during a batch joins the next one, up to
-    ``max_batch_size``. Ray Serve 2.60's ``@serve.batch`` cannot do this: it closes a
-    batch on its timer *before* waiting for the running batch (ray/serve/batching.py,
-    ``_process_batches``), so a backlog is cut into timer-sized slivers.
-    ``max_wait_s`` > 0 adds a wait for company before each batch (fewer, larger
-    batches at the cost of latency). ``concurrency`` > 1 lets a new batch start while
-    others run (one per CPU thread of a CPU encoder): no core idles while one batch
-    finishes its slowest part, and a batch never waits for another to end.
-    """
-
-    def __init__(
-        self,
-        run_batch: Callable[[list[Item]], Awaitable[list[Result]]],
-        max_batch_size: int,
-        max_wait_s: float = 0.0,
-        concurrency: int = 1,
-    ) -> None:
-        if concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-        self._run_batch = run_batch
-        self.max_batch_size = max_batch_size
-        self.max_wait_s = max_wait_s
-        self.concurrency = concurrency
-        self._queue: asyncio.Queue[tuple[Item, asyncio.Future[Result]]] = asyncio.Queue()
-        self._workers: set[asyncio.Task[None]] = set()
-        self._running = 0  # batches running now
-
-    async def submit(self, item: Item) -> Result:
-        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait((item, future))
-        self._spawn()
-        return await future
-
-    def _spawn(self) -> None:
-        # Not a done-callback: it runs only after the woken caller, whose next submit would find no free slot.
-        self._workers = {worker for worker in self._workers if not worker.done()}
-        if len(self._workers) < self.concurrency:
-            self._workers.add(asyncio.create_task(self._drain()))
-
-    async def _drain(self) -> None:
-        while not self._queue.empty():
-            if self.max_wait_s > 0 and self._queue.qsize() < self.max_batch_size:
-                await asyncio.sleep(self.max_wait_s)
-            # A fair share of the backlog per free slot: two idle slots split it rather than one taking it all.
-            share = -(-self._queue.qsize() // max(1, self.concurrency - self._running))
-            taken = [self._queue.get_nowait() for _ in range(min(self._queue.qsize(), self.max_batch_size, share))]
-            if not self._queue.empty():
-                self._spawn()  # the rest goes to another slot, if one is free
-            live = [(item, future) for item, future in taken if not future.done()]  # skip requests whose client left
-            if not live:
-                continue
-            self._running += 1
-            try:
-                results = await self._run_batch([item for item, _ in live])
-                if len(results) != len(live):  # zip would leave the unmatched requests waiting forever
-                    raise RuntimeError(f"batch returned {len(results)} results for {len(live)} requests")
-            except Exception as err:  # every request of the batch sees the failure (its handler answers 503)
-                for _, future in live:
-                    if not future.done():
-                        future.set_exception(err)
-                continue
-            finally:
-                self._running -= 1
-            for (_, future), result in zip(live, results):
-                if not future.done():
-                    future.set_result(result)
 
 
 # ---------------------------------------------------------------- deployment

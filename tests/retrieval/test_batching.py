@@ -7,7 +7,7 @@ from collections import defaultdict
 
 import pytest
 
-from retrieval_server.app import BacklogBatcher
+from retrieval_server.batching import BacklogBatcher
 
 
 class ScriptedBatches:
@@ -42,10 +42,10 @@ class ScriptedBatches:
 async def _queued(batcher: BacklogBatcher, n: int) -> None:
     """Yield to the loop until n submissions wait in the batcher's queue."""
     for _ in range(1000):
-        if batcher._queue.qsize() == n:
+        if batcher.queued == n:
             return
         await asyncio.sleep(0)
-    raise AssertionError(f"expected {n} queued submissions, found {batcher._queue.qsize()}")
+    raise AssertionError(f"expected {n} queued submissions, found {batcher.queued}")
 
 
 def _outcome(task: asyncio.Task) -> str:
@@ -253,6 +253,54 @@ def test_a_request_right_after_a_batch_ends_is_served(concurrency):
         return [first, second]
 
     assert asyncio.run(asyncio.wait_for(scenario(), timeout=5)) == ["result of a", "result of b"]
+
+
+def test_weighted_items_fill_a_batch_by_their_size_and_the_last_may_carry_it_past():
+    """The NLI judge's calls weigh their pairs: a batch takes calls while it holds fewer than max_batch_size."""
+
+    async def scenario() -> list[list[str]]:
+        run = ScriptedBatches()
+        batcher = BacklogBatcher(run, max_batch_size=8, size_of=len)
+        tasks = [asyncio.create_task(batcher.submit(item)) for item in ("aaaaa", "bbbbb", "cc", "d")]
+        await run.started(0)
+        run.finish(0)
+        await run.started(1)
+        run.finish(1)
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
+        return run.batches
+
+    # 5 < 8 takes "bbbbb" too (10 pairs: the last call carries the batch past, unsplit); the rest is the next batch.
+    assert asyncio.run(scenario()) == [["aaaaa", "bbbbb"], ["cc", "d"]]
+
+
+def test_a_wait_for_company_ends_when_a_batch_is_full():
+    async def scenario() -> list[list[str]]:
+        run = ScriptedBatches(hold=False)
+        batcher = BacklogBatcher(run, max_batch_size=4, max_wait_s=30.0)
+        await asyncio.wait_for(asyncio.gather(*(batcher.submit(f"r{i}") for i in range(4))), timeout=10)
+        return run.batches
+
+    assert asyncio.run(scenario()) == [["r0", "r1", "r2", "r3"]]  # a 30 s wait would have hit the 10 s timeout
+
+
+def test_a_batcher_kept_across_event_loops_works_in_each():
+    run = ScriptedBatches(hold=False)
+    batcher = BacklogBatcher(run, max_batch_size=8, max_wait_s=0.01)
+    for word in ("first", "second"):  # as a judge client cached across asyncio.run calls
+        assert asyncio.run(asyncio.wait_for(batcher.submit(word), timeout=5)) == f"result of {word}"
+
+
+def test_close_cancels_the_callers_still_waiting():
+    async def scenario() -> list[bool]:
+        run = ScriptedBatches()
+        batcher = BacklogBatcher(run, max_batch_size=1)
+        tasks = [asyncio.create_task(batcher.submit(f"r{i}")) for i in range(2)]
+        await run.started(0)  # r0 runs (held), r1 waits in the queue
+        batcher.close()
+        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=5)
+        return [isinstance(r, asyncio.CancelledError) for r in results]
+
+    assert asyncio.run(scenario()) == [True, True]
 
 
 def test_the_deployment_writes_no_access_log_line_per_request_unless_asked(tmp_path):

@@ -92,7 +92,7 @@ def test_a_failed_batch_answers_503_to_exactly_its_requests(replica, monkeypatch
             asyncio.create_task(_post(replica, {"queries": ["capital city of Australia"], "topk": 2})),
             asyncio.create_task(_post(replica, {"queries": ["Which river is the longest in Africa?", "Nile"], "topk": 3})),
         ]
-        while replica.batcher._queue.qsize() < 2:
+        while replica.batcher.queued < 2:
             await asyncio.sleep(0.01)
         unblock.set()
         return await asyncio.wait_for(asyncio.gather(*doomed, *spared), timeout=120)
