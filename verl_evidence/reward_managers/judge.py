@@ -7,7 +7,7 @@ Three layers, each usable alone:
   pairs, in batches, truncating only the premise by tokens.
 - :class:`BatchingJudge` collects requests that arrive concurrently (from many
   ``run_single`` coroutines) for a few milliseconds, or until a batch is full,
-  and answers them with one forward pass.
+  and answers them with one forward pass (the retrieval server's batcher).
 - :class:`NLIJudgeActor` is that batching judge inside an async Ray actor, so one
   model instance (on its own GPU or on CPU) serves every reward worker of a job.
 
@@ -183,40 +183,27 @@ class NLIJudge:
         return probabilities
 
 
-@dataclass
-class _Request:
-    premises: list[str]
-    hypotheses: list[str]
-    future: asyncio.Future
-
-
 class BatchingJudge:
     """Micro-batches concurrent ``entailment_probs`` calls into forward passes.
 
-    The first waiting request opens a batch; requests arriving within
-    ``max_wait_ms`` join it until ``max_batch_size`` pairs are collected. The
-    forward pass runs in a dedicated thread so the event loop keeps accepting
-    requests meanwhile.
+    The server's batcher (:class:`retrieval_server.batching.BacklogBatcher`), its
+    batches counted in pairs: a call waits up to ``max_wait_ms`` for company unless
+    ``max_batch_size`` pairs are already waiting, then every waiting call (up to
+    that many pairs) is answered by one forward pass. The forward pass runs in a
+    dedicated thread so the event loop keeps accepting requests meanwhile.
     """
 
     def __init__(self, judge: NLIJudge, max_batch_size: int | None = None, max_wait_ms: float = 5.0) -> None:
+        from retrieval_server.batching import BacklogBatcher
+
         self.judge = judge
         self.max_batch_size = int(max_batch_size or judge.batch_size)
         self.max_wait_s = max(0.0, float(max_wait_ms)) / 1000.0
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="nli-judge")
-        self._queue: asyncio.Queue[_Request] | None = None
-        self._worker: asyncio.Task | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._batcher = BacklogBatcher(
+            self._forward, self.max_batch_size, self.max_wait_s, size_of=lambda call: len(call[0])
+        )
         self.forward_batches = 0  # number of batched model calls, for tests and logs
-
-    def _ensure_worker(self) -> asyncio.Queue:
-        loop = asyncio.get_running_loop()
-        if self._loop is not loop or self._worker is None or self._worker.done():
-            # A new event loop (tests, restarted workers) needs its own queue and worker task.
-            self._loop = loop
-            self._queue = asyncio.Queue()
-            self._worker = loop.create_task(self._serve())
-        return self._queue
 
     async def entailment_probs(self, premises: Sequence[str], hypotheses: Sequence[str]) -> list[float]:
         premises, hypotheses = list(premises), list(hypotheses)
@@ -224,61 +211,25 @@ class BatchingJudge:
             raise ValueError(f"got {len(premises)} premises but {len(hypotheses)} hypotheses")
         if not premises:
             return []
-        queue = self._ensure_worker()
-        future = asyncio.get_running_loop().create_future()
-        queue.put_nowait(_Request(premises, hypotheses, future))
-        return await future
+        return await self._batcher.submit((premises, hypotheses))
 
-    async def _collect(self, queue: asyncio.Queue) -> list[_Request]:
+    async def _forward(self, calls: list[tuple[list[str], list[str]]]) -> list[list[float]]:
+        """One forward pass over every pair of ``calls``; each call's probabilities, in order."""
+        premises = [p for call_premises, _ in calls for p in call_premises]
+        hypotheses = [h for _, call_hypotheses in calls for h in call_hypotheses]
         loop = asyncio.get_running_loop()
-        batch = [await queue.get()]
-        size = len(batch[0].premises)
-        deadline = loop.time() + self.max_wait_s
-        while size < self.max_batch_size:
-            if not queue.empty():
-                request = queue.get_nowait()
-            else:
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    break
-                try:
-                    request = await asyncio.wait_for(queue.get(), remaining)
-                except asyncio.TimeoutError:
-                    break
-            batch.append(request)
-            size += len(request.premises)
-        return batch
+        probabilities = await loop.run_in_executor(self._executor, self.judge.entailment_probs, premises, hypotheses)
+        self.forward_batches += 1
+        answers, offset = [], 0
+        for call_premises, _ in calls:
+            answers.append(probabilities[offset : offset + len(call_premises)])
+            offset += len(call_premises)
+        return answers
 
     def close(self) -> None:
-        """Stop the worker task and the forward thread (pending callers get CancelledError)."""
-        if self._worker is not None and not self._worker.done():
-            self._worker.cancel()
-        self._worker = None
+        """Stop the batcher and the forward thread (pending callers get CancelledError)."""
+        self._batcher.close()
         self._executor.shutdown(wait=False)
-
-    async def _serve(self) -> None:
-        queue = self._queue
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = await self._collect(queue)
-            premises = [p for request in batch for p in request.premises]
-            hypotheses = [h for request in batch for h in request.hypotheses]
-            try:
-                probabilities = await loop.run_in_executor(
-                    self._executor, self.judge.entailment_probs, premises, hypotheses
-                )
-                self.forward_batches += 1
-            except Exception as error:  # hand the failure to every waiting caller
-                for request in batch:
-                    if not request.future.done():
-                        request.future.set_exception(error)
-                continue
-            offset = 0
-            for request in batch:
-                count = len(request.premises)
-                if not request.future.done():
-                    request.future.set_result(probabilities[offset : offset + count])
-                offset += count
 
 
 class NLIJudgeActor:
