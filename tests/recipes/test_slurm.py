@@ -58,6 +58,7 @@ FAKE_VERL_EVIDENCE = """#!/usr/bin/env bash
 echo "verl-evidence $*"
 echo $$ >> "$FAKE_STATE/pids"
 printf '%s' "${RETRIEVAL_SERVER_TOKEN:-none}" | sha256sum | cut -c1-12 > "$FAKE_STATE/server-token"
+echo "RAY_ADDRESS=${RAY_ADDRESS:-unset} args=$*" > "$FAKE_STATE/server-env"
 port=""
 while [ $# -gt 0 ]; do if [ "$1" = --port ]; then port="$2"; fi; shift; done
 case "$FAKE_SERVER" in
@@ -258,3 +259,23 @@ def test_dry_run_shows_the_same_token_for_server_and_trainer_without_its_value(t
     server = made.stdout.split("# retrieval token of the server: sha256 ")[1].split()[0]
     clients = made.stdout.split("# retrieval token of the search clients: sha256 ")[1].split()[0]
     assert server == clients and len(server) == 12
+
+
+def test_a_dedicated_server_node_stays_out_of_the_training_cluster(tmp_path):
+    """RETRIEVAL_NODE=last: the server runs on that node with a Ray of its own; Ray and the trainer use the rest."""
+    result, _ = run_job(tmp_path, ray="up", server="up", NODES="node1 node2 node3", RETRIEVAL_NODE="last")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "# retrieval server on its own node: node3" in out
+    assert "-w node3 env -u RAY_ADDRESS bash -c true && verl-evidence serve --host 0.0.0.0" in out
+    assert "ray start" not in "".join(line for line in out.splitlines() if "-w node3" in line)
+    assert out.count("ray start --head") == 1 and out.count("ray start --address=") == 1  # node2 only
+    server = (tmp_path / "state" / "server-env").read_text()
+    assert server.startswith("RAY_ADDRESS=unset") and "--address" not in server
+    assert "NNODES=2 " in out
+
+
+def test_a_retrieval_node_outside_the_job_or_the_head_is_refused(tmp_path):
+    for node in ("node1", "elsewhere"):
+        result, _ = run_job(tmp_path / node, ray="up", server="up", RETRIEVAL_NODE=node)
+        assert result.returncode == 2 and f"RETRIEVAL_NODE={node} must name a node of this job" in result.stderr
