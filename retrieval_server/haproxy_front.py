@@ -18,6 +18,7 @@ reloads and signals reach HAProxy itself):
   killed hard (OOM killer, a whole server killed at once), nothing in Ray stops
   HAProxy, and the orphan keeps the server's port.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,6 +34,7 @@ import sys
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
+
 
 # ---------------------------------------------------------------- ports
 class PortInUseError(RuntimeError):
