@@ -124,7 +124,10 @@ ve_model_preset() {
     llama3.2-3b) hub=meta-llama/Llama-3.2-3B-Instruct; tp=1 ;;
     llama3.1-8b) hub=meta-llama/Llama-3.1-8B-Instruct; tp=2 ;;
     *)
-      if [ -z "${MODEL_PATH:-}" ]; then echo "unknown MODEL=$MODEL; set MODEL_PATH to use any other checkpoint" >&2; exit 2; fi
+      if [ -z "${MODEL_PATH:-}" ]; then
+        echo "unknown MODEL=$MODEL; set MODEL_PATH to use any other checkpoint" >&2
+        exit 2
+      fi
       hub="$MODEL_PATH"; tp=1 ;;
   esac
   MODEL_PATH="${MODEL_PATH:-$hub}"
@@ -165,7 +168,10 @@ EOF
 ve_watch_server() {
   local url="$1" server_pid="$2" recipe_pid="$3" waited=0 problem=""
   until ve_server_healthy "$url"; do
-    if ! kill -0 "$server_pid" 2>/dev/null; then problem="the retrieval server exited before it answered at $url"; break; fi
+    if ! kill -0 "$server_pid" 2>/dev/null; then
+      problem="the retrieval server exited before it answered at $url"
+      break
+    fi
     if [ "$waited" -ge "${SERVER_WAIT:-600}" ]; then problem="no retrieval server at $url after ${waited}s"; break; fi
     sleep 1
     waited=$((waited + 1))
@@ -328,7 +334,8 @@ ve_search_overrides() {
     # A server loading beside the trainer: said in the config too, which reaches workers on every node (the env
     # variable reaches only this node's).
     if [ -n "${VERL_EVIDENCE_RETRIEVAL_WAIT_S:-}" ]; then
-      SEARCH_ARGS+=(++actor_rollout_ref.rollout.custom.evidence_search.search_wait_for_server_s="$VERL_EVIDENCE_RETRIEVAL_WAIT_S")
+      local wait_key=++actor_rollout_ref.rollout.custom.evidence_search.search_wait_for_server_s
+      SEARCH_ARGS+=("$wait_key=$VERL_EVIDENCE_RETRIEVAL_WAIT_S")
     fi
   fi
 }

@@ -34,5 +34,6 @@ ve_run --config-path="$VE_PRESETS" --config-name="${PRESET:-grace_dapo}" "${COMM
   actor_rollout_ref.rollout.val_kwargs.do_sample=true \
   ++reward.reward_kwargs.overlong_buffer_cfg.len="$OVERLONG_LEN" \
   ++reward.reward_kwargs.overlong_buffer_cfg.penalty_factor="$OVERLONG_PENALTY" \
-  ++reward.custom_reward_function.reward_kwargs.alpha="$ALPHA" ++reward.custom_reward_function.reward_kwargs.beta="$BETA" \
+  ++reward.custom_reward_function.reward_kwargs.alpha="$ALPHA" \
+  ++reward.custom_reward_function.reward_kwargs.beta="$BETA" \
   trainer.total_training_steps="$STEPS" trainer.total_epochs="$EPOCHS"

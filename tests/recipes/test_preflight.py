@@ -31,7 +31,8 @@ def rows(tmp_path_factory) -> dict[str, Path]:
         "grace": [CLI, "data", "grace", "bundled", "--retriever", "bm25", "-o", str(out / "grace.parquet")],
     }
     for name, command in commands.items():
-        result = subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
         assert result.returncode == 0, result.stderr[-2000:]
     return {name: out / f"{name}.parquet" for name in commands}
 
