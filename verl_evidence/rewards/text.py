@@ -30,8 +30,6 @@ from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import Any
 
-from nltk.stem import porter
-
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -139,13 +137,24 @@ def whitespace_token_count(text: Any) -> int:
 # Porter-stem tokens longer than 3 characters, keep tokens matching ^[a-z0-9]+$.
 _ROUGE_NON_ALNUM_RE = re.compile(r"[^a-z0-9]+")
 _ROUGE_VALID_TOKEN_RE = re.compile(r"^[a-z0-9]+$")
-_PORTER = porter.PorterStemmer()  # the same class and mode rouge-score instantiates
+
+
+@lru_cache(maxsize=1)
+def _porter_stemmer():
+    """The same class and mode rouge-score instantiates, made on first use.
+
+    Imported here, not at the top: ``import nltk`` loads scipy.stats and more (~2.4 s), which every
+    reward worker and the CLI would otherwise pay even when no ROUGE is ever computed.
+    """
+    from nltk.stem.porter import PorterStemmer
+
+    return PorterStemmer()
 
 
 @lru_cache(maxsize=1 << 18)
 def _rouge_stem(token: str) -> str | None:
     """Stemmed token, or None if rouge-score would drop it."""
-    stemmed = _PORTER.stem(token) if len(token) > 3 else token
+    stemmed = _porter_stemmer().stem(token) if len(token) > 3 else token
     return stemmed if _ROUGE_VALID_TOKEN_RE.match(stemmed) else None
 
 
