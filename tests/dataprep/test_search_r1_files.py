@@ -207,6 +207,7 @@ def test_verl_rows_keep_their_own_extra_fields(tmp_path: Path) -> None:
         ({"reward_model": {"style": "rule", "ground_truth": {"target": []}}}, "empty golden_answers for id 'nq/a'"),
         ({"question": "  "}, "empty question"),
         ({"data_source": "searchR1_nq"}, "unknown data source 'searchR1_nq'"),
+        ({"extra_info": {"split": "train", "index": "0"}}, "extra_info.index must be an integer, got '0'"),
     ],
 )
 def test_bad_verl_rows_are_refused(tmp_path: Path, change: dict, message: str) -> None:
@@ -241,3 +242,17 @@ def test_an_empty_file_is_refused(tmp_path: Path) -> None:
     path = write_search_r1_parquet(tmp_path / "empty.parquet", {"nq": []}, "train")
     with pytest.raises(DataPrepError, match="no rows"):
         list(ParquetInput(path).batches())
+
+
+def test_row_writer_refuses_rows_off_its_schema_and_leaves_no_file(tmp_path: Path) -> None:
+    from verl_evidence.dataprep.rows import RowWriter
+
+    schema = pa.schema([pa.field("index", pa.int64())])
+    out = tmp_path / "rows.parquet"
+    with pytest.raises(DataPrepError, match=r"output rows 3-3 do not fit one schema"), RowWriter(out, schema) as w:
+        w.write([{"index": 0}, {"index": 1}])
+        w.write([{"index": "two"}])
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(DataPrepError, match="no rows to write"), RowWriter(out, schema):
+        pass
+    assert list(tmp_path.iterdir()) == []

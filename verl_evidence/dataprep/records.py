@@ -232,6 +232,9 @@ def _check_verl_row(row: dict, where: str) -> None:
     for column in ("reward_model", "extra_info"):
         if row.get(column) is not None and not isinstance(row[column], dict):
             raise DataPrepError(f"{where}: column {column!r} must be a struct, got {type(row[column]).__name__}")
+    index = (row.get("extra_info") or {}).get("index")
+    if index is not None and (isinstance(index, bool) or not isinstance(index, int)):
+        raise DataPrepError(f"{where}: extra_info.index must be an integer, got {index!r}")
 
 
 class ParquetInput:

@@ -295,7 +295,14 @@ class RowWriter:
         if not rows:
             return
         assert self._writer is not None, "RowWriter is used as a context manager"
-        self._writer.write_table(pa.Table.from_pylist(list(rows), schema=self.schema))
+        try:
+            table = pa.Table.from_pylist(list(rows), schema=self.schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+            first = self.rows + 1
+            raise DataPrepError(
+                f"{self.path}: output rows {first}-{first + len(rows) - 1} do not fit one schema: {err}"
+            ) from err
+        self._writer.write_table(table)
         self.rows += len(rows)
 
     def __exit__(
