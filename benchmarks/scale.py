@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import shutil
@@ -52,13 +53,106 @@ GIB = 2**30
 VERIFY_SAMPLE = 32
 SEED = 0
 
-VOCABULARY = (
-    "the of and in to was a is for on as by with he at from his an were are which it that this also be had or first "
-    "one their its new after but who not they has her she two been other when there all during into school time "
-    "may years more most only over city three film world university state national team season war river album "
-    "music born known later part united american series family game house church village north south county "
-    "station league album records party district government island football population line century army"
-).split()
+VOCABULARY = [
+    "the",
+    "of",
+    "and",
+    "in",
+    "to",
+    "was",
+    "a",
+    "is",
+    "for",
+    "on",
+    "as",
+    "by",
+    "with",
+    "he",
+    "at",
+    "from",
+    "his",
+    "an",
+    "were",
+    "are",
+    "which",
+    "it",
+    "that",
+    "this",
+    "also",
+    "be",
+    "had",
+    "or",
+    "first",
+    "one",
+    "their",
+    "its",
+    "new",
+    "after",
+    "but",
+    "who",
+    "not",
+    "they",
+    "has",
+    "her",
+    "she",
+    "two",
+    "been",
+    "other",
+    "when",
+    "there",
+    "all",
+    "during",
+    "into",
+    "school",
+    "time",
+    "may",
+    "years",
+    "more",
+    "most",
+    "only",
+    "over",
+    "city",
+    "three",
+    "film",
+    "world",
+    "university",
+    "state",
+    "national",
+    "team",
+    "season",
+    "war",
+    "river",
+    "album",
+    "music",
+    "born",
+    "known",
+    "later",
+    "part",
+    "united",
+    "american",
+    "series",
+    "family",
+    "game",
+    "house",
+    "church",
+    "village",
+    "north",
+    "south",
+    "county",
+    "station",
+    "league",
+    "album",
+    "records",
+    "party",
+    "district",
+    "government",
+    "island",
+    "football",
+    "population",
+    "line",
+    "century",
+    "army",
+]
 
 
 def free_port() -> int:
@@ -137,7 +231,7 @@ def write_ivf_pq_index(path: Path, corpus: Path, rows: int, nlist: int, m: int) 
         order = np.argsort(lists, kind="stable")
         lists, ids, codes = lists[order], ids[order], np.ascontiguousarray(codes[order])
         bounds = np.flatnonzero(np.r_[True, lists[1:] != lists[:-1], True])
-        for begin, end in zip(bounds[:-1], bounds[1:]):
+        for begin, end in itertools.pairwise(bounds):
             invlists.add_entries(
                 int(lists[begin]), int(end - begin), faiss.swig_ptr(ids[begin:end]), faiss.swig_ptr(codes[begin:end])
             )
@@ -155,7 +249,9 @@ def run_measured(command: list[str], log: Path, env: dict | None = None) -> dict
     process.returncode = os.waitstatus_to_exitcode(status)
     seconds = time.perf_counter() - started
     if process.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed ({process.returncode}); its output: {log}\n{log.read_text()[-3000:]}")
+        raise SystemExit(
+            f"{' '.join(command)} failed ({process.returncode}); its output: {log}\n{log.read_text()[-3000:]}"
+        )
     return {"seconds": seconds, "peak_rss_gib": usage.ru_maxrss * 1024 / GIB}
 
 
@@ -212,7 +308,9 @@ def load_levels(url: str, seconds_per_level: float) -> list[dict]:
         probe = asyncio.run(run_load(url, questions, clients=clients, queries_per_request=1, requests_per_client=2))
         per_client = max(2, int(seconds_per_level * probe["qps"] / clients))
         levels.append(
-            asyncio.run(run_load(url, questions, clients=clients, queries_per_request=1, requests_per_client=per_client))
+            asyncio.run(
+                run_load(url, questions, clients=clients, queries_per_request=1, requests_per_client=per_client)
+            )
         )
     return levels
 
@@ -269,6 +367,35 @@ def concatenating_take_times(store_path: Path, max_bytes: int = int(2.3e9), repe
     return out
 
 
+def prepare(work: Path, rows: int, nlist: int, pq: int, bin_dir: Path) -> dict:
+    """Corpus, index and ``adopt``: the build half of the benchmark; returns its measurements."""
+    report: dict = {}
+    corpus = work / "wiki-18.jsonl"
+    report["corpus_seconds"] = write_corpus(corpus, rows)
+    report["corpus_gib"] = corpus.stat().st_size / GIB
+    print(f"corpus: {report['corpus_gib']:.2f} GiB in {report['corpus_seconds']:.0f} s", flush=True)
+
+    index_file = work / "ivf_pq.index"
+    report["index_seconds"], report["index_factory"] = write_ivf_pq_index(index_file, corpus, rows, nlist, pq)
+    report["index_gib"] = index_file.stat().st_size / GIB
+    print(f"index: {report['index_factory']}, {report['index_gib']:.2f} GiB in {report['index_seconds']:.0f} s")
+
+    from retrieval_server.config import packaged_minilm_path
+
+    adopted = work / "adopted"
+    adopt = run_measured(
+        [str(bin_dir / "retrieval-server"), "adopt", "--index", str(index_file), "--corpus", str(corpus),
+         "--output", str(adopted), "--model", packaged_minilm_path(), "--verify-sample", str(VERIFY_SAMPLE),
+         "--seed", str(SEED)],
+        work / "adopt.log",
+    )  # fmt: skip
+    report["adopt"] = adopt
+    report["store_gib"] = (adopted / "docstore.arrow").stat().st_size / GIB
+    print(f"adopt: {adopt['seconds']:.0f} s, peak RSS {adopt['peak_rss_gib']:.2f} GiB", flush=True)
+    corpus.unlink()  # the store holds the text now; frees ~14 GB before the server maps the store
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default=str(WIKI18_PASSAGES), help="Passages (default: wiki-18's count), or 'auto'")
@@ -278,13 +405,21 @@ def main() -> None:
     parser.add_argument("--pq", type=int, default=48, help="PQ sub-quantisers (384-d MiniLM: 8 dims each)")
     parser.add_argument("--seconds-per-level", type=float, default=20.0)
     parser.add_argument("--json", type=Path, default=None, help="Also write the report here")
+    parser.add_argument(
+        "--reuse", action="store_true", help="Serve and measure an index a --keep run left in --work-dir (no rebuild)"
+    )
     args = parser.parse_args()
+    if args.reuse and not (args.work_dir and (args.work_dir / "prepared.json").exists()):
+        raise SystemExit("--reuse needs --work-dir of an earlier --keep run (with its prepared.json)")
 
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="scale-bench-", dir=os.environ.get("SCALE_BENCH_DIR")))
     work.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(work).free
     fits = int((free - 4 * GIB) / BYTES_PER_ROW_ON_DISK)
     rows = min(fits, WIKI18_PASSAGES) if args.rows == "auto" else int(args.rows)
+    if args.reuse:
+        prepared = json.loads((work / "prepared.json").read_text())
+        rows = fits = prepared["rows"]
     if rows > fits:
         raise SystemExit(
             f"{rows:,} passages need ~{rows * BYTES_PER_ROW_ON_DISK / GIB:.0f} GiB under {work}, "
@@ -293,41 +428,24 @@ def main() -> None:
     print(f"scale benchmark: {rows:,} passages under {work} ({free / GIB:.0f} GiB free)", flush=True)
     report: dict = {"rows": rows, "extrapolated_to_wiki18": rows < WIKI18_PASSAGES}
     bin_dir = Path(sys.executable).parent
+    adopted = work / "adopted"
     try:
-        corpus = work / "wiki-18.jsonl"
-        report["corpus_seconds"] = write_corpus(corpus, rows)
-        report["corpus_gib"] = corpus.stat().st_size / GIB
-        print(f"corpus: {report['corpus_gib']:.2f} GiB in {report['corpus_seconds']:.0f} s", flush=True)
-
-        index_file = work / "ivf_pq.index"
-        report["index_seconds"], report["index_factory"] = write_ivf_pq_index(
-            index_file, corpus, rows, args.nlist, args.pq
-        )
-        report["index_gib"] = index_file.stat().st_size / GIB
-        print(f"index: {report['index_factory']}, {report['index_gib']:.2f} GiB in {report['index_seconds']:.0f} s")
-
-        from retrieval_server.config import packaged_minilm_path
-
-        adopted = work / "adopted"
-        adopt = run_measured(
-            [str(bin_dir / "retrieval-server"), "adopt", "--index", str(index_file), "--corpus", str(corpus),
-             "--output", str(adopted), "--model", packaged_minilm_path(), "--verify-sample", str(VERIFY_SAMPLE),
-             "--seed", str(SEED)],
-            work / "adopt.log",
-        )  # fmt: skip
-        report["adopt"] = adopt
-        report["store_gib"] = (adopted / "docstore.arrow").stat().st_size / GIB
-        print(f"adopt: {adopt['seconds']:.0f} s, peak RSS {adopt['peak_rss_gib']:.2f} GiB", flush=True)
-        corpus.unlink()  # the store holds the text now; frees ~14 GB before the server maps the store
+        if args.reuse:
+            report.update(prepared)
+            print("reusing the corpus, index and store of an earlier run (their numbers are that run's)", flush=True)
+        else:
+            report.update(prepare(work, rows, args.nlist, args.pq, bin_dir))
+            (work / "prepared.json").write_text(json.dumps(report))
 
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         started = time.perf_counter()
-        server = subprocess.Popen(
-            [str(bin_dir / "retrieval-server"), "serve", "--index-dir", str(adopted), "--mmap-index", "--port",
-             str(port)],
-            stdout=open(work / "serve.log", "w"), stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+        with open(work / "serve.log", "w") as serve_log:  # the child keeps its own descriptor
+            server = subprocess.Popen(
+                [str(bin_dir / "retrieval-server"), "serve", "--index-dir", str(adopted), "--mmap-index", "--port",
+                 str(port)],
+                stdout=serve_log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
         try:
             health = wait_healthy(url, server, timeout_s=600)
             report["serve_ready_seconds"] = time.perf_counter() - started
@@ -364,7 +482,9 @@ def print_report(report: dict) -> None:
     scale = WIKI18_PASSAGES / rows
     print(f"\n## Scale benchmark: {rows:,} passages ({report['corpus_gib']:.1f} GiB of JSONL)")
     if report["extrapolated_to_wiki18"]:
-        print(f"(smaller than wiki-18: times that grow with the corpus are extrapolated x{scale:.2f}, marked 'extrap.')")
+        print(
+            f"(smaller than wiki-18: times that grow with the corpus are extrapolated x{scale:.2f}, marked 'extrap.')"
+        )
     adopt = report["adopt"]
     lines = [
         ("adopt: conversion time", f"{adopt['seconds']:.0f} s", "-"),
@@ -379,7 +499,11 @@ def print_report(report: dict) -> None:
         for part in ("replica", "server"):
             memory = report[phase][part]
             lines.append(
-                (f"{part} memory {phase.replace('_', ' ')}", f"RSS {memory['rss_gib']:.2f} / PSS {memory['pss_gib']:.2f} GiB", "-")
+                (
+                    f"{part} memory {phase.replace('_', ' ')}",
+                    f"RSS {memory['rss_gib']:.2f} / PSS {memory['pss_gib']:.2f} GiB",
+                    "-",
+                )
             )
     for level in report["load"]:
         lines.append(
