@@ -33,14 +33,7 @@ from verl_evidence.local.cpu_rollout import ROLLOUT_NAME
 
 logger = logging.getLogger(__name__)
 
-PLATFORM_NAME = CPU_PLATFORM
-
 _activated = False
-
-
-def is_selected() -> bool:
-    """The mode is on in every process (driver and Ray workers) that sees ``VERL_PLATFORM=cpu``."""
-    return cpu_mode_selected()
 
 
 def register_engine() -> None:
@@ -49,8 +42,8 @@ def register_engine() -> None:
     from verl.workers.engine.fsdp import transformer_impl
 
     registered = EngineRegistry._engines.get("language_model", {}).get("fsdp2", {})
-    if PLATFORM_NAME not in registered:
-        EngineRegistry.register(model_type="language_model", backend=["fsdp", "fsdp2"], device=PLATFORM_NAME)(
+    if CPU_PLATFORM not in registered:
+        EngineRegistry.register(model_type="language_model", backend=["fsdp", "fsdp2"], device=CPU_PLATFORM)(
             transformer_impl.FSDPEngineWithLMHead
         )
     verl_patches.patch_offload_policy(transformer_impl)
@@ -59,7 +52,7 @@ def register_engine() -> None:
 def activate() -> None:
     """Register the CPU platform, engine and rollout with verl. Idempotent; a no-op unless selected."""
     global _activated
-    if _activated or not is_selected():
+    if _activated or not cpu_mode_selected():
         return
     verl_patches.check_verl_version()
     from verl.plugin.platform.platform_manager import PlatformRegistry
@@ -68,7 +61,7 @@ def activate() -> None:
     from verl_evidence.local.cpu_rollout import register_rollout_replica
     from verl_evidence.registration import when_imported
 
-    PlatformRegistry.register(platform=PLATFORM_NAME)(platform_class())  # now: verl resolves its platform early
+    PlatformRegistry.register(platform=CPU_PLATFORM)(platform_class())  # now: verl resolves its platform early
     # The rest waits for the verl module it changes (see verl_evidence.registration): a Ray worker that never
     # builds an engine or a rollout does not import them for us.
     when_imported("verl.workers.engine", register_engine)
@@ -77,4 +70,4 @@ def activate() -> None:
     when_imported("verl.utils.distributed", verl_patches.patch_process_group_backend)
     when_imported("verl.trainer.ppo.v1.replay_buffer", verl_patches.patch_replay_buffer_poll)
     _activated = True
-    logger.info("verl-evidence CPU training mode active (platform %s, rollout %s)", PLATFORM_NAME, ROLLOUT_NAME)
+    logger.info("verl-evidence CPU training mode active (platform %s, rollout %s)", CPU_PLATFORM, ROLLOUT_NAME)
