@@ -75,12 +75,18 @@ ve_smoke() {
   # Small packs: without flash-attention's varlen kernels, sdpa masks a packed micro-batch as one sequence, so its
   # attention costs the square of the pack (measured, EviOmni step 2: log-prob + update 20.3 s at 8192, 6.6 s at 2048).
   : "${MAX_TOKENS_PER_GPU:=2048}" "${VAL_BEFORE_TRAIN:=false}" "${TEST_FREQ:=-1}" "${SAVE_FREQ:=-1}"
-  : "${MICRO_BATCH:=2}" "${GRAD_ACCUM:=1}" "${MAX_LENGTH:=1536}" "${LOGGER:=[console]}"
+  : "${MICRO_BATCH:=2}" "${GRAD_ACCUM:=1}" "${MAX_LENGTH:=1536}" "${LOGGER:=[console,file]}"
   # A learning rate large enough that one update visibly moves the policy: step 2's rollout-vs-actor
   # log-prob gap then shows whether the rollout really generates from the synced weights.
   : "${LR:=1e-4}"
   : "${EXPERIMENT:=smoke-$method}" "${CHECKPOINT_DIR:=${TMPDIR:-/tmp}/verl-evidence-smoke/$method}"
   : "${RESUME_MODE:=disable}"  # a debug run starts fresh (RESUME_MODE=auto with SAVE_FREQ=1 tries resuming on CPU)
+  # verl's file logger (trainer.logger=[console,file]): every step's metrics as JSONL, what the smoke runs' readers
+  # read (verl_evidence.local.smoke.logs)
+  : "${VERL_FILE_LOGGER_PATH:=$CHECKPOINT_DIR/metrics.jsonl}"
+  export VERL_FILE_LOGGER_PATH
+  mkdir -p "$(dirname "$VERL_FILE_LOGGER_PATH")"
+  echo "# metrics (verl's file logger): $VERL_FILE_LOGGER_PATH" >&2
   : "${RETRIEVAL_PORT:=8000}"
   if [ "$method" = evipath_sft ]; then
     SMOKE_ARGS=(
@@ -309,6 +315,13 @@ ve_common_overrides() {
     trainer.default_local_dir="${CHECKPOINT_DIR:-checkpoints/${PROJECT:-verl-evidence}/$EXPERIMENT}"
     trainer.test_freq="${TEST_FREQ:-50}"
     trainer.val_before_train="${VAL_BEFORE_TRAIN:-true}"
+    # Every training step's reward components, rollout behaviour and masking check (docs/training-metrics.md);
+    # MASK_CHECK=false logs the masking shares without stopping the run on a trained retrieved token.
+    trainer.v1.sampler.custom_sampler.path=pkg://verl_evidence.step_sampler
+    trainer.v1.sampler.custom_sampler.name=EvidenceReplayBuffer
+    "++trainer.v1.sampler.sampler_kwargs.reward_manager=\${reward.reward_manager.name}"
+    "++trainer.v1.sampler.sampler_kwargs.reward_function=\${reward.custom_reward_function.path}"
+    ++trainer.v1.sampler.sampler_kwargs.mask_check="${MASK_CHECK:-true}"
   )
 }
 

@@ -27,9 +27,16 @@ def _register_agent_loops() -> None:
     register_all()
 
 
+def _patch_trainer() -> None:
+    from verl_evidence.trainer_patches import patch_rollout_dump
+
+    patch_rollout_dump()  # the training rollout dump with each trajectory's reward components (version-gated)
+
+
 when_imported("verl.trainer.ppo.core_algos", _register_estimator)
 when_imported("verl.experimental.reward_loop.reward_manager", _register_reward_managers)
 when_imported("verl.experimental.agent_loop", _register_agent_loops)
+when_imported("verl.trainer.ppo.v1.trainer_base", _patch_trainer)
 
 # CPU training mode (VERL_PLATFORM=cpu): platform, engine and rollout for verl's trainer without accelerators.
 # Loaded only when selected: a production run imports none of verl_evidence.local.

@@ -245,6 +245,7 @@ def test_composite_weighted_sum_and_prefixed_keys(make_config, tokenizer, tmp_pa
         info = output["reward_extra_info"]
         assert output["reward_score"] == pytest.approx(0.5 * e + 2 * g - g_pkg + 4 * custom)
         assert info["eviomni.score"] == pytest.approx(e) and info["grace.score"] == pytest.approx(g)
+        assert (info["eviomni.weight"], info["grace.weight"], info["grace_pkg.weight"]) == (0.5, 2.0, -1.0)
         assert info["reward_error"] == info["compute_score.reward_error"] == float(custom_fails)
         if not custom_fails:
             assert info["compute_score.length"] == float(len(response))

@@ -63,6 +63,10 @@ def _extra_fields(question: str, **values: Any) -> dict[str, Any]:
         "eviomni_len_p": 0,
         "retrieval_error": None,
         "retrieval_failed": 0.0,
+        "termination": "",
+        # response positions of o_r / o_e tokens: none, they are never part of the trained response
+        # (the trainer's masking check, verl_evidence.step_metrics, reads this)
+        "masked_answer_spans": [],
         "turn_scores": [],
         "tool_rewards": [],
     }
@@ -208,7 +212,9 @@ class EviOmniAgentLoop(AgentLoopBase):
         self._record_search(searched, engine, retrieval_error)  # an empty answer is not a failed search
         eos = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.tokenizer.pad_token_id
         response_ids = list(output.token_ids)[:1] or [eos]
-        fields = engine.merged_with(_extra_fields(question, retrieval_error=reason, retrieval_failed=1.0))
+        fields = engine.merged_with(
+            _extra_fields(question, retrieval_error=reason, retrieval_failed=1.0, termination="no_passages")
+        )
         return AgentLoopOutput(
             prompt_ids=prompt_ids,
             response_ids=response_ids,
@@ -285,8 +291,11 @@ class EviOmniAgentLoop(AgentLoopBase):
         with simple_timer("generate_sequences", timing):
             results = await asyncio.gather(*jobs)
         answer_r, answer_e = results[0], results[1]
+        termination = "no_extract" if remaining > 0 else "response_length"
         if continue_answer:
             answer_ids, answer_logprobs = results[2]
+            answered = self.tokenizer.decode(answer_ids, skip_special_tokens=True).rstrip().endswith("</answer>")
+            termination = "answer" if answered else "response_length" if len(answer_ids) >= remaining else "eos"
             if logprobs is not None or answer_logprobs is not None:
                 logprobs = (logprobs or [0.0] * len(response_ids)) + (answer_logprobs or [0.0] * len(answer_ids))
             response_ids += answer_ids
@@ -302,6 +311,7 @@ class EviOmniAgentLoop(AgentLoopBase):
                 eviomni_len_e=len(encode(self.tokenizer, evidence)) if evidence else 0,
                 eviomni_len_p=len(encode(self.tokenizer, passages_text)) if passages_text else 0,
                 retrieval_error=retrieval_error,
+                termination=termination,
             )
         )
         return AgentLoopOutput(

@@ -253,6 +253,9 @@ class _Trajectory:
         self.mask: list[int] = []
         self.logprobs: list[float] = []
         self.has_logprobs = False
+        # [start, end) response positions of each observation appended after a search (loss mask 0):
+        # what the trainer's masking check (verl_evidence.step_metrics) reads, independently of the mask
+        self.retrieved_spans: list[list[int]] = []
 
     @property
     def remaining(self) -> int:
@@ -275,10 +278,17 @@ class _Trajectory:
             del self.ids[-n:], self.mask[-n:]
             if self.has_logprobs:
                 del self.logprobs[-n:]
+            end = len(self.ids)
+            self.retrieved_spans = [[a, min(b, end)] for a, b in self.retrieved_spans if a < end]
 
-    def add_context(self, ids: list[int]) -> int:
-        """Append tool/system tokens (mask 0) up to the budget; returns how many fit."""
+    def add_context(self, ids: list[int], retrieved: bool = False) -> int:
+        """Append tool/system tokens (mask 0) up to the budget; returns how many fit.
+
+        ``retrieved``: the tokens are a search's observation (recorded in :attr:`retrieved_spans`).
+        """
         ids = ids[: max(0, self.remaining)]
+        if retrieved and ids:
+            self.retrieved_spans.append([len(self.ids), len(self.ids) + len(ids)])
         self.ids.extend(ids)
         self.mask.extend([0] * len(ids))
         if self.has_logprobs:
@@ -528,7 +538,7 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
             user_content = observation_text(texts)
             inline_ids = encode(self.tokenizer, f"\n\n{user_content}\n\n")
         data.observation_messages += 1
-        return self._append_context(data, user_content, inline_ids)
+        return self._append_context(data, user_content, inline_ids, retrieved=True)
 
     def _handle_correcting(self, data: SearchAgentData) -> TurnState:
         """A turn without a valid action: append the correction (mask 0) and let the policy try again."""
@@ -536,12 +546,17 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
         feedback = self.settings.feedback
         return self._append_context(data, feedback.strip(), encode_cached(self.tokenizer, feedback))
 
-    def _append_context(self, data: SearchAgentData, user_content: str, inline_ids: list[int]) -> TurnState:
-        """Append what follows the turn (mask 0); a trajectory out of budget ends here."""
+    def _append_context(
+        self, data: SearchAgentData, user_content: str, inline_ids: list[int], retrieved: bool = False
+    ) -> TurnState:
+        """Append what follows the turn (mask 0); a trajectory out of budget ends here.
+
+        ``retrieved``: it is a search's observation (with its wrapping and any notice: all of it from the system).
+        """
         pieces = self._context(
             user_content, inline_ids, data.turn, data.prompt_ids + data.traj.ids, data.turn_ids, data.traj
         )
-        if data.traj.add_context(pieces) < len(pieces):
+        if data.traj.add_context(pieces, retrieved=retrieved) < len(pieces):
             return data.end("response_length")
         data.turn += 1
         return TurnState.GENERATING
@@ -596,6 +611,8 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
                 "search_errors": data.search_errors,
                 "extractor_failures": data.extractor_failures,
                 "termination": data.termination,
+                "retrieved_spans": [[a, min(b, self.response_length)] for a, b in data.traj.retrieved_spans
+                                    if a < self.response_length],
                 "turn_scores": [],
                 "tool_rewards": [],
             }

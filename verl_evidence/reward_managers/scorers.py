@@ -236,8 +236,12 @@ def build_scorer(
     return FunctionScorer(getattr(function, "__name__", reward), function, keys, forwarded)
 
 
+WEIGHT_KEY = "weight"
+
+
 class CompositeScorer(Scorer):
-    """Weighted sum of component scorers; logs every component's keys as ``<label>.<key>``.
+    """Weighted sum of component scorers; logs every component's keys as ``<label>.<key>``, and its weight
+    as ``<label>.weight`` (constant per run: the per-step metrics then show what each part counts for).
 
     Components run concurrently; a failing component contributes 0 and sets
     ``reward_error`` (the others still count).
@@ -250,8 +254,20 @@ class CompositeScorer(Scorer):
         if len(set(labels)) != len(labels):
             raise ValueError(f"composite component names must be unique, got {labels}")
         self.components = list(components)
-        keys = [f"{label}.{key}" for label, _, scorer in self.components for key in scorer.keys]
+        keys = [
+            name
+            for label, _, scorer in self.components
+            for name in (*(f"{label}.{key}" for key in scorer.keys), f"{label}.{WEIGHT_KEY}")
+        ]
+        clash = [label for label, _, scorer in self.components if WEIGHT_KEY in scorer.keys]
+        if clash:
+            raise ValueError(f"composite components {clash} return a key {WEIGHT_KEY!r}, which the composite logs")
         super().__init__("composite", keys)
+
+    def failure(self) -> dict[str, float]:
+        result = super().failure()
+        result.update({f"{label}.{WEIGHT_KEY}": weight for label, weight, _ in self.components})
+        return result
 
     async def _score(self, sample: Sample) -> Mapping[str, Any] | float:
         results = await asyncio.gather(*(scorer.score(sample) for _, _, scorer in self.components))
@@ -260,6 +276,7 @@ class CompositeScorer(Scorer):
             combined["score"] += weight * result["score"]
             combined[ERROR_KEY] = max(combined[ERROR_KEY], result[ERROR_KEY])
             combined.update({f"{label}.{key}": value for key, value in result.items()})
+            combined[f"{label}.{WEIGHT_KEY}"] = weight
         return combined
 
 
