@@ -18,7 +18,6 @@ How stored vectors are read back, by index type:
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from filelock import FileLock
 
 from retrieval_server.config import EncoderConfig
 from retrieval_server.docstore import DocumentStore, file_sha256, write_docstore
@@ -399,14 +399,10 @@ def adopt_index(
             return SentenceEncoder(config, device=device)
 
     output_dir.mkdir(parents=True, exist_ok=True)
-    with open(output_dir / ".build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # the same lock as the builder: never two writers in one directory
-        try:
-            return _adopt_locked(
-                index_file, corpus, output_dir, encoder, sample, link, bm25, seed, show_progress, make_encoder
-            )
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with FileLock(output_dir / ".build.lock"):  # the same lock as the builder: never two writers in one directory
+        return _adopt_locked(
+            index_file, corpus, output_dir, encoder, sample, link, bm25, seed, show_progress, make_encoder
+        )
 
 
 def _adopt_locked(

@@ -22,7 +22,6 @@ reloads and signals reach HAProxy itself):
 from __future__ import annotations
 
 import argparse
-import fcntl
 import logging
 import os
 import re
@@ -32,6 +31,8 @@ import signal
 import socket
 import sys
 from pathlib import Path
+
+from filelock import FileLock
 
 logger = logging.getLogger(__name__)
 
@@ -206,9 +207,8 @@ def write_launcher(path: Path, host: str, haproxy: str) -> Path:
 
 
 def _rewrite_config(config_path: Path, host: str) -> None:
-    # Ray writes the config under this lock; take it too so a concurrent rewrite is never half-read.
-    with open(f"{config_path}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    # Ray writes the config under this lock (flock, as FileLock takes it); take it too so a rewrite is never half-read.
+    with FileLock(f"{config_path}.lock"):
         text = config_path.read_text()
         bound = bind_to_host(text, host)
         if bound != text:

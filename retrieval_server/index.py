@@ -178,40 +178,33 @@ def build_index(config: BuildConfig, encoder=None, show_progress: bool = True, l
     a demo and a server) wait for each other instead of interleaving files;
     ``lock_timeout_s`` bounds that wait (None: wait as long as the other build takes).
     """
-    import fcntl
+    from filelock import FileLock
 
     config.output_dir.mkdir(parents=True, exist_ok=True)
     lock_path = config.output_dir / ".build.lock"
-    with open(lock_path, "w") as lock:
-        _wait_for_lock(lock, lock_path, lock_timeout_s)
-        try:
-            return _build_index_locked(config, encoder, show_progress)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    lock = FileLock(lock_path)
+    _wait_for_lock(lock, lock_path, lock_timeout_s)
+    try:
+        return _build_index_locked(config, encoder, show_progress)
+    finally:
+        lock.release()
 
 
 def _wait_for_lock(lock, lock_path: Path, timeout_s: float | None) -> None:
-    import fcntl
+    from filelock import Timeout
 
-    if timeout_s is None:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+        lock.acquire(timeout=0)
         return
-    deadline = time.monotonic() + timeout_s
-    waiting_logged = False
-    while True:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"another process has been building the index in {lock_path.parent} for over {timeout_s:.0f} s "
-                    f"(it holds {lock_path}); wait for it or stop it"
-                ) from None
-            if not waiting_logged:
-                logger.info("waiting for another process building the index in %s", lock_path.parent)
-                waiting_logged = True
-            time.sleep(0.5)
+    except Timeout:
+        logger.info("waiting for another process building the index in %s", lock_path.parent)
+    try:
+        lock.acquire(timeout=-1 if timeout_s is None else timeout_s, poll_interval=0.5)
+    except Timeout:
+        raise TimeoutError(
+            f"another process has been building the index in {lock_path.parent} for over {timeout_s:.0f} s "
+            f"(it holds {lock_path}); wait for it or stop it"
+        ) from None
 
 
 def _build_index_locked(config: BuildConfig, encoder, show_progress: bool) -> dict:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -15,6 +14,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+from filelock import FileLock
 
 from retrieval_server.config import EncoderConfig, cache_dir
 from retrieval_server.encoders.fingerprint import model_fingerprint, weights_stamp
@@ -79,25 +79,12 @@ def onnx_export_dir(config: EncoderConfig, index_dir: Path | None, quantized: bo
     raise OnnxExportError(f"no writable directory for the ONNX export of {config.model}: tried {tried}")
 
 
-@contextlib.contextmanager
-def _exclusive(lock_path: Path):
-    """One exporter at a time per export directory (replicas of one server start together)."""
-    import fcntl
-
-    with open(lock_path, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 def ensure_onnx_export(config: EncoderConfig, index_dir: Path | None, quantized: bool = False) -> Path:
     """The directory of this encoder's ONNX export (``model.onnx``, tokenizer, ``export.json``), made if missing."""
     target = onnx_export_dir(config, index_dir, quantized)
     if (target / ("model.int8.onnx" if quantized else "export.json")).exists():
         return target
-    with _exclusive(target.parent / f".{target.name}.lock"):
+    with FileLock(target.parent / f".{target.name}.lock"):  # one exporter at a time: replicas start together
         if not (target / "export.json").exists():  # another replica may have made it while we waited
             export_onnx(config, target)
         if quantized and not (target / "model.int8.onnx").exists():

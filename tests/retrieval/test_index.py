@@ -333,6 +333,26 @@ def test_a_stuck_builder_fails_the_wait_with_a_deadline(tmp_path):
     assert not (index_dir / "manifest.json").exists()
 
 
+def test_a_builder_waits_for_the_one_holding_the_lock_then_builds(tmp_path, caplog):
+    import threading
+
+    from filelock import FileLock
+
+    index_dir = tmp_path / "index"
+    index_dir.mkdir()
+    corpus = write_corpus(tmp_path / "corpus.jsonl")
+    config = BuildConfig(corpus=corpus, output_dir=index_dir, encoder=packaged_minilm_encoder(), bm25=False)
+    other_builder = FileLock(index_dir / ".build.lock", thread_local=False)  # released from the timer thread
+    other_builder.acquire()
+    releaser = threading.Timer(1.0, other_builder.release)  # the other build ends a second later
+    releaser.start()
+    with caplog.at_level("INFO", logger="retrieval_server.index"):
+        manifest = build_index(config, encoder=CountingEncoder(), show_progress=False, lock_timeout_s=60.0)
+    releaser.join()
+    assert f"waiting for another process building the index in {index_dir}" in caplog.text
+    assert manifest["count"] == len(PASSAGES) and (index_dir / "manifest.json").exists()
+
+
 def test_corpus_checksum_is_reused_until_the_file_changes(tmp_path, small_index, monkeypatch):
     """A start does not re-hash an unchanged corpus (minutes for wiki-18); an edit in place is still caught."""
     import os
