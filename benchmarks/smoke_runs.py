@@ -2,8 +2,9 @@
 
 Each recipe runs as a user runs it (``bash recipes/<name>.sh --smoke``), after one
 ``verl-evidence smoke prepare`` per method so the one-off warm-up is not counted
-(it is timed separately). Lines are time-stamped as they arrive, which splits a run
-into start-up (command to verl's first step line), the steps, and shut-down.
+(it is timed separately). verl's file logger (``VERL_FILE_LOGGER_PATH``, one file per
+run) is read as the run goes: the time each step's metrics appear splits a run into
+start-up (command to verl's first step), the steps, and shut-down.
 
     python benchmarks/smoke_runs.py [--only eviomni_grpo ...] [--repeats N] [--json-out FILE]
 
@@ -19,16 +20,17 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from verl_evidence.local.smoke.logs import step_metrics  # noqa: E402
+from verl_evidence.local.smoke.logs import MetricsTail, read_metrics  # noqa: E402
 
 BUDGET_S = 90.0
-# verl's console metrics of the last step: the learning signal each GRPO run must show (docs/debug-on-cpu.md)
+# verl's metrics of the last step (its file logger): the learning signal each GRPO run must show (docs/debug-on-cpu.md)
 SIGNAL = (
     "critic/score/min", "critic/score/max", "critic/advantages/min", "critic/advantages/max",
     "actor/grad_norm", "training/rollout_probs_diff_mean",
@@ -52,8 +54,10 @@ def prepare(method: str) -> float:
 
 
 def timed_run(script: str, args: list[str]) -> dict:
-    """Run one recipe; the seconds at which each verl step line appeared and the whole run's wall time."""
-    env = dict(os.environ, PYTHON=sys.executable)
+    """Run one recipe; the seconds at which each step's metrics appeared in verl's file logger, and the wall time."""
+    metrics_file = Path(tempfile.mkdtemp(prefix="smoke-metrics-")) / "metrics.jsonl"
+    env = dict(os.environ, PYTHON=sys.executable, VERL_FILE_LOGGER_PATH=str(metrics_file))
+    tail = MetricsTail(metrics_file)
     started = time.perf_counter()
     step_times: dict[int, float] = {}
     trainer_started = None
@@ -62,16 +66,18 @@ def timed_run(script: str, args: list[str]) -> dict:
         ["bash", str(REPO / "recipes" / script), "--smoke", *args],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     ) as process:  # fmt: skip
-        for line in process.stdout:
+        for line in process.stdout:  # verl prints "step:N ..." as it logs the step: a cue to look at the file
             lines.append(line)
             if trainer_started is None and line.startswith("# trainer:"):  # after smoke prepare (and the search server)
                 trainer_started = time.perf_counter() - started
-            for step in step_metrics(line):
+            for step in tail.new_steps():
                 step_times.setdefault(step, time.perf_counter() - started)
         code = process.wait()
+    for step in tail.new_steps():  # logged after verl's last console line
+        step_times.setdefault(step, time.perf_counter() - started)
     wall = time.perf_counter() - started
     output = "".join(lines)
-    metrics = step_metrics(output)
+    metrics = read_metrics(metrics_file) if metrics_file.exists() else {}
     return {
         "returncode": code,
         "wall_s": wall,

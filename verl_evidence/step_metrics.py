@@ -85,7 +85,7 @@ def reward_label(manager: str | None, function_path: str | None = None) -> str:
     function_path = str(function_path or "").strip()
     if function_path and (not manager or manager in VERL_MANAGERS):
         module = function_path.split("://", 1)[-1].rsplit(":", 1)[0]
-        module = module[:-3] if module.endswith(".py") else module
+        module = module.removesuffix(".py")
         return module.replace("/", ".").rsplit(".", 1)[-1] or manager or REWARD_PREFIX
     return manager or REWARD_PREFIX
 

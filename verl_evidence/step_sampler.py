@@ -28,6 +28,7 @@ leaves out (``filter_groups_metric``, ``train_batch_size``, ``gen_batch_size``,
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -72,7 +73,7 @@ def _rows(jagged) -> list[list[int]]:
     if hasattr(jagged, "offsets"):
         offsets = jagged.offsets().tolist()
         values = jagged.values().tolist()
-        return [values[start:end] for start, end in zip(offsets[:-1], offsets[1:])]
+        return [values[start:end] for start, end in itertools.pairwise(offsets)]
     return [list(row) for row in jagged.tolist()]
 
 
@@ -83,7 +84,8 @@ def read_trajectories(keys: list[str], partition_id: str) -> list[Trajectory]:
     data = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=list(FIELDS))
     extra_fields = [getattr(value, "data", value) for value in list(data["extra_fields"])]
     response_masks = _rows(data["response_mask"])
-    loss_masks = _rows(data["loss_mask"]) if "loss_mask" in data.keys() else [None] * len(keys)
+    # TensorDict refuses `key in td`: its keys() it is
+    loss_masks = _rows(data["loss_mask"]) if "loss_mask" in data.keys() else [None] * len(keys)  # noqa: SIM118
     return [
         Trajectory(extra_fields=fields if isinstance(fields, Mapping) else {}, response_mask=mask,
                    loss_mask=loss, key=key)

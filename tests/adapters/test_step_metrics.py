@@ -19,8 +19,9 @@ from verl_evidence.step_metrics import MaskingError, Trajectory
 def search_trajectory(key: str, *, score: float, em: float, searches: int, notes: int, termination: str,
                       mask: list[int], spans: list[list[int]], search_errors: int = 0) -> Trajectory:
     info = {"score": score, "em": em, "format_ok": 1.0, "num_searches": float(searches), "reward_error": 0.0}
-    fields = {"reward_extra_info": info, "num_searches": searches, "summary_count": notes, "search_errors": search_errors,
-              "termination": termination, "retrieved_spans": spans, "question": "q", "searches": ["x"] * searches}
+    fields = {"reward_extra_info": info, "num_searches": searches, "summary_count": notes,
+              "search_errors": search_errors, "termination": termination, "retrieved_spans": spans,
+              "question": "q", "searches": ["x"] * searches}
     return Trajectory(extra_fields=fields, response_mask=mask, loss_mask=list(mask), key=key)
 
 
@@ -59,7 +60,8 @@ def test_masking_shares_count_retrieved_tokens_and_none_trained():
 def test_a_trained_retrieved_token_raises_unless_the_check_is_off():
     trajectories = two_trajectories()
     trajectories[1].response_mask = [1, 0, 1, 1]  # position 2 is retrieved and trained
-    with pytest.raises(MaskingError, match=r"u_1_0: 1 retrieved token\(s\) with loss mask 1 \(response positions \[2\]\)"):
+    expected = r"u_1_0: 1 retrieved token\(s\) with loss mask 1 \(response positions \[2\]\)"
+    with pytest.raises(MaskingError, match=expected):
         sm.step_metrics(trajectories, "evinote")
     metrics = sm.step_metrics(trajectories, "evinote", mask_check=False)
     assert metrics["masking/retrieved_tokens_trained"] == 1

@@ -1,8 +1,9 @@
-"""`verl-evidence demo --train`: verl's console metrics -> training.png + training.md, the CLI options, the launch.
+"""`verl-evidence demo --train`: verl's per-step metrics -> training.png + training.md, the CLI options, the launch.
 
 No test here trains (tests/recipes/test_smoke_training.py runs the recipes through
-main_ppo); the training run is replaced by verl console output, formatted by verl's
-own console logger or recorded from a real ``demo --train`` run.
+main_ppo); the training run is replaced by the metrics file of verl's own
+``FileLogger`` (``trainer.logger=[console,file]``), written here by that class or
+recorded from a real ``demo --train`` run.
 """
 
 from __future__ import annotations
@@ -18,15 +19,15 @@ import pytest
 import typer
 from PIL import Image
 from typer.testing import CliRunner
-from verl.utils.logger.aggregate_logger import concat_dict_to_str
+from verl.utils.tracking import FileLogger
 
 import verl_evidence
 from verl_evidence.eval import demo, training_report
 from verl_evidence.eval.training_report import training_curves, write_training_report
-from verl_evidence.local.smoke import logs as smoke_logs
+from verl_evidence.local.smoke.logs import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
-RECORDED = Path(__file__).with_name("data") / "demo_train_console.log"
+RECORDED = Path(__file__).with_name("data") / "demo_train_metrics.jsonl"
 
 # Values per step: (train score mean, min, max, advantage min, max, grad norm, step seconds).
 TRAIN = {
@@ -69,19 +70,35 @@ def train_metrics(step: int) -> dict:
         "critic/advantages/mean": 0.0, "critic/advantages/max": adv_max, "critic/advantages/min": adv_min,
         "response_length/mean": 123.5, "num_turns/min": np.int32(2), "timing_s/step": seconds,
         "timing_s/testing": 7.5, "training/global_step": step,
+        # verl-evidence's sampler: the training rollouts' reward components, behaviour and masking
+        "reward/eviomni/score/mean": mean, "reward/eviomni/ans/mean": ROLLOUT_ANS[step],
+        "reward/eviomni/ans_f/mean": ROLLOUT_ANS[step], "reward/eviomni/len/mean": 0.5,
+        "reward/eviomni/format/mean": ROLLOUT_FORMAT[step], "reward/eviomni/len_p/mean": 900.0,
+        "reward/eviomni/reward_error/mean": 0.0, "rollout/answer_rate": 0.75,
+        "masking/retrieved_token_share": 0.0, "masking/masked_answer_tokens_trained": 0.0,
     }
 
 
-def console_output() -> str:
-    """What the recipe prints: its own lines, Ray-prefixed worker output, and verl's console logger."""
-    prefix = "\x1b[36m(TaskRunnerV1 pid=27066)\x1b[0m "
-    lines = ["# smoke run on CPU: preparing the tiny policy and the eviomni data (cached after the first run)",
-             "# trainer:", "python -m verl.trainer.main_ppo \\", "    trainer.total_training_steps=3",
-             prefix + "Training from scratch", prefix + concat_dict_to_str(validation_metrics(0), step=0)]
+ROLLOUT_ANS = {1: 0.1, 2: 0.2, 3: 0.4}
+ROLLOUT_FORMAT = {1: 0.25, 2: 0.5, 3: 0.625}
+
+
+def write_metrics_file(path: Path) -> Path:
+    """What verl's FileLogger writes for the run: validation at step 0, then each step's metrics."""
+    os.environ["VERL_FILE_LOGGER_PATH"] = str(path)
+    try:
+        logger = FileLogger("verl-evidence", "demo")
+    finally:
+        del os.environ["VERL_FILE_LOGGER_PATH"]
+    logger.log(validation_metrics(0), step=0)
     for step in TRAIN:
-        lines.append(prefix + "Training Progress:  33%|███▎      | 1/3 [00:41<01:22, 41.00s/it]")
-        lines.append(prefix + concat_dict_to_str({**train_metrics(step), **validation_metrics(step)}, step=step))
-    return "\n".join(lines) + "\n"
+        logger.log({**train_metrics(step), **validation_metrics(step)}, step=step)
+    logger.finish()
+    return path
+
+
+def logged_metrics(tmp_path: Path) -> dict:
+    return read_metrics(write_metrics_file(tmp_path / "metrics.jsonl"))
 
 
 def table_rows(markdown: str) -> tuple[list[str], dict[str, list[str]]]:
@@ -106,8 +123,8 @@ def check_png(path: Path) -> None:
         assert image.size == (900, 1000)
 
 
-def test_verl_console_output_becomes_a_plot_and_a_per_step_table(tmp_path: Path) -> None:
-    metrics = smoke_logs.step_metrics(console_output())
+def test_verls_logged_metrics_become_a_plot_and_a_per_step_table(tmp_path: Path) -> None:
+    metrics = logged_metrics(tmp_path)
     report = write_training_report(metrics, tmp_path, title="Training: 3 GRPO steps on CPU")
     assert report.png == tmp_path / "training.png" and report.markdown == tmp_path / "training.md"
     check_png(report.png)
@@ -118,14 +135,20 @@ def test_verl_console_output_becomes_a_plot_and_a_per_step_table(tmp_path: Path)
     header, rows = table_rows(markdown)
     assert header[:8] == ["step", "train reward mean", "min", "max", "advantage min", "advantage max", "grad norm",
                           "step s"]
-    # the EviOmni components that were logged, in display order; raw lengths and the error flag are not plotted
-    assert header[8:] == ["val reward", "val ans", "val ans_f", "val len", "val format"]
+    # the EviOmni components that were logged, in display order (training rollouts, then validation); raw lengths
+    # and the error flag are not shown
+    assert header[8:] == ["train ans", "train ans_f", "train len", "train format",
+                          "val reward", "val ans", "val ans_f", "val len", "val format"]
     assert sorted(rows) == ["0", "1", "2", "3"]
-    assert rows["0"][1:8] == ["-"] * 7  # before training: validation only
-    assert rows["0"][8:] == ["0.050", "0.020", "0.020", "0.400", "0.000"]
+    assert rows["0"][1:12] == ["-"] * 11  # before training: validation only
+    assert rows["0"][12:] == ["0.050", "0.020", "0.020", "0.400", "0.000"]
     assert rows["2"] == ["2", "0.250", "0.000", "0.900", "-0.900", "1.100", "0.520", "19.500",
+                         "0.200", "0.200", "0.500", "0.500",
                          "0.200", "0.150", "0.150", "0.500", "0.500"]
-    assert rows["3"][8:] == ["0.350", "0.300", "0.300", "0.550", "0.750"]
+    assert rows["3"][8:12] == ["0.400", "0.400", "0.500", "0.625"]
+    assert rows["3"][12:] == ["0.350", "0.300", "0.300", "0.550", "0.750"]
+    assert report.curves.reward_name == "eviomni"
+    assert report.curves.behaviour["rollout/answer_rate"] == {1: 0.75, 2: 0.75, 3: 0.75}
 
 
 def test_curves_keep_the_mean_over_all_validation_samples_and_every_source() -> None:
@@ -150,11 +173,11 @@ def test_a_run_without_validation_still_plots_the_training_reward(tmp_path: Path
     report = write_training_report(metrics, tmp_path)
     check_png(report.png)
     header, rows = table_rows(report.markdown.read_text())
-    assert len(header) == 8 and rows["1"][1] == "0.100"
+    assert len(header) == 12 and rows["1"][1] == "0.100" and header[8] == "train ans"
 
 
-def test_progress_lines() -> None:
-    metrics = smoke_logs.step_metrics(console_output())
+def test_progress_lines(tmp_path: Path) -> None:
+    metrics = logged_metrics(tmp_path)
     assert training_report.format_step(0, metrics[0]) == "before training, val reward 0.050"
     assert training_report.format_step(2, metrics[2], 3) == (
         "step 2/3, train reward 0.250 (0.000–0.900), grad norm 0.520, val reward 0.200, 20s"
@@ -163,8 +186,8 @@ def test_progress_lines() -> None:
 
 @pytest.mark.skipif(not RECORDED.exists(), reason="no recorded demo --train output")
 def test_a_recorded_demo_train_run(tmp_path: Path) -> None:
-    """The console output of a real `verl-evidence demo --train --train-steps 2` run (its step lines)."""
-    metrics = smoke_logs.step_metrics(RECORDED.read_text())
+    """verl's file-logger output of a real `verl-evidence demo --train --train-steps 2` run."""
+    metrics = read_metrics(RECORDED)
     report = write_training_report(metrics, tmp_path)
     check_png(report.png)
     curves = report.curves
@@ -172,7 +195,9 @@ def test_a_recorded_demo_train_run(tmp_path: Path) -> None:
     assert curves.samples_per_validation == demo.TRAIN_VALIDATION_SAMPLES
     assert set(curves.components()) >= {"reward", "ans", "ans_f", "ans_r", "ans_e", "len", "format"}
     header, rows = table_rows(report.markdown.read_text())
-    assert sorted(rows) == ["0", "1", "2"] and "val format" in header
+    assert sorted(rows) == ["0", "1", "2"] and "val format" in header and "train format" in header
+    assert set(curves.rollout) >= {"score", "ans", "ans_f", "ans_r", "ans_e", "len", "format"}
+    assert curves.behaviour["masking/masked_answer_tokens_trained"] == {1: 0.0, 2: 0.0}
 
 
 # --------------------------------------------------------------------------- the CLI and the launch
@@ -225,23 +250,26 @@ def test_the_invocation_is_the_recipes_smoke_run_with_validation_every_step(monk
     assert "RAY_ADDRESS" not in env  # a Ray of its own, not the caller's cluster
 
 
-def fake_recipe(tmp_path: Path, output: str, code: int) -> Path:
-    """A stand-in for the recipe that prints verl's console output and exits with ``code``."""
+def fake_recipe(tmp_path: Path, output: str, code: int, metrics: Path | None = None) -> Path:
+    """A stand-in for the recipe: prints ``output``, puts ``metrics`` where verl's file logger would, exits ``code``."""
     (tmp_path / "output.txt").write_text(output)
     script = tmp_path / "recipes" / "eviomni_grpo.sh"
     script.parent.mkdir()
-    script.write_text(f'#!/usr/bin/env bash\necho "args: $*" >&2\ncat {tmp_path / "output.txt"}\nexit {code}\n')
+    copy = f'cp {metrics} "$VERL_FILE_LOGGER_PATH"\n' if metrics else ""
+    script.write_text(f'#!/usr/bin/env bash\necho "args: $*" >&2\ncat {tmp_path / "output.txt"}\n{copy}exit {code}\n')
     return script
 
 
 def test_run_training_streams_the_log_and_links_the_plot_from_the_report(tmp_path: Path, capsys) -> None:
-    recipe = fake_recipe(tmp_path, console_output(), 0)
+    metrics = write_metrics_file(tmp_path / "verl_metrics.jsonl")
+    recipe = fake_recipe(tmp_path, "# trainer:\nTraining Progress: 100%\n", 0, metrics)
     out = tmp_path / "demo"
     out.mkdir()
     (out / "report.md").write_text("# verl-evidence demo\n")
     assert demo.run_training(recipe, out, 3, out / "report.md")
     log = (out / "training.log").read_text()
-    assert "args: --smoke data.val_max_samples=" in log and "critic/score/mean:0.25" in log
+    assert "args: --smoke data.val_max_samples=" in log and "Training Progress" in log
+    assert read_metrics(out / demo.TRAIN_METRICS) == read_metrics(metrics)  # verl's file logger wrote it there
     report = (out / "report.md").read_text()
     assert report.startswith("# verl-evidence demo\n") and "\n## Training\n" in report
     assert "](training.md)" in report and "![reward components per training step](training.png)" in report

@@ -2,43 +2,84 @@
 
 Each run uses the recipe's presets and reward manager unchanged, a tiny policy warmed
 up on the methods' formats (verl_evidence.local.smoke), and data prepared from the bundled
-set. The assertions read verl's own console metrics at step 2: rewards that differ
-within a GRPO group (non-zero advantages), a gradient, and a rollout that generates
-from the synced weights (verl's rollout-vs-actor log-prob gap stays small after an
-update large enough to move it).
+set. The assertions read verl's own metrics from verl's file logger
+(``trainer.logger=[console,file]``) at step 2: rewards that differ within a GRPO group
+(non-zero advantages), a gradient, and a rollout that generates from the synced weights
+(verl's rollout-vs-actor log-prob gap stays small after an update large enough to move it).
+The same runs check the per-step metrics of verl_evidence.step_sampler: at steps 1 and 2
+every reward component is there and equals the mean of the per-sample values verl's
+rollout dump (``trainer.rollout_data_dir``) holds for that step, the rollout behaviour
+matches the dump too, and no retrieved or masked-answer token was trained.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from verl_evidence.local.smoke import logs as smoke_logs
+from verl_evidence.local.smoke.logs import read_metrics
+from verl_evidence.step_metrics import ROLLOUT_STATS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+STEPS = (1, 2)
 
 
-def step_metrics(output: str, step: int) -> dict[str, float]:
-    metrics = smoke_logs.step_metrics(output).get(step)
-    assert metrics, f"no metrics for step {step} in the trainer's output:\n{output[-4000:]}"
-    return metrics
+@dataclass
+class SmokeRun:
+    output: str
+    metrics: dict[int, dict[str, float]]  # verl's file logger, per step
+    dump: Path  # trainer.rollout_data_dir
+
+    def step(self, step: int) -> dict[str, float]:
+        metrics = self.metrics.get(step)
+        assert metrics, f"no metrics for step {step} in verl's file logger:\n{self.output[-4000:]}"
+        return metrics
+
+    def dumped(self, step: int) -> list[dict]:
+        path = self.dump / f"{step}.jsonl"
+        assert path.is_file(), f"no rollout dump for step {step} in {self.dump}"
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def run_smoke(recipe: str, *overrides: str, env: dict[str, str] | None = None) -> str:
-    environment = dict(os.environ, PYTHON=sys.executable, **(env or {}))
+def run_smoke(recipe: str, tmp_path: Path, *overrides: str, env: dict[str, str] | None = None) -> SmokeRun:
+    metrics_file, dump = tmp_path / "metrics.jsonl", tmp_path / "rollouts"
+    environment = dict(os.environ, PYTHON=sys.executable, VERL_FILE_LOGGER_PATH=str(metrics_file), **(env or {}))
     result = subprocess.run(
-        ["bash", str(RECIPES / recipe), "--smoke", *overrides],
+        ["bash", str(RECIPES / recipe), "--smoke", f"trainer.rollout_data_dir={dump}", *overrides],
         env=environment, capture_output=True, text=True, timeout=1700,
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
-    return output
+    assert metrics_file.is_file(), f"verl's file logger wrote nothing at {metrics_file}:\n{output[-4000:]}"
+    return SmokeRun(output, read_metrics(metrics_file), dump)
+
+
+def assert_step_metrics_match_the_dump(run: SmokeRun, reward: str, components: set[str]) -> None:
+    """At steps 1 and 2: every reward component is logged as the mean over that step's dumped samples."""
+    for step in STEPS:
+        metrics, rows = run.step(step), run.dumped(step)
+        assert len(rows) > 1
+        keys = set(rows[0]["reward_extra_info"])
+        assert components <= keys, (components - keys, keys)
+        for key in keys - set(ROLLOUT_STATS):
+            mean = sum(float(row["reward_extra_info"][key]) for row in rows) / len(rows)
+            assert metrics[f"reward/{reward}/{key}/mean"] == pytest.approx(mean, abs=1e-6), (step, key)
+        # the manager's total is the trainer's score wherever no penalty is added to it (DAPO adds one)
+        if reward != "grace":
+            assert metrics[f"reward/{reward}/score/mean"] == pytest.approx(metrics["critic/score/mean"], abs=1e-5)
+        assert metrics["masking/response_tokens"] > 0
+
+
+def rollout_mean(rows: list[dict], key: str, transform=float) -> float:
+    return sum(transform(row["rollout"][key]) for row in rows) / len(rows)
 
 
 def assert_learning_signal(metrics: dict[str, float]) -> None:
@@ -60,29 +101,45 @@ def retrieval_env(request) -> dict[str, str]:
     return {"RETRIEVAL_URL": url} if url else {}
 
 
-def test_eviomni_recipe_trains_on_cpu():
-    output = run_smoke("eviomni_grpo.sh")
-    assert "actor_rollout_ref.rollout.name=hf" in output  # the printed command is the one that ran
-    assert_learning_signal(step_metrics(output, 2))
+def test_eviomni_recipe_trains_on_cpu(tmp_path):
+    run = run_smoke("eviomni_grpo.sh", tmp_path)
+    assert "actor_rollout_ref.rollout.name=hf" in run.output  # the printed command is the one that ran
+    assert_learning_signal(run.step(2))
+    assert_step_metrics_match_the_dump(run, "eviomni", {"score", "ans_f", "ans_r", "ans_e", "len", "format"})
+    for step in STEPS:
+        metrics, rows = run.step(step), run.dumped(step)
+        # o_r / o_e are never in the trained response
+        assert metrics["masking/masked_answer_token_share"] == metrics["masking/masked_answer_tokens_trained"] == 0
+        assert metrics["rollout/answer_rate"] == pytest.approx(rollout_mean(rows, "termination",
+                                                                            lambda t: t == "answer"))
 
 
-def test_evinote_recipe_trains_on_cpu_with_the_search_server_and_nli_judge(retrieval_env):
-    output = run_smoke("evinote_grpo.sh", env=retrieval_env)
-    metrics = step_metrics(output, 2)
+def test_evinote_recipe_trains_on_cpu_with_the_search_server_and_nli_judge(retrieval_env, tmp_path):
+    run = run_smoke("evinote_grpo.sh", tmp_path, env=retrieval_env)
+    metrics = run.step(2)
     assert metrics["num_turns/max"] >= 4  # user, the search turn, its observation, the answer turn
     # Rewards differ within a group: some samples close an annotated <summary> and an <answer> (gate + EQR from the
     # NLI judge actor), others do not (0).
     assert_learning_signal(metrics)
+    assert_step_metrics_match_the_dump(run, "evinote", {"score", "em", "eqr", "notes_ok", "format_ok", "has_summary"})
+    for step in STEPS:
+        metrics, rows = run.step(step), run.dumped(step)
+        assert metrics["rollout/searches/mean"] == pytest.approx(rollout_mean(rows, "num_searches"))
+        assert metrics["rollout/note_rate"] == pytest.approx(rollout_mean(rows, "summary_count", lambda n: n > 0))
+        assert metrics["rollout/search_errors/mean"] == pytest.approx(rollout_mean(rows, "search_errors"))
+        assert metrics["rollout/answer_rate"] == pytest.approx(rollout_mean(rows, "termination",
+                                                                            lambda t: t == "answer"))
+        # the searches' observations are in the response, and none of their tokens is trained
+        assert metrics["masking/retrieved_token_share"] > 0
+        assert metrics["masking/retrieved_tokens_trained"] == 0
 
 
-def test_grace_dapo_recipe_trains_on_cpu_through_verls_dapo_manager():
-    output = run_smoke("grace_dapo.sh")
+def test_grace_dapo_recipe_trains_on_cpu_through_verls_dapo_manager(tmp_path):
+    run = run_smoke("grace_dapo.sh", tmp_path)
     # verl pprints its resolved config: the reward manager is verl's own dapo, GRACE's score its custom function
-    assert "'name': 'dapo'," in output, "not verl's DAPO reward manager"
-    assert "'path': 'pkg://verl_evidence.rewards.grace'" in output
-    assert_learning_signal(step_metrics(output, 2))
-
-
-def test_step_metric_parser_reads_verl_console_lines():
-    line = "(TaskRunnerV1 pid=1) step:2 - actor/grad_norm:0.5 - num_turns/max:np.int32(3) - critic/advantages/min:-1.2e-03"
-    assert step_metrics(line, 2) == {"actor/grad_norm": 0.5, "num_turns/max": 3.0, "critic/advantages/min": -1.2e-3}
+    assert "'name': 'dapo'," in run.output, "not verl's DAPO reward manager"
+    assert "'path': 'pkg://verl_evidence.rewards.grace'" in run.output
+    assert_learning_signal(run.step(2))
+    # logged under GRACE's name (the scoring function of verl's dapo manager)
+    assert_step_metrics_match_the_dump(run, "grace", {"score", "format", "path", "content", "evidence_rouge",
+                                                      "answer_rouge"})

@@ -59,6 +59,7 @@ TRAIN_STEPS = 8
 TRAIN_VALIDATION_PROMPTS = 4  # rows of the smoke validation set (its warmed-up questions), validated before training and after each step
 TRAIN_VALIDATION_SAMPLES = 2  # samples per row, at the training temperature
 TRAIN_LOG = "training.log"
+TRAIN_METRICS = "training_metrics.jsonl"  # verl's file logger: every step's metrics, as verl computed them
 
 
 def register(app: typer.Typer) -> None:
@@ -300,8 +301,11 @@ def training_recipe() -> Path:
     )
 
 
-def training_invocation(recipe: Path, steps: int) -> tuple[list[str], dict[str, str]]:
-    """The recipe's smoke run for ``steps`` steps, validating before training and after every step."""
+def training_invocation(
+    recipe: Path, steps: int, metrics_path: Path | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """The recipe's smoke run for ``steps`` steps, validating before training and after every step;
+    verl's file logger writes the metrics to ``metrics_path`` (the smoke runs' default path when None)."""
     settings = {
         "SMOKE_STEPS": str(steps),
         # the smoke data is the 8 warmed-up questions (4 steps of 2 per epoch): epochs enough for every step asked
@@ -320,6 +324,8 @@ def training_invocation(recipe: Path, steps: int) -> tuple[list[str], dict[str, 
     ]
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}  # a Ray of its own
     env.update(settings, PYTHON=sys.executable, PYTHONUNBUFFERED="1")
+    if metrics_path is not None:
+        env["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
     return command, env
 
 
@@ -331,14 +337,18 @@ def _printable(command: Sequence[str], env: dict[str, str], recipe: Path) -> str
     return " ".join(settings + [shlex.quote(part) for part in shown])
 
 
-def _stream(command: list[str], env: dict[str, str], log_path: Path, steps: int) -> tuple[int, str, float | None]:
-    """Run the recipe, copy its output to ``log_path``, print one line per phase and per training step.
+def _stream(
+    command: list[str], env: dict[str, str], log_path: Path, steps: int, metrics_path: Path
+) -> tuple[int, str, float | None]:
+    """Run the recipe, copy its output to ``log_path``, print one line per phase and per step verl's file
+    logger writes to ``metrics_path``.
 
     Returns the exit code, the whole output and when verl's trainer started (seconds after launch).
     """
     from verl_evidence.eval.training_report import format_step
-    from verl_evidence.local.smoke import logs as smoke_logs
+    from verl_evidence.local.smoke.logs import MetricsTail
 
+    metrics = MetricsTail(metrics_path)
     started = time.monotonic()
     trainer_started = None
     lines: list[str] = []
@@ -360,10 +370,11 @@ def _stream(command: list[str], env: dict[str, str], log_path: Path, steps: int)
                 elif line.startswith("# trainer:"):
                     trainer_started = elapsed
                     console.print(f"  [{elapsed:4.0f}s] starting verl's trainer (Ray start-up, workers, model load)")
-                elif "step:" in line and " - " in line:
-                    for step, values in smoke_logs.step_metrics(line).items():
-                        console.print(f"  [{elapsed:4.0f}s] {format_step(step, values, steps)}")
+                for step, values in sorted(metrics.new_steps().items()):
+                    console.print(f"  [{elapsed:4.0f}s] {format_step(step, values, steps)}")
         code = process.wait()
+        for step, values in sorted(metrics.new_steps().items()):
+            console.print(f"  [{time.monotonic() - started:4.0f}s] {format_step(step, values, steps)}")
     except BaseException:
         _stop(process)
         raise
@@ -388,9 +399,11 @@ def _stop(process: subprocess.Popen) -> None:
 def run_training(recipe: Path, out: Path, steps: int, report_path: Path) -> bool:
     """``--train``: the recipe's real CPU run, then ``training.png`` / ``training.md`` and a report section."""
     from verl_evidence.eval.training_report import TRAINING_MD, TRAINING_PNG, write_training_report
-    from verl_evidence.local.smoke import logs as smoke_logs
+    from verl_evidence.local.smoke.logs import read_metrics
 
-    command, env = training_invocation(recipe, steps)
+    metrics_path = out / TRAIN_METRICS
+    metrics_path.unlink(missing_ok=True)  # a previous run's steps are not this run's
+    command, env = training_invocation(recipe, steps, metrics_path)
     printable = _printable(command, env, recipe)
     log_path = out / TRAIN_LOG
     console.print(Panel.fit(
@@ -399,9 +412,9 @@ def run_training(recipe: Path, out: Path, steps: int, report_path: Path) -> bool
         title="demo --train",
     ))
     started = time.monotonic()
-    code, output, trainer_started = _stream(command, env, log_path, steps)
+    code, output, trainer_started = _stream(command, env, log_path, steps, metrics_path)
     elapsed = time.monotonic() - started
-    metrics = smoke_logs.step_metrics(output)
+    metrics = read_metrics(metrics_path) if metrics_path.exists() else {}
     trained_steps = sorted(step for step, values in metrics.items() if step >= 1 and "critic/score/mean" in values)
     if code != 0 or not trained_steps:
         tail = "".join(output.splitlines(keepends=True)[-40:])
@@ -423,7 +436,8 @@ def run_training(recipe: Path, out: Path, steps: int, report_path: Path) -> bool
         "a 2-layer tiny policy warmed up on the methods' output formats, the bundled EviOmni rows it was warmed up "
         f"on, 2 prompts x 8 samples per step, the `eviomni` reward manager; validation on {TRAIN_VALIDATION_PROMPTS} rows x "
         f"{TRAIN_VALIDATION_SAMPLES} samples before training and after every step. The trainer's command and "
-        f"output: [{TRAIN_LOG}]({TRAIN_LOG}).",
+        f"output: [{TRAIN_LOG}]({TRAIN_LOG}); its per-step metrics (verl's file logger): "
+        f"[{TRAIN_METRICS}]({TRAIN_METRICS}).",
         "",
         f"Wall time on this machine: {elapsed:.0f}s ({preparation}the rest Ray start-up, steps and validations).",
         "",

@@ -1,19 +1,21 @@
-"""Training curves from verl's console log: the ``training.png`` / ``training.md`` of ``verl-evidence demo --train``.
+"""Training curves from verl's per-step metrics: ``training.png`` / ``training.md`` of ``verl-evidence demo --train``.
 
-Pure core: verl's console output (or its parsed ``{step: {metric: value}}``) in,
-a PNG and a Markdown page out. Running the trainer is the caller's business.
+Pure core: verl's per-step metrics (``{step: {metric: value}}``, as
+:func:`verl_evidence.local.smoke.logs.read_metrics` reads them from verl's file
+logger) in, a PNG and a Markdown page out. Running the trainer is the caller's business.
 
-What verl 0.9's v1 trainer logs, and so what can be plotted:
+What is logged per training step, and so what can be plotted:
 
-- per training step, the total reward of the step's rollouts (``critic/score/mean``,
+- by verl's v1 trainer: the total reward of the step's rollouts (``critic/score/mean``,
   ``/min``, ``/max``), the GRPO advantages (``critic/advantages/min``, ``/max``), the
   actor's ``actor/grad_norm`` and timings (``timing_s/step``, ``timing_s/testing``);
-- reward *components* only through validation: the trainer stacks every key of the
-  reward manager's ``reward_extra_info`` over the validation samples and logs
-  ``val-core|val-aux/<data_source>/<key>/mean@<n>`` (``reward`` is the total). The
-  training step's own ``reward_extra_info`` is not logged (``trainer_base.py``
-  ``_compute_metrics``; its rollout dump keeps only the uid). So the components are
-  those of a validation pass before training (step 0) and after every update.
+- by this project's sampler (:mod:`verl_evidence.step_sampler`): the reward manager's
+  components over the step's training rollouts, ``reward/<reward>/<key>/mean``
+  (``score`` is the total), with the rollout's behaviour (``rollout/...``) and the
+  masking shares (``masking/...``);
+- by verl's validation: every key of ``reward_extra_info`` over the validation samples,
+  ``val-core|val-aux/<data_source>/<key>/mean@<n>`` (``reward`` is the total), before
+  training (step 0) and after every update.
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ EVIOMNI_COMPONENTS: dict[str, str] = {
 }
 
 _VALIDATION_KEY = re.compile(r"^val-(?:core|aux)/(?P<source>.+)/(?P<key>[^/]+)/mean@(?P<n>\d+)$")
+_ROLLOUT_COMPONENT_KEY = re.compile(r"^reward/(?P<reward>[^/]+)/(?P<key>[^/]+)/mean$")
+# verl names the validation total ``reward``; the managers' own name for it, logged per training step, is ``score``
+TRAIN_TOTAL = "score"
 
 
 @dataclass
@@ -73,6 +78,11 @@ class TrainingCurves:
     train: dict[str, dict[int, float]] = field(default_factory=dict)
     validation: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)
     samples_per_validation: int | None = None  # the n of mean@n
+    # the training rollouts' reward components (``reward/<reward>/<key>/mean``): rollout[key][step]
+    rollout: dict[str, dict[int, float]] = field(default_factory=dict)
+    reward_name: str | None = None
+    # rollout behaviour and masking shares (``rollout/...``, ``masking/...``): behaviour[metric][step]
+    behaviour: dict[str, dict[int, float]] = field(default_factory=dict)
 
     @property
     def train_steps(self) -> list[int]:
@@ -86,6 +96,13 @@ class TrainingCurves:
     def all_steps(self) -> list[int]:
         return sorted(set(self.train_steps) | set(self.validation_steps))
 
+    def rollout_components(self, wanted: Sequence[str] | None = None) -> list[str]:
+        """Training-rollout components present (the total, ``score``, left out), in the order of ``wanted``."""
+        present = [key for key in self.rollout if key != TRAIN_TOTAL]
+        if wanted is None:
+            return sorted(present)
+        return [key for key in wanted if key in present] or sorted(present)
+
     def components(self, wanted: Sequence[str] | None = None) -> list[str]:
         """Validation components present, in the order of ``wanted`` (all, sorted, when None)."""
         present = {key for comps in self.validation.values() for key in comps}
@@ -95,13 +112,21 @@ class TrainingCurves:
 
 
 def training_curves(metrics: Mapping[int, Mapping[str, float]]) -> TrainingCurves:
-    """Sort verl's per-step metrics (:func:`verl_evidence.local.smoke.logs.step_metrics`) into curves."""
+    """Sort verl's per-step metrics (:func:`verl_evidence.local.smoke.logs.read_metrics`) into curves."""
     curves = TrainingCurves()
     best_n: dict[tuple[str, str], int] = {}
     for step, values in sorted(metrics.items()):
         for name, value in values.items():
             if name in TRAIN_METRICS:
                 curves.train.setdefault(name, {})[step] = float(value)
+                continue
+            component = _ROLLOUT_COMPONENT_KEY.match(name)
+            if component is not None:
+                curves.reward_name = component["reward"]
+                curves.rollout.setdefault(component["key"], {})[step] = float(value)
+                continue
+            if name.startswith(("rollout/", "masking/")):
+                curves.behaviour.setdefault(name, {})[step] = float(value)
                 continue
             match = _VALIDATION_KEY.match(name)
             if match is None:
@@ -124,8 +149,8 @@ def _series(values: Mapping[int, float], steps: Sequence[int]) -> tuple[list[int
 def plot_training(
     curves: TrainingCurves, path: str | Path, components: Sequence[str] | None = tuple(EVIOMNI_COMPONENTS)
 ) -> Path:
-    """Three panels over the training steps: the rollouts' reward, the validation reward components,
-    and the gradient norm with the advantage range."""
+    """Three panels over the training steps: the training rollouts' reward and its components, the validation
+    reward components, and the gradient norm with the advantage range."""
     path = Path(path)
     steps = curves.all_steps
     fig, (ax_train, ax_val, ax_grad) = plt.subplots(3, 1, figsize=(9, 10), sharex=True)
@@ -137,10 +162,17 @@ def plot_training(
         high_x, high = _series(curves.train.get(SCORE_MAX, {}), xs)
         if low_x == xs and high_x == xs:
             ax_train.fill_between(xs, low, high, color="C0", alpha=0.2, label="min–max")
-        ax_train.legend(loc="best", fontsize=8)
     else:
         ax_train.text(0.5, 0.5, "no training step logged", ha="center", va="center", transform=ax_train.transAxes)
-    ax_train.set_title("training rollouts: reward per step (critic/score)")
+    for index, key in enumerate(curves.rollout_components(components)):
+        cxs, ys = _series(curves.rollout[key], steps)
+        if cxs:
+            ax_train.plot(cxs, ys, marker=".", linewidth=1.2, color=f"C{index + 1}",
+                          linestyle="--" if key.startswith("ans_") else "-", label=key)
+    if ax_train.get_legend_handles_labels()[0]:
+        ax_train.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    source = f"reward/{curves.reward_name}/…" if curves.reward_name else "critic/score"
+    ax_train.set_title(f"training rollouts: reward and its components per step ({source})")
     ax_train.set_ylabel("reward")
 
     wanted = curves.components(components) or curves.components(None)
@@ -193,15 +225,19 @@ _TABLE_TRAIN_METRICS = (SCORE_MEAN, SCORE_MIN, SCORE_MAX, ADV_MIN, ADV_MAX, GRAD
 
 
 def step_table(curves: TrainingCurves, components: Sequence[str] | None = tuple(EVIOMNI_COMPONENTS)) -> str:
-    """One row per step: the rollouts' reward, advantages, gradient, time, then the validation components."""
+    """One row per step: the rollouts' reward, advantages, gradient, time, the training rollouts' components,
+    then the validation components."""
     wanted = curves.components(components) or curves.components(None)
     sources = sorted(curves.validation)
     val_columns = [(s, k) for s in sources for k in wanted if k in curves.validation[s]]
+    train_columns = curves.rollout_components(components)
     header = ["step", "train reward mean", "min", "max", "advantage min", "advantage max", "grad norm", "step s"]
+    header += [f"train {k}" for k in train_columns]
     header += [f"val {k}" if len(sources) == 1 else f"val {s}: {k}" for s, k in val_columns]
     rows = []
     for step in curves.all_steps:
         train = [curves.train.get(m, {}).get(step) for m in _TABLE_TRAIN_METRICS]
+        train += [curves.rollout[k].get(step) for k in train_columns]
         val = [curves.validation[s][k].get(step) for s, k in val_columns]
         rows.append([str(step), *(("-" if v is None else v) for v in train), *(("-" if v is None else v) for v in val)])
     return markdown_table(header, rows)
@@ -221,9 +257,10 @@ def training_markdown(
     lines += [f"![reward components per step]({png_name})", "", "## Per step", "", step_table(curves, components), ""]
     lines += [
         "`train reward` is verl's `critic/score` over the step's GRPO rollouts (sampled before that step's "
-        "update); `val …` are the validation pass after the step's update (step 0: before training), "
-        "where verl logs every key of the reward manager's `reward_extra_info`; verl 0.9 does not log the "
-        "components of the training rollouts themselves.",
+        "update); `train …` are the reward manager's components over the same rollouts "
+        "(`reward/<reward>/<component>/mean`, logged by verl-evidence's sampler, docs/training-metrics.md); "
+        "`val …` are the validation pass after the step's update (step 0: before training), where verl logs "
+        "every key of the reward manager's `reward_extra_info`.",
     ]
     described = [k for k in wanted if k in EVIOMNI_COMPONENTS]
     if described:

@@ -20,7 +20,7 @@ the recipe's ordinary verl command line in the CPU training mode
 Modules: :mod:`.settings` (what each method's run needs: one table, and the
 cache directory), :mod:`.data` (the bundled data preparation),
 :mod:`.warmup_data` (the warm-up examples), :mod:`.models` (the tiny policy and
-judge), :mod:`.training` (the warm-up loop), :mod:`.logs` (verl's console
+judge), :mod:`.training` (the warm-up loop), :mod:`.logs` (verl's file-logger
 metrics), :mod:`.cli` (``python -m verl_evidence.local.smoke prepare METHOD``).
 
 Everything is cached under ``~/.cache/verl-evidence/smoke`` (or
