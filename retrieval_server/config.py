@@ -130,6 +130,12 @@ class ServerConfig(BaseModel):
     num_replicas: int = Field(default=1, ge=1)
     num_cpus_per_replica: float = Field(default=1.0, gt=0)
     num_gpus_per_replica: float = Field(default=0.0, ge=0)
+    replica_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Ray custom resources each replica needs, e.g. {'retrieval_host': 1}: replicas run only on "
+        "nodes that offer them (the Slurm job offers 'retrieval_host' on its head node), never on a training node "
+        "by accident",
+    )
     torch_threads: int = Field(
         default=1,
         ge=1,

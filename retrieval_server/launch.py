@@ -169,8 +169,16 @@ def build_application(config: ServerConfig):
         num_replicas=config.num_replicas,
         max_ongoing_requests=config.effective_max_ongoing_requests,
         logging_config={"enable_access_log": config.access_log},
-        ray_actor_options={"num_cpus": config.num_cpus_per_replica, "num_gpus": config.num_gpus_per_replica},
+        ray_actor_options=replica_actor_options(config),
     ).bind(config.model_dump(mode="json"))
+
+
+def replica_actor_options(config: ServerConfig) -> dict:
+    """What Ray reserves for each replica: CPUs, GPUs and the custom resources that pin it to its nodes."""
+    options: dict = {"num_cpus": config.num_cpus_per_replica, "num_gpus": config.num_gpus_per_replica}
+    if config.replica_resources:
+        options["resources"] = dict(config.replica_resources)
+    return options
 
 
 def app_builder(args: dict[str, str]):
