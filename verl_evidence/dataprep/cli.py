@@ -9,35 +9,21 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
-from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from verl_evidence.dataprep import grace as grace_mod
-from verl_evidence.dataprep import rows as rows_mod
-from verl_evidence.dataprep.records import (
-    DataPrepError,
-    ParquetInput,
-    QARecord,
-    SourceRow,
-    bundled_paths,
-    check_references,
-    read_corpus,
-    read_flashrag_jsonl,
-    read_jsonl,
-    read_search_r1_parquet,
-)
-from verl_evidence.dataprep.retrievers import BUILTIN_RETRIEVERS, Query, ServerRetriever, build_retriever
-from verl_evidence.dataprep.templates import load_template
+# Data modules (pyarrow, numpy) are imported by the commands that use them: ``--help`` stays instant.
+# A DataPrepError a command raises is reported as one ``error:`` line by the CLI's error boundary.
+if TYPE_CHECKING:
+    from verl_evidence.dataprep import grace as grace_mod
+    from verl_evidence.dataprep.records import QARecord
 
 logger = logging.getLogger(__name__)
 console = Console(stderr=True)
@@ -64,21 +50,9 @@ class GraceStyle(str, Enum):
     qasper = "qasper"
 
 
-def _fail_clearly(command: Callable) -> Callable:
-    """Bad input ends the command with its message and exit code 2, not a traceback."""
+def _progress():
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    @functools.wraps(command)
-    def wrapper(*args, **kwargs):
-        try:
-            return command(*args, **kwargs)
-        except DataPrepError as err:
-            console.print(f"[red]error:[/red] {escape(str(err))}", soft_wrap=True)
-            raise typer.Exit(2) from err
-
-    return wrapper
-
-
-def _progress() -> Progress:
     return Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
     )
@@ -86,6 +60,13 @@ def _progress() -> Progress:
 
 def load_records(source: str, data_source: str | None, allow_new_source: bool) -> list[QARecord]:
     """``bundled``, a FlashRAG ``.jsonl`` or a Search-R1 ``.parquet``."""
+    from verl_evidence.dataprep.records import (
+        DataPrepError,
+        bundled_paths,
+        read_flashrag_jsonl,
+        read_search_r1_parquet,
+    )
+
     if source == "bundled":
         qa_path, _ = bundled_paths()
         return read_flashrag_jsonl(qa_path, data_source or "bundled", allow_new_source)
@@ -104,7 +85,6 @@ def _report(path: Path, rows: Sequence[dict]) -> None:
 
 
 @data_app.command("qa")
-@_fail_clearly
 def qa_command(
     source: str = typer.Argument(..., help="'bundled', a FlashRAG .jsonl or a Search-R1 .parquet"),
     output: Path = typer.Option(..., "--output", "-o", help="parquet file to write"),
@@ -123,6 +103,10 @@ def qa_command(
     A parquet is read and written in record batches; rows already in verl's layout (Search-R1's files)
     keep their prompt, reward_model and extra_info and gain only what the search loop and rewards read.
     """
+    from verl_evidence.dataprep import rows as rows_mod
+    from verl_evidence.dataprep.records import ParquetInput, SourceRow
+    from verl_evidence.dataprep.templates import load_template
+
     prompt_template = load_template(template or method.value)
     parquet = ParquetInput(source, data_source, new_data_source) if source.endswith(".parquet") else None
     if parquet is None:
@@ -158,6 +142,8 @@ def qa_command(
 def token_counter(tokenizer_path: str) -> Callable[[str], int]:
     from transformers import AutoTokenizer
 
+    from verl_evidence.dataprep.records import DataPrepError
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     except (OSError, ValueError) as err:
@@ -167,6 +153,8 @@ def token_counter(tokenizer_path: str) -> Callable[[str], int]:
 
 def read_passages_file(path: Path, records: Sequence[QARecord], topk: int) -> list[list[dict]]:
     """JSONL ``{"id": question id, "passages": [{"id", "contents"} | "Title\\ntext", ...]}``."""
+    from verl_evidence.dataprep.records import DataPrepError, read_jsonl
+
     by_id: dict[str, list[dict]] = {}
     for number, row in enumerate(read_jsonl(path), start=1):
         if "id" not in row or "passages" not in row:
@@ -183,7 +171,6 @@ def read_passages_file(path: Path, records: Sequence[QARecord], topk: int) -> li
 
 
 @data_app.command("eviomni")
-@_fail_clearly
 def eviomni_command(
     source: str = typer.Argument(..., help="'bundled', a FlashRAG .jsonl or a Search-R1 .parquet"),
     output: Path = typer.Option(..., "--output", "-o"),
@@ -201,6 +188,10 @@ def eviomni_command(
     new_data_source: bool = typer.Option(False, "--new-data-source"),
 ) -> None:
     """Rows for EviOmni / LEAR: top-k passages per question in the prompt, L_P recorded."""
+    from verl_evidence.dataprep import rows as rows_mod
+    from verl_evidence.dataprep.records import DataPrepError
+    from verl_evidence.dataprep.templates import load_template
+
     chosen = [x for x in (retrieval_url, passages_file, retriever) if x]
     if len(chosen) != 1:
         raise DataPrepError("give exactly one of --retrieval-url, --passages-file, --retriever")
@@ -229,6 +220,8 @@ def _passage_fetcher(
     retrieval_url: str | None, retriever: str | None, corpus: str | None, dense_model: str | None, topk: int
 ) -> Callable[[Sequence[QARecord]], list[list[dict]]]:
     """records -> top-k ``{"id", "contents"}`` per record, from the server or an in-process retriever."""
+    from verl_evidence.dataprep.retrievers import Query, ServerRetriever, build_retriever
+
     if retrieval_url:
         server = ServerRetriever(retrieval_url)
         return lambda batch: server.passages([r.question for r in batch], topk)
@@ -243,12 +236,16 @@ def _passage_fetcher(
 
 
 def _load_corpus(spec: str | None) -> dict[str, str]:
+    from verl_evidence.dataprep.records import DataPrepError, bundled_paths, read_corpus
+
     if spec is None:
         raise DataPrepError("an in-process retriever needs --corpus (a FlashRAG corpus JSONL or 'bundled')")
     return read_corpus(bundled_paths()[1] if spec == "bundled" else spec)
 
 
 def print_grace_stats(stats: grace_mod.GraceStats, retrievers: Sequence[str], skipped: int = 0) -> None:
+    from rich.table import Table
+
     table = Table(title=f"GRACE construction: {stats.samples} samples, {stats.total} examples kept")
     for column in ("retriever", "answerable", "unanswerable", "duplicates dropped"):
         table.add_column(column, justify="right" if column != "retriever" else "left")
@@ -266,11 +263,12 @@ def print_grace_stats(stats: grace_mod.GraceStats, retrievers: Sequence[str], sk
 
 
 def default_retrievers(cross_encoder: str | None) -> list[str]:
+    from verl_evidence.dataprep.retrievers import BUILTIN_RETRIEVERS
+
     return [name for name in BUILTIN_RETRIEVERS if name != "dense+rerank" or cross_encoder]
 
 
 @data_app.command("grace")
-@_fail_clearly
 def grace_command(
     source: str = typer.Argument(..., help="'bundled', a bundled-layout .jsonl, a HotpotQA or a QASPER .json/.jsonl"),
     output: Path = typer.Option(..., "--output", "-o"),
@@ -294,6 +292,18 @@ def grace_command(
     new_data_source: bool = typer.Option(False, "--new-data-source"),
 ) -> None:
     """GRACE rows: answerable and unanswerable contexts from several retrievers, merged and deduplicated."""
+    from verl_evidence.dataprep import grace as grace_mod
+    from verl_evidence.dataprep import rows as rows_mod
+    from verl_evidence.dataprep.records import (
+        DataPrepError,
+        bundled_paths,
+        check_references,
+        read_corpus,
+        read_flashrag_jsonl,
+    )
+    from verl_evidence.dataprep.retrievers import build_retriever
+    from verl_evidence.dataprep.templates import load_template
+
     skipped = 0
     if style is GraceStyle.bundled:
         if source == "bundled":
@@ -336,9 +346,11 @@ def grace_command(
 
 
 @data_app.command("inspect")
-@_fail_clearly
 def inspect_command(path: Path, limit: int = typer.Option(1, help="rows to print")) -> None:
     """Print the first rows of a prepared parquet file as JSON."""
+    from verl_evidence.dataprep import rows as rows_mod
+    from verl_evidence.dataprep.records import DataPrepError
+
     if not path.is_file():
         raise DataPrepError(f"{path}: no such file")
     for row in rows_mod.read_parquet(path)[:limit]:

@@ -14,11 +14,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # headless: clusters and CI have no display
-import matplotlib.pyplot as plt
-
 from verl_evidence.eval import metrics
 from verl_evidence.eval.records import EvalRecord
 
@@ -147,8 +142,23 @@ def _plotted_components(records: Sequence[EvalRecord], manager: str) -> list[str
     return out
 
 
+def _pyplot():
+    """matplotlib's pyplot on the headless Agg backend (clusters and CI have no display).
+
+    Imported by the first plot, not with this module: the table helpers here are used by
+    command modules, and importing matplotlib would add seconds to every ``--help``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def plot_reward_components(records: Sequence[EvalRecord], path: Path) -> Path | None:
     """Box plots of every reward component, one panel per reward manager."""
+    plt = _pyplot()
     managers = sorted({m for r in records for m in r.rewards})
     if not managers:
         return None
@@ -173,6 +183,7 @@ def plot_reward_components(records: Sequence[EvalRecord], path: Path) -> Path | 
 
 def plot_rewards_by_case(records: Sequence[EvalRecord], path: Path) -> Path | None:
     """Mean total reward per case, one panel per reward manager: where each reward separates behaviours."""
+    plt = _pyplot()
     managers = sorted({m for r in records for m in r.rewards})
     if not managers or not any(r.case for r in records):
         return None
@@ -201,6 +212,7 @@ def plot_rewards_by_case(records: Sequence[EvalRecord], path: Path) -> Path | No
 
 def plot_accuracy_by_source(records: Sequence[EvalRecord], path: Path) -> Path | None:
     """EM, F1 and (where labelled) GRACE overall accuracy per rollout and data source."""
+    plt = _pyplot()
     several = len({r.policy for r in records}) > 1
     labels, em, f1, acc = [], [], [], []
     for group, group_records in metrics.group_by(records, lambda r: _group_label(r, several)).items():
@@ -234,6 +246,7 @@ def plot_accuracy_by_source(records: Sequence[EvalRecord], path: Path) -> Path |
 
 def plot_context_tokens(records: Sequence[EvalRecord], path: Path) -> Path | None:
     """Context tokens per question (retrieved or extracted evidence the policy saw), by rollout."""
+    plt = _pyplot()
     several = len({r.policy for r in records}) > 1
     groups = metrics.group_by(
         [r for r in records if r.context_tokens is not None], lambda r: _group_label(r, several)

@@ -15,9 +15,9 @@ from rich.table import Table
 
 from verl_evidence.evipath.evidence import DEFAULT_TAU, EvidenceSelector
 from verl_evidence.evipath.pipeline import Prompts, Statistics, SynthesisConfig, Synthesizer
+from verl_evidence.evipath.protocol import PLANNER_LAYOUTS as PLANNER_FORMATS
 from verl_evidence.evipath.records import FORMATS, ReadReport, load_records
 from verl_evidence.evipath.teacher import ReplyCache, Teacher, TeacherConfig
-from verl_evidence.evipath.writer import PLANNER_FORMATS, write_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +76,8 @@ async def run_synthesis(
     finally:
         await teacher.close()
         cache.close()
+    from verl_evidence.evipath.writer import write_outputs  # pyarrow: not needed for --help
+
     outputs = write_outputs(
         results, out_dir, planner_format=planner_format, seed=config.seed, val_fraction=val_fraction
     )

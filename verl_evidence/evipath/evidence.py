@@ -13,8 +13,10 @@ import logging
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where vectors are made: importing the CLI stays quick
+    import numpy as np
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +64,8 @@ class EvidenceSelector:
         self._cache_size = max(1, cache_size)
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
+        import numpy as np
+
         if not texts:
             return np.zeros((0, 1), dtype=np.float32)
         found = {t: self._cache[t] for t in dict.fromkeys(texts) if t in self._cache}
@@ -86,6 +90,8 @@ class EvidenceSelector:
     def select(self, answer_sentence: str, golden: Sequence[str]) -> Selection:
         if not golden:
             return Selection((), (), True)
+        import numpy as np
+
         sims = self.scores(answer_sentence, golden)
         keep = tuple(int(i) for i in np.flatnonzero(sims >= self.tau))
         fallback = not keep
