@@ -230,7 +230,7 @@ def dataclass_rows(cls: type, section: str, prefix: str = "") -> list[tuple[str,
 def pydantic_rows(model: type, section: str) -> list[tuple[str, ...]]:
     rows = []
     for name, field in model.model_fields.items():
-        default = "required" if field.is_required() else value(field.default)
+        default = "required" if field.is_required() else value(field.get_default(call_default_factory=True))
         rows.append((f"`{name}`", type_name(field.annotation), default, meaning(section, name, field.description)))
     return rows
 
