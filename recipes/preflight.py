@@ -39,18 +39,43 @@ def split_argv(argv: list[str]) -> tuple[Path, str, list[str]]:
 
 
 def compose(config_path: Path, config_name: str, overrides: list[str]):
-    """The trainer's config. verl's own config directory is found without importing verl (seconds of start-up)."""
+    """The trainer's config. verl's own config directory is found without importing verl (seconds of start-up).
+
+    An override Hydra cannot apply (a misspelt key or preset, a bad value) is the user's to fix: one line naming it.
+    """
+    spec = importlib.util.find_spec("verl")
+    if spec is None or not spec.submodule_search_locations or importlib.util.find_spec("hydra") is None:
+        raise PreflightError(
+            f"verl is not installed for {sys.executable}: run the recipe with PYTHON=<the venv's python>"
+        )
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+    from hydra.errors import HydraException, OverrideParseException
+    from omegaconf.errors import OmegaConfBaseException
 
-    spec = importlib.util.find_spec("verl")
-    if spec is None or not spec.submodule_search_locations:
-        raise PreflightError("verl is not installed in this Python environment")
-    verl_config = Path(list(spec.submodule_search_locations)[0]) / "trainer" / "config"
-    with initialize_config_dir(config_dir=str(config_path.resolve()), version_base=None):
-        return hydra_compose(
-            config_name=config_name, overrides=[*overrides, f"hydra.searchpath=[file://{verl_config}]"]
-        )
+    verl_config = Path(next(iter(spec.submodule_search_locations))) / "trainer" / "config"
+    try:
+        with initialize_config_dir(config_dir=str(config_path.resolve()), version_base=None):
+            return hydra_compose(
+                config_name=config_name, overrides=[*overrides, f"hydra.searchpath=[file://{verl_config}]"]
+            )
+    except (HydraException, OmegaConfBaseException) as err:
+        what = one_line(str(err))
+        if isinstance(err, OverrideParseException):  # its message does not repeat the override
+            what = f"cannot parse the override {err.override!r}: {what}"
+        raise PreflightError(
+            f"the trainer config does not compose with the overrides given: {what} "
+            "(a misspelt key, preset or value? `--cfg job` prints the config the recipe composes)"
+        ) from err
+
+
+def one_line(text: str) -> str:
+    """Hydra's multi-line message on one line, without the config search path it appends to a missing preset."""
+    parts = [line.strip() for line in text.split("Config search path:")[0].splitlines() if line.strip()]
+    joined = parts[:1]
+    for part in parts[1:]:
+        joined.append((" " if joined[-1].endswith((":", ",", ".")) else ", ") + part)
+    return "".join(joined)
 
 
 def load_yaml(path: Path) -> dict:
@@ -151,7 +176,7 @@ def check(argv: list[str]) -> list[str]:
         except FileNotFoundError:
             problems.append(f"{key}: {path} does not exist; {data_hint}")
             continue
-        except Exception as err:  # an unreadable file is the user's to fix, named here
+        except (OSError, ValueError) as err:  # not parquet (pyarrow's errors are these): the user's to fix
             problems.append(f"{key}: cannot read {path} as parquet ({type(err).__name__}: {err}); {data_hint}")
             continue
         if not rows:
@@ -174,8 +199,9 @@ def check(argv: list[str]) -> list[str]:
 def main() -> None:
     try:
         problems = check(sys.argv[1:])
-    except PreflightError as err:
-        problems = [str(err)]
+    except PreflightError as err:  # the run cannot be checked at all: one line, no traceback
+        print(f"error: {err}; nothing was started", file=sys.stderr)
+        sys.exit(2)
     if problems:
         print("error: the reward, rollout and data of this run do not fit; nothing was started:", file=sys.stderr)
         for problem in problems:

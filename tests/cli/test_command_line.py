@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -187,3 +188,27 @@ def test_port_taken_and_missing_index_through_the_installed_command(bundled_inde
     assert "Traceback" not in done.stderr and "│" not in done.stderr, done.stderr  # no plain or rich traceback
     last = done.stderr.strip().splitlines()[-1]  # after the INFO lines of the libraries it loaded
     assert last == f"error: cannot serve on 127.0.0.1:{port}: Address already in use; choose another --port"
+
+
+@pytest.mark.slow  # the recipe composes verl's Hydra config in a subprocess
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("trainer.total_epoch=3", "Could not override 'trainer.total_epoch'. To append to your config use +trainer"),
+        ("rollout_preset=serch", "Could not find 'rollout_preset/serch', Available options in 'rollout_preset': "),
+        ("trainer.total_epochs=[", "cannot parse the override 'trainer.total_epochs=['"),
+    ],
+)
+def test_bad_hydra_override_in_a_recipe_is_one_line(override: str, named: str) -> None:
+    """The recipe's pre-flight step composes the trainer config first: a misspelt override stops it, named."""
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k not in ("SERVER_ARGS", "ALLOW_DEMO_CORPUS")}
+    done = subprocess.run(
+        ["bash", str(repo / "recipes" / "search_r1_baseline.sh"), "--no-server", override], cwd=repo, timeout=300,
+        capture_output=True, text=True, check=False,
+        env={**env, "PYTHON": sys.executable, "RETRIEVAL_URL": "http://127.0.0.1:9"},
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: the trainer config does not compose"), done.stderr
+    assert named in lines[0] and lines[0].endswith("nothing was started")
