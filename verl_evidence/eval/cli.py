@@ -49,6 +49,62 @@ def search_settings_from_options(evipath: str | None, settings: list[str] | None
     return merged
 
 
+def policy_label(policy) -> str:
+    """A results-table row name for a policy given as --trajectories, --model or --endpoint."""
+    if policy.kind == "endpoint":
+        return str(policy.model_name)
+    return Path(policy.target).name
+
+
+def checkpoint_policies(paths: list[Path], merged_dir: Path, tokenizer: Path | None):
+    """HF policies of the merged ``--checkpoint`` s, their row labels, and the tokenizer directory.
+
+    Every checkpoint is checked before any is merged; a bad one ends the command with
+    exit code 2 and one line naming the directory and what it lacks.
+    """
+    from verl_evidence.eval.checkpoints import CheckpointError, checkpoint_labels, find_checkpoint, merge_checkpoint
+    from verl_evidence.eval.runner import PolicySpec
+
+    try:
+        found = [find_checkpoint(p) for p in paths]
+    except CheckpointError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from err
+    seen: dict[Path, Path] = {}
+    for given, ckpt in zip(paths, found):
+        if ckpt.path in seen:
+            typer.echo(f"error: --checkpoint {given} is given twice (also as {seen[ckpt.path]})", err=True)
+            raise typer.Exit(2)
+        seen[ckpt.path] = given
+    policies, labels = [], {}
+    for ckpt, label in zip(found, checkpoint_labels([c.path for c in found])):
+        with console.status(f"merging {ckpt.actor_dir} with verl's model merger"):
+            merged = merge_checkpoint(ckpt, merged_dir)
+        how = "merged" if merged.merged_now else "cached merge"
+        console.print(f"[bold]{label}[/]: {how} {merged.model_dir}")
+        policy = PolicySpec("hf", str(merged.model_dir))
+        policies.append(policy)
+        labels[policy.policy_id] = label
+    if tokenizer is None:  # a run's checkpoints share the tokenizer verl saved with them
+        tokenizer = Path(policies[0].target)
+    _check_same_vocabulary(tokenizer, [Path(p.target) for p in policies])
+    return policies, labels, tokenizer
+
+
+def _check_same_vocabulary(tokenizer_dir: Path, model_dirs: list[Path]) -> None:
+    """The session decodes every policy's tokens with one tokenizer: their vocabularies must agree."""
+    from transformers import AutoTokenizer
+
+    vocabulary = AutoTokenizer.from_pretrained(str(tokenizer_dir)).get_vocab()
+    for model_dir in model_dirs:
+        if AutoTokenizer.from_pretrained(str(model_dir)).get_vocab() != vocabulary:
+            typer.echo(
+                f"error: the tokenizer of {model_dir} differs from {tokenizer_dir}'s: evaluate checkpoints of one "
+                "base model together (or run eval once per model)", err=True,
+            )
+            raise typer.Exit(2)
+
+
 def eval_command(
     data: list[Path] = typer.Option(
         None, "--data", help="verl rows to evaluate (parquet from `verl-evidence data`, or JSONL); repeatable. "
@@ -80,6 +136,15 @@ def eval_command(
         "observation_role=user; repeatable; applied after --evipath"
     ),
     fresh: bool = typer.Option(False, help="ignore the results cache and start over"),
+    checkpoint: list[Path] = typer.Option(
+        None, "--checkpoint", help="a verl checkpoint (global_step_N directory) as the policy: its actor's FSDP "
+        "shards are merged with verl's model merger (once, cached) and generate with HF; repeatable: one table row "
+        "each"
+    ),
+    merged_dir: Path = typer.Option(
+        None, help="cache of merged --checkpoint models (default: OUT/merged); a checkpoint is merged again only "
+        "when its shard files change"
+    ),
 ) -> None:
     """Evaluate a policy (replayed trajectories, HF model dir or endpoint) and write a Markdown report.
 
@@ -93,6 +158,7 @@ def eval_command(
     from verl_evidence.eval.datasets import ROLLOUTS, bundled_rows, examples_from_rows, load_rows
     from verl_evidence.eval.progress import (
         metrics_rich_table,
+        paper_rich_table,
         quiet_library_logs,
         run_with_progress,
     )
@@ -100,7 +166,14 @@ def eval_command(
     from verl_evidence.eval.session import make_runner, open_session
 
     quiet_library_logs()
-    policy, tokenizer = options.policy_and_tokenizer(trajectories, model, endpoint, served_model, tokenizer)
+    if checkpoint:
+        if any(x is not None for x in (trajectories, model, endpoint)):
+            raise typer.BadParameter("--checkpoint is the policy: give no --trajectories, --model or --endpoint")
+        policies, labels, tokenizer = checkpoint_policies(checkpoint, merged_dir or out / "merged", tokenizer)
+    else:
+        policy, tokenizer = options.policy_and_tokenizer(trajectories, model, endpoint, served_model, tokenizer)
+        policies, labels = [policy], {policy.policy_id: policy_label(policy)}
+    policy = policies[0]
     search_settings = search_settings_from_options(evipath, search_setting)
     if search_settings and policy.kind == "replay":
         raise typer.BadParameter("--evipath / --search-setting need a live policy (--model or --endpoint); "
@@ -138,18 +211,31 @@ def eval_command(
             examples = examples_from_rows(rows)
         if not examples:
             raise typer.BadParameter("nothing to evaluate: no rows (check --data / --rollouts / --limit)")
-        console.print(f"[bold]evaluating[/] {policy.policy_id} on {len(examples)} examples; cache {cache_path}")
-        runner = make_runner(session, policy, concurrency=concurrency)
-        if search_settings:  # results of another loop protocol must not come from the cache
-            import json
+        records = []
+        for policy in policies:
+            console.print(f"[bold]evaluating[/] {policy.policy_id} on {len(examples)} examples; cache {cache_path}")
+            runner = make_runner(session, policy, concurrency=concurrency)
+            label = labels.pop(policy.policy_id)
+            if search_settings:  # results of another loop protocol must not come from the cache
+                import json
 
-            runner.policy_id += f"|evidence_search:{json.dumps(search_settings, sort_keys=True)}"
-        records = run_with_progress(runner, examples, cache, console)
-        report = write_report(records, out, title=f"Evaluation of {policy.policy_id}", notes=session.notes)
-    console.print(metrics_rich_table(records, title=f"{policy.policy_id}"))
+                runner.policy_id += f"|evidence_search:{json.dumps(search_settings, sort_keys=True)}"
+            labels[runner.policy_id] = label
+            records += run_with_progress(runner, examples, cache, console)
+            del runner  # one merged checkpoint in memory at a time
+        title = f"Evaluation of {', '.join(labels.values())}" if checkpoint else f"Evaluation of {policy.policy_id}"
+        report = write_report(
+            records, out, title=title, notes=session.notes, policy_labels=labels,
+            row_header="checkpoint" if checkpoint else "policy",
+        )
+    if checkpoint:
+        console.print(paper_rich_table(records, labels, title="results by checkpoint and data source"))
+    else:
+        console.print(metrics_rich_table(records, title=f"{policy.policy_id}"))
     for note in session.notes:
         console.print(f"[yellow]note:[/] {note}")
     console.print(f"report: {report.markdown}")
+    console.print(f"table:  {report.table_markdown}, {report.table_csv}")
     for png in report.images:
         console.print(f"plot:   {png}")
     failed = [r for r in records if r.error]

@@ -16,7 +16,7 @@ from verl_evidence.eval.records import EvalRecord
 from verl_evidence.eval.report import format_value
 from verl_evidence.eval.runner import EvalExample, EvalRunner
 
-__all__ = ["metrics_rich_table", "run_with_progress"]
+__all__ = ["metrics_rich_table", "paper_rich_table", "run_with_progress"]
 
 
 def run_with_progress(
@@ -59,6 +59,20 @@ def metrics_rich_table(records: Sequence[EvalRecord], title: str = "metrics") ->
         if any(v is not None for v in values):
             table.add_row(METRIC_LABELS[name], *[format_value(v) for v in values])
     return table
+
+
+def paper_rich_table(records: Sequence[EvalRecord], labels: dict[str, str], title: str = "results") -> Table:
+    """The results table (paper layout, :mod:`verl_evidence.eval.paper_table`) for the terminal."""
+    from verl_evidence.eval import paper_table
+
+    table = paper_table.build_paper_table(records, lambda p: labels.get(p, p), policy_order=list(labels))
+    shown = Table(title=title)
+    shown.add_column("")
+    for name in table.column_names():
+        shown.add_column(name, justify="right")
+    for row in table.rows:
+        shown.add_row(row, *[format_value(table.value(row, s, m)) for s, m in table.columns])
+    return shown
 
 
 def quiet_library_logs() -> None:

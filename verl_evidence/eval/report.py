@@ -1,7 +1,8 @@
 """Markdown report with tables and PNG plots from evaluation records.
 
-The report answers three questions: how good are the answers (metrics per
-rollout and data source), what did each reward manager pay for which behaviour
+The report answers three questions: how good are the answers (the results
+table in the papers' layout, :mod:`verl_evidence.eval.paper_table`, and the
+metrics per rollout and data source), what did each reward manager pay for which behaviour
 (reward components per case), and how much context did each question cost.
 Plots are written with matplotlib's Agg backend, so no display is needed.
 """
@@ -10,11 +11,11 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from verl_evidence.eval import metrics
+from verl_evidence.eval import metrics, paper_table
 from verl_evidence.eval.records import EvalRecord
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,8 @@ METRIC_LABELS = {
 class Report:
     markdown: Path
     images: list[Path] = field(default_factory=list)
+    table_markdown: Path | None = None  # the results in the papers' layout (paper_table.py)
+    table_csv: Path | None = None
 
 
 def format_value(value: float | None) -> str:
@@ -284,12 +287,16 @@ def write_report(
     title: str = "verl-evidence evaluation",
     notes: Sequence[str] = (),
     extra_sections: Sequence[tuple[str, str]] = (),
+    policy_labels: Mapping[str, str] | None = None,
+    row_header: str = "policy",
 ) -> Report:
-    """Write ``report.md`` and its PNGs into ``out_dir``; return their paths.
+    """Write ``report.md``, its PNGs and the results table (``table.md``, ``table.csv``) into ``out_dir``.
 
     ``notes`` are shown as a bulleted list under the title (e.g. that the
     EviNote judge is a random model); ``extra_sections`` are ``(heading,
-    markdown)`` pairs appended after the standard sections.
+    markdown)`` pairs appended after the standard sections. ``policy_labels``
+    name the results table's rows (policy id -> label, in row order; default:
+    the policy ids), ``row_header`` heads their column.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -307,6 +314,11 @@ def write_report(
     lines += [f"Policies: {', '.join(f'`{p}`' for p in policies) or 'none'}; examples: {len(records)}."]
     if notes:
         lines += [""] + [f"- {n}" for n in notes]
+    labels = dict(policy_labels or {})
+    table = paper_table.build_paper_table(records, lambda p: labels.get(p, p), policy_order=list(labels))
+    table_md, table_csv = paper_table.write_paper_table(table, out, row_header=row_header)
+    lines += ["", "## Results", "", paper_table.paper_table_markdown(table, row_header)]
+    lines += ["", f"Also as [{table_md.name}]({table_md.name}) and [{table_csv.name}]({table_csv.name})."]
     lines += ["", "## Metrics by rollout and data source", "", metrics_table(records) if records else "No records."]
     lines += ["", "Column definitions: docs/evaluation.md."]
     if any(r.rewards for r in records):
@@ -323,4 +335,5 @@ def write_report(
     path = out / REPORT_NAME
     path.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
     logger.info("wrote %s", path)
-    return Report(markdown=path, images=[png for _, png in plots if png is not None])
+    images = [png for _, png in plots if png is not None]
+    return Report(markdown=path, images=images, table_markdown=table_md, table_csv=table_csv)
