@@ -32,15 +32,16 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
 
 GROUP_SIZE = 8
 FACTS = [
@@ -195,18 +196,20 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement; the best counts")
     parser.add_argument(
-        "--torch-threads", type=int, default=1,
+        "--torch-threads",
+        type=int,
+        default=1,
         help="torch intra-op threads; 1 is fairest on a shared CPU, where spinning OpenMP threads "
         "slow small per-pair calls far more than batched ones",
     )
     args = parser.parse_args()
 
-    import verl_evidence.reward_managers  # noqa: F401  (registration, as the verl plugin does)
     from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
 
+    import verl_evidence.reward_managers  # noqa: F401  (registration, as the verl plugin does)
+    from verl_evidence.local.tiny_models import save_tiny_tokenizer, tiny_nli_model, tiny_tokenizer
     from verl_evidence.reward_managers.judge import JudgeConfig, connect_judge
     from verl_evidence.rewards import evinote, eviomni, grace
-    from verl_evidence.local.tiny_models import save_tiny_tokenizer, tiny_nli_model, tiny_tokenizer
 
     torch.set_num_threads(args.torch_threads)
     console = Console()

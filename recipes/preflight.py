@@ -184,9 +184,7 @@ def check(argv: list[str]) -> list[str]:
             continue
         missing = [name for name in need["row_fields"] if any(field(row, name) is None for row in rows)]
         if missing:
-            problems.append(
-                f"{key}: rows of {path} lack {', '.join(missing)} (rows for another method?); {data_hint}"
-            )
+            problems.append(f"{key}: rows of {path} lack {', '.join(missing)} (rows for another method?); {data_hint}")
         row_loops = sorted({row.get("agent_name") or default_loop for row in rows} - set(allowed_loops))
         if row_loops and row_loops != [default_loop]:
             problems.append(

@@ -140,7 +140,7 @@ class BacklogBatcher(Generic[Item, Result]):
                 for _, future in live:
                     future.cancel()
                 raise
-            except Exception as err:  # noqa: BLE001  (every caller of the batch sees the failure; the server: 503)
+            except Exception as err:
                 for _, future in live:
                     if not future.done():
                         future.set_exception(err)

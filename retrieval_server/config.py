@@ -95,7 +95,9 @@ class ServerConfig(BaseModel):
     default_topk: int = Field(default=3, ge=1)
     rrf_k: int = Field(default=60, ge=1, description="Reciprocal-rank-fusion constant")
     fusion_depth: int = Field(default=50, ge=1, description="Candidates taken from each retriever before fusion")
-    search_params: str = Field(default="", description='faiss ParameterSpace string, e.g. "nprobe=64" or "efSearch=128"')
+    search_params: str = Field(
+        default="", description='faiss ParameterSpace string, e.g. "nprobe=64" or "efSearch=128"'
+    )
     rerank_model: str | None = None
     rerank_top_n: int = Field(default=20, ge=1)
     device: str | None = None

@@ -38,7 +38,7 @@ def iter_corpus(path: Path) -> Iterator[tuple[str, str]]:
                 record = json.loads(line)
                 doc_id, contents = record["id"], record["contents"]
             except (json.JSONDecodeError, KeyError, TypeError) as err:
-                raise CorpusFormatError(f"{path}:{line_number}: expected {{\"id\", \"contents\"}} JSON ({err})") from err
+                raise CorpusFormatError(f'{path}:{line_number}: expected {{"id", "contents"}} JSON ({err})') from err
             if not isinstance(contents, str):
                 raise CorpusFormatError(f"{path}:{line_number}: 'contents' must be a string")
             yield str(doc_id), contents

@@ -57,7 +57,14 @@ def _shard_paths(shard_dir: Path, count: int, shard_size: int) -> list[Path]:
 
 
 def _progress():
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     return Progress(
         TextColumn("[bold]{task.description}"),
@@ -68,7 +75,9 @@ def _progress():
     )
 
 
-def encode_shards(config: BuildConfig, corpus_sha256: str, count: int, encoder=None, show_progress: bool = True) -> tuple[list[Path], int]:
+def encode_shards(
+    config: BuildConfig, corpus_sha256: str, count: int, encoder=None, show_progress: bool = True
+) -> tuple[list[Path], int]:
     """Encode the corpus into ``.npy`` shards, skipping shards already finished by an earlier run."""
     from retrieval_server.encoders import SentenceEncoder, describe
 
@@ -77,7 +86,11 @@ def encode_shards(config: BuildConfig, corpus_sha256: str, count: int, encoder=N
     build_info_path = shard_dir / "build.json"
     encoder = encoder or SentenceEncoder(config.encoder, device=config.device)
     # Content only (no model location): shards encoded by a moved or copied model stay valid.
-    build_info = {"corpus_sha256": corpus_sha256, "encoder": vector_identity(describe(config.encoder, encoder.dim)), "shard_size": config.shard_size}
+    build_info = {
+        "corpus_sha256": corpus_sha256,
+        "encoder": vector_identity(describe(config.encoder, encoder.dim)),
+        "shard_size": config.shard_size,
+    }
     if build_info_path.exists() and json.loads(build_info_path.read_text()) != build_info:
         logger.warning("shards in %s were encoded from another corpus/encoder: re-encoding", shard_dir)
         shutil.rmtree(shard_dir)
@@ -91,7 +104,9 @@ def encode_shards(config: BuildConfig, corpus_sha256: str, count: int, encoder=N
     if todo:
         todo_set = set(todo)
         with _progress() if show_progress else _NullProgress() as progress:
-            task = progress.add_task("encoding passages", total=count, completed=(len(paths) - len(todo)) * config.shard_size)
+            task = progress.add_task(
+                "encoding passages", total=count, completed=(len(paths) - len(todo)) * config.shard_size
+            )
             batch: list[str] = []
             shard = 0
             for row, (_, contents) in enumerate(iter_corpus(config.corpus)):
@@ -171,7 +186,9 @@ def build_bm25(config: BuildConfig) -> None:
     tmp.replace(final)
 
 
-def build_index(config: BuildConfig, encoder=None, show_progress: bool = True, lock_timeout_s: float | None = None) -> dict:
+def build_index(
+    config: BuildConfig, encoder=None, show_progress: bool = True, lock_timeout_s: float | None = None
+) -> dict:
     """Build (or finish building) an index; returns the manifest. Idempotent when nothing changed.
 
     An exclusive lock on the directory makes concurrent builders (two test runs,
@@ -249,9 +266,16 @@ def _build_index_locked(config: BuildConfig, encoder, show_progress: bool) -> di
         "count": count,
         "encoder": describe(config.encoder, dim),
         "dim": dim,
-        "index": {"factory": config.index_factory, "metric": "inner_product", "file": DENSE_INDEX, "ntotal": int(index.ntotal)},
+        "index": {
+            "factory": config.index_factory,
+            "metric": "inner_product",
+            "file": DENSE_INDEX,
+            "ntotal": int(index.ntotal),
+        },
         "docstore": DOCSTORE,
-        "bm25": {"dir": BM25_DIR, "tokenizer": "bm25s.Tokenizer(stopwords=en)", "tokenizer_vocab": BM25_TOKENIZER_VOCAB} if config.bm25 else None,
+        "bm25": {"dir": BM25_DIR, "tokenizer": "bm25s.Tokenizer(stopwords=en)", "tokenizer_vocab": BM25_TOKENIZER_VOCAB}
+        if config.bm25
+        else None,
         "shards": {"dir": SHARDS_DIR, "shard_size": config.shard_size, "count": len(shard_paths)},
         "build_seconds": round(time.time() - started, 2),
     }
@@ -300,7 +324,11 @@ def _record_locations(manifest_path: Path, manifest: dict, config: BuildConfig) 
         "index in %s was built from %s with %s; same content found at %s and %s",
         manifest_path.parent, manifest["corpus"]["path"], manifest["encoder"]["model"], corpus, model,
     )  # fmt: skip
-    manifest = {**manifest, "corpus": {**manifest["corpus"], "path": corpus}, "encoder": {**manifest["encoder"], "model": model}}
+    manifest = {
+        **manifest,
+        "corpus": {**manifest["corpus"], "path": corpus},
+        "encoder": {**manifest["encoder"], "model": model},
+    }
     _write_json_atomic(manifest_path, manifest)
     return manifest
 
@@ -370,12 +398,21 @@ def verify_index(index_dir: Path, corpus: Path | None = None, encoder: EncoderCo
 
     recorded_corpus = Path(manifest["corpus"]["path"])
     if corpus is None and not recorded_corpus.exists():
-        logger.info("corpus %s recorded in %s is gone; serving the index's own copy of its passages", recorded_corpus, manifest_path)
+        logger.info(
+            "corpus %s recorded in %s is gone; serving the index's own copy of its passages",
+            recorded_corpus,
+            manifest_path,
+        )
     else:
         corpus = Path(corpus) if corpus is not None else recorded_corpus
         if not corpus.exists():
-            problems.append(f"corpus {corpus} does not exist (the index {manifest_path} was built from {recorded_corpus})")
-        elif corpus.stat().st_size != manifest["corpus"]["size"] or corpus_sha256(corpus, index_dir) != manifest["corpus"]["sha256"]:
+            problems.append(
+                f"corpus {corpus} does not exist (the index {manifest_path} was built from {recorded_corpus})"
+            )
+        elif (
+            corpus.stat().st_size != manifest["corpus"]["size"]
+            or corpus_sha256(corpus, index_dir) != manifest["corpus"]["sha256"]
+        ):
             problems.append(
                 f"corpus {corpus} has changed or is a different file: its sha256 differs from the "
                 f"{manifest['corpus']['sha256'][:12]}... recorded in {manifest_path} for {recorded_corpus}"
@@ -405,7 +442,12 @@ def verify_index(index_dir: Path, corpus: Path | None = None, encoder: EncoderCo
                     f"pass --model with a copy of it (fingerprint {recorded['fingerprint']})"
                 )
             else:
-                logger.info("encoder model %s recorded in %s is gone; using the same model at %s", recorded["model"], manifest_path, copy)
+                logger.info(
+                    "encoder model %s recorded in %s is gone; using the same model at %s",
+                    recorded["model"],
+                    manifest_path,
+                    copy,
+                )
                 recorded["model"] = copy
 
     docstore_path = index_dir / manifest["docstore"]

@@ -194,7 +194,9 @@ def app_builder(args: dict[str, str]):
     return build_application(config)
 
 
-def start_server(config: ServerConfig, address: str | None = None, ray_num_cpus: int | None = None, wait_ready: bool = True) -> ServerHandle:
+def start_server(
+    config: ServerConfig, address: str | None = None, ray_num_cpus: int | None = None, wait_ready: bool = True
+) -> ServerHandle:
     """Deploy the retrieval app and return once ``/health`` answers.
 
     Checks the index against its manifest in this process first, so a mismatch
@@ -217,13 +219,19 @@ def start_server(config: ServerConfig, address: str | None = None, ray_num_cpus:
             return _start_once(config, address, ray_num_cpus, wait_ready)
         except _PortTaken as clash:
             if not clash.chosen_here:
-                raise PortInUseError(f"cannot serve on {clash.address}: {clash.reason}; choose another --port") from clash.cause
+                raise PortInUseError(
+                    f"cannot serve on {clash.address}: {clash.reason}; choose another --port"
+                ) from clash.cause
             if attempt == START_ATTEMPTS:
                 raise PortInUseError(
                     f"gave up after {START_ATTEMPTS} starts: each time a port chosen for the server was taken by "
                     f"another program before the server bound it (last: {clash.address}, {clash.reason})"
                 ) from clash.cause
-            logger.warning("%s was taken before the server bound it (%s); starting again on other ports", clash.address, clash.reason)
+            logger.warning(
+                "%s was taken before the server bound it (%s); starting again on other ports",
+                clash.address,
+                clash.reason,
+            )
             attempt += 1
 
 
@@ -283,7 +291,9 @@ def _start_once(config: ServerConfig, address: str | None, ray_num_cpus: int | N
                     launcher = write_launcher(workdir / "haproxy", config.host, haproxy_binary())
                     env_vars = haproxy_environment(workdir, stats_port, metrics_port, launcher)
                 ray.init(
-                    num_cpus=ray_num_cpus, include_dashboard=False, log_to_driver=False,
+                    num_cpus=ray_num_cpus,
+                    include_dashboard=False,
+                    log_to_driver=False,
                     runtime_env={"env_vars": env_vars} if env_vars else None,
                 )
             owns_ray = True
@@ -303,8 +313,13 @@ def _start_once(config: ServerConfig, address: str | None, ray_num_cpus: int | N
         serve.run(build_application(config), name=config.app_name, route_prefix=config.route_prefix, blocking=False)
         prefix = "" if config.route_prefix == "/" else config.route_prefix.rstrip("/")
         handle = ServerHandle(
-            config=config, url=f"http://{config.host}:{config.port}{prefix}", owns_serve=owns_serve, owns_ray=owns_ray,
-            ingress=ingress, workdir=workdir, claims=claims,
+            config=config,
+            url=f"http://{config.host}:{config.port}{prefix}",
+            owns_serve=owns_serve,
+            owns_ray=owns_ray,
+            ingress=ingress,
+            workdir=workdir,
+            claims=claims,
         )
         if wait_ready:
             _wait_healthy(handle.url)

@@ -27,8 +27,8 @@ def recall_at_k(index_dir: Path, qa_path: Path, ks: list[int], method: Retrieval
     texts = [q["question"] for q in questions]
     rows, _ = retriever.search(texts, retriever.encode(texts), depth)
     documents = retriever.lookup(np.where(rows >= 0, rows, 0).reshape(-1))
-    recall = {k: 0.0 for k in ks}
-    hit = {k: 0.0 for k in ks}
+    recall = dict.fromkeys(ks, 0.0)
+    hit = dict.fromkeys(ks, 0.0)
     for i, question in enumerate(questions):
         gold = set(question["gold_passage_ids"])
         ranked = [documents[i * depth + j]["id"] for j in range(depth) if rows[i, j] >= 0]

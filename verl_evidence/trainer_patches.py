@@ -72,8 +72,12 @@ def patch_rollout_dump(trainer_cls: type | None = None) -> bool:
     if not verl_supported():
         import verl
 
-        logger.warning("verl %s is not one verl-evidence's rollout-dump columns were checked against (%s); "
-                       "trainer.rollout_data_dir is left as verl writes it", verl.__version__, SUPPORTED_VERL)
+        logger.warning(
+            "verl %s is not one verl-evidence's rollout-dump columns were checked against (%s); "
+            "trainer.rollout_data_dir is left as verl writes it",
+            verl.__version__,
+            SUPPORTED_VERL,
+        )
         return False
     original = trainer_cls._dump_generations
     if getattr(original, "_verl_evidence", False):

@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from verl_evidence.local.tiny_models import expected_overlap_entailment, overlap_nli_model, tiny_nli_model
 from verl_evidence.reward_managers.judge import (
     BatchingJudge,
     JudgeConfig,
@@ -22,7 +23,6 @@ from verl_evidence.reward_managers.judge import (
     find_entailment_index,
 )
 from verl_evidence.rewards.evinote import build_claim
-from verl_evidence.local.tiny_models import expected_overlap_entailment, overlap_nli_model, tiny_nli_model
 
 PREMISES = [
     "*The committee wrote the report* in -1998-.",

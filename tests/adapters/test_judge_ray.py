@@ -7,9 +7,9 @@ import asyncio
 import pytest
 from conftest import make_batch, score_with_worker
 
+from verl_evidence.local.tiny_models import expected_overlap_entailment
 from verl_evidence.reward_managers.judge import JudgeConfig, NLIJudgeLoadError, RayJudgeClient
 from verl_evidence.rewards import evinote
-from verl_evidence.local.tiny_models import expected_overlap_entailment
 
 ray = pytest.importorskip("ray")
 

@@ -9,8 +9,8 @@ from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
 from verl.trainer.ppo.reward import resolve_reward_manager_cls
 
 import verl_evidence.reward_managers  # noqa: F401  (registration)
-from verl_evidence.rewards import evinote, eviomni, grace
 from verl_evidence.local.tiny_models import expected_overlap_entailment
+from verl_evidence.rewards import evinote, eviomni, grace
 
 GOLD = {
     "target": ["the committee", "committee"],
@@ -93,8 +93,9 @@ def test_grace_matches_core_in_train_and_validation_modes(make_config, tokenizer
 
 
 def test_grace_reward_kwargs_override_and_bad_mode(make_config, tokenizer):
-    config = make_config("reward.reward_manager.name=grace", "+reward.reward_kwargs.mode=validation",
-                         "+reward.reward_kwargs.beta=10")
+    config = make_config(
+        "reward.reward_manager.name=grace", "+reward.reward_kwargs.mode=validation", "+reward.reward_kwargs.beta=10"
+    )
     batch = make_batch(tokenizer, [{"response": GRACE_RESPONSES[0], "ground_truth": GOLD}])
     (output,) = score_with_worker(config, batch)
     expected = grace.compute_score("nq", GRACE_RESPONSES[0], GOLD, {}, mode="validation", beta=10)
@@ -159,9 +160,16 @@ def test_evinote_eqr_from_judge_matches_core(make_config, tokenizer, nli_dir):
     "sample_fields, question",
     [
         ({"extra_info": {"question": "From extra_info?"}}, "From extra_info?"),
-        ({"prompt": "Which body wrote it?", "raw_prompt": [{"role": "system", "content": "Be brief."},
-                                                          {"role": "user", "content": "Which body wrote it?"}]},
-         "Which body wrote it?"),
+        (
+            {
+                "prompt": "Which body wrote it?",
+                "raw_prompt": [
+                    {"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "Which body wrote it?"},
+                ],
+            },
+            "Which body wrote it?",
+        ),
     ],
 )
 def test_evinote_question_fallbacks(make_config, tokenizer, nli_dir, sample_fields, question):
@@ -177,9 +185,13 @@ def test_evinote_requires_a_judge_and_valid_markers(make_config, nli_dir):
     with pytest.raises(ValueError, match="nli_model"):
         RewardLoopWorker(make_config("reward.reward_manager.name=evinote"))
     with pytest.raises(Exception, match="missing-judge"):
-        RewardLoopWorker(make_config("reward.reward_manager.name=evinote",
-                                     "+reward.reward_kwargs.nli_model=/nonexistent/missing-judge",
-                                     "+reward.reward_kwargs.nli_in_process=true"))
+        RewardLoopWorker(
+            make_config(
+                "reward.reward_manager.name=evinote",
+                "+reward.reward_kwargs.nli_model=/nonexistent/missing-judge",
+                "+reward.reward_kwargs.nli_in_process=true",
+            )
+        )
     with pytest.raises(ValueError, match="markers"):
         RewardLoopWorker(evinote_config(make_config, nli_dir, "+reward.reward_kwargs.markers=[abc]"))
 
@@ -210,12 +222,12 @@ def test_strange_ground_truths_never_raise(make_config, tokenizer):
     assert_same_keys(outputs)
 
 
-FLAKY_REWARD = '''
+FLAKY_REWARD = """
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0, **kwargs):
     if "Paris" in solution_str:
         raise RuntimeError("this custom reward dislikes Paris")
     return {"score": 0.25 + bonus, "length": float(len(solution_str))}
-'''
+"""
 
 
 def test_composite_weighted_sum_and_prefixed_keys(make_config, tokenizer, tmp_path):
@@ -325,8 +337,11 @@ SEARCH_STATS = {
 def test_rollout_statistics_reach_reward_extra_info(make_config, tokenizer, nli_dir, manager):
     from verl_evidence.reward_managers.managers import ROLLOUT_STAT_KEYS
 
-    judge = [f"+reward.reward_kwargs.nli_model={nli_dir}", "+reward.reward_kwargs.nli_in_process=true",
-             "+reward.reward_kwargs.nli_device=cpu"]
+    judge = [
+        f"+reward.reward_kwargs.nli_model={nli_dir}",
+        "+reward.reward_kwargs.nli_in_process=true",
+        "+reward.reward_kwargs.nli_device=cpu",
+    ]
     overrides = {
         "evinote": judge,
         "eviomni": [],

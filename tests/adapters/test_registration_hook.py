@@ -79,7 +79,11 @@ def test_plain_import_verl_does_not_import_the_registries_for_us():
 @pytest.mark.slow  # fresh interpreters importing verl
 @pytest.mark.parametrize(
     "first_import",
-    ["verl_evidence.agent_loops.search_loop", "verl_evidence.agent_loops.eviomni_loop", "verl_evidence.reward_managers"],
+    [
+        "verl_evidence.agent_loops.search_loop",
+        "verl_evidence.agent_loops.eviomni_loop",
+        "verl_evidence.reward_managers",
+    ],
 )
 def test_importing_one_of_our_modules_first_still_registers_everything(first_import):
     # That module is what imports verl's registry, so the registration fires while it is half-executed.

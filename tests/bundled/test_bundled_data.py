@@ -72,7 +72,15 @@ def test_qa_ids_unique_and_fields_typed(qa: list[dict]) -> None:
     ids = [row["id"] for row in qa]
     assert len(set(ids)) == len(ids)
     for row in qa:
-        assert set(row) == {"id", "question", "golden_answers", "hops", "gold_passage_ids", "gold_evidence", "distractor_ids"}, row["id"]
+        assert set(row) == {
+            "id",
+            "question",
+            "golden_answers",
+            "hops",
+            "gold_passage_ids",
+            "gold_evidence",
+            "distractor_ids",
+        }, row["id"]
         assert re.fullmatch(r"q\d{3}", row["id"]), row["id"]
         assert row["question"].strip().endswith("?"), row["id"]
         assert row["hops"] in (1, 2), row["id"]
@@ -115,7 +123,9 @@ def test_distractors_are_not_gold_and_hold_no_answer(qa: list[dict], passages: d
             text = passages[pid]
             assert not any(sentence in text for sentence in row["gold_evidence"]), f"{row['id']}: {pid}"
             normalized = normalize(text)
-            assert not any(normalize(a) in normalized for a in row["golden_answers"]), f"{row['id']}: {pid} holds the answer"
+            assert not any(normalize(a) in normalized for a in row["golden_answers"]), (
+                f"{row['id']}: {pid} holds the answer"
+            )
 
 
 def test_two_hop_gold_passages_are_distinct_entities(qa: list[dict], passages: dict[str, str]) -> None:
@@ -166,7 +176,9 @@ def test_trajectories_schema_and_references(trajectories: list[dict], qa: list[d
         if t["method"] == "evinote":
             turns = t["turns"]
             assert turns and all(isinstance(x, str) for x in turns), t["id"]
-            assert all(x.rstrip().endswith("</search>") for x in turns[:-1]), f"{t['id']}: a middle turn must end in a search"
+            assert all(x.rstrip().endswith("</search>") for x in turns[:-1]), (
+                f"{t['id']}: a middle turn must end in a search"
+            )
             assert "<information>" not in "".join(turns), f"{t['id']}: retrieval is the system's, not the policy's"
             assert turns[-1].rstrip().endswith("</answer>"), t["id"]
         elif t["method"] == "eviomni":
@@ -174,7 +186,9 @@ def test_trajectories_schema_and_references(trajectories: list[dict], qa: list[d
         else:
             gold = set(questions[t["question_id"]]["gold_passage_ids"])
             assert all(pid in passages for pid in t["passage_ids"]), t["id"]
-            assert t["answerable"] == gold.issubset(t["passage_ids"]), f"{t['id']}: answerable label disagrees with its context"
+            assert t["answerable"] == gold.issubset(t["passage_ids"]), (
+                f"{t['id']}: answerable label disagrees with its context"
+            )
             if not t["answerable"]:
                 assert not gold & set(t["passage_ids"]), f"{t['id']}: an unanswerable context holds a gold passage"
 
@@ -218,7 +232,9 @@ def test_evinote_reward_separates_reference_cases(trajectories: list[dict], qa: 
         assert result["score"] == pytest.approx(expected[t["case"]]), t["id"]
 
 
-def test_eviomni_reward_separates_reference_cases(trajectories: list[dict], qa: list[dict], passages: dict[str, str]) -> None:
+def test_eviomni_reward_separates_reference_cases(
+    trajectories: list[dict], qa: list[dict], passages: dict[str, str]
+) -> None:
     from verl_evidence.rewards import eviomni
 
     questions = {row["id"]: row for row in qa}

@@ -32,6 +32,7 @@ class ChatRequest(BaseModel):
     temperature: float | None = None
     max_tokens: int | None = None
 
+
 Backend = Callable[[list[dict]], str]
 
 
@@ -145,9 +146,24 @@ HOTPOT_ROWS = [
         "question": "When was the institute that owns The Collegian founded?",
         "answer": "1960",
         "context": [
-            ["The Collegian", ["The Collegian is the student newspaper of Houston Baptist University.", "It appears every two weeks."]],
-            ["Houston Baptist University", ["Houston Baptist University is a private university in Houston, Texas.", "Houston Baptist University was founded in 1960."]],
-            ["Glamour (magazine)", ["Glamour is a women's magazine published by Condé Nast.", "Glamour was founded in 1939."]],
+            [
+                "The Collegian",
+                [
+                    "The Collegian is the student newspaper of Houston Baptist University.",
+                    "It appears every two weeks.",
+                ],
+            ],
+            [
+                "Houston Baptist University",
+                [
+                    "Houston Baptist University is a private university in Houston, Texas.",
+                    "Houston Baptist University was founded in 1960.",
+                ],
+            ],
+            [
+                "Glamour (magazine)",
+                ["Glamour is a women's magazine published by Condé Nast.", "Glamour was founded in 1939."],
+            ],
         ],
         "supporting_facts": [["The Collegian", 0], ["Houston Baptist University", 1]],
     },
@@ -157,7 +173,10 @@ HOTPOT_ROWS = [
         "answer": "Ek Paheli",
         "context": [
             ["Ek Paheli", ["Ek Paheli is a 1971 Hindi film directed by Naresh Kumar."]],
-            ["When Father Was Away on Business", ["When Father Was Away on Business is a 1985 film directed by Emir Kusturica."]],
+            [
+                "When Father Was Away on Business",
+                ["When Father Was Away on Business is a 1985 film directed by Emir Kusturica."],
+            ],
             ["Naresh Kumar", ["Naresh Kumar was born on 22 December 1928."]],
             ["Emir Kusturica", ["Emir Kusturica was born on 24 November 1954."]],
             ["Salt to the Sea", ["Salt to the Sea is a 2016 novel by Ruta Sepetys."]],
@@ -173,7 +192,12 @@ HOTPOT_ROWS = [
         "_id": "wrong",
         "question": "Who founded the magazine Glamour?",
         "answer": "Condé Nast",
-        "context": [["Glamour (magazine)", ["Glamour is a women's magazine published by Condé Nast.", "Glamour was founded in 1939."]]],
+        "context": [
+            [
+                "Glamour (magazine)",
+                ["Glamour is a women's magazine published by Condé Nast.", "Glamour was founded in 1939."],
+            ]
+        ],
         "supporting_facts": [["Glamour (magazine)", 0]],
     },
 ]
@@ -183,27 +207,27 @@ PLANNER_SCRIPT = {
     "collegian": [
         (
             "<think>\nPlan:\n1. Find the institute that owns The Collegian.\n2. Find when that institute was founded.\n"
-            "I start with the owner.\n</think>\n<action>\nSearch(\"Which institute owns The Collegian?\")\n</action>"
+            'I start with the owner.\n</think>\n<action>\nSearch("Which institute owns The Collegian?")\n</action>'
         ),
         (
             "<think>\nThe Collegian belongs to Houston Baptist University; now its founding year.\n</think>\n"
-            "<action> Search(\"When was Houston Baptist University founded?\") </action>"
+            '<action> Search("When was Houston Baptist University founded?") </action>'
         ),
         "<think>\nHouston Baptist University was founded in 1960, which answers the question.\n</think>\n<answer> 1960 </answer>",
     ],
     "directors": [
         (
             "<think>\nPlan: find both directors, then both birth dates, then compare.\n</think>\n<action>\n"
-            "Search(\"Who directed Ek Paheli?\")\nSearch(\"Who directed When Father Was Away on Business?\")\n</action>"
+            'Search("Who directed Ek Paheli?")\nSearch("Who directed When Father Was Away on Business?")\n</action>'
         ),
         (
             "<think>\nThe directors are Naresh Kumar and Emir Kusturica; now their birth dates.\n</think>\n<action>\n"
-            "Search(\"When was Naresh Kumar born?\")\nSearch(\"When was Emir Kusturica born?\")\n</action>"
+            'Search("When was Naresh Kumar born?")\nSearch("When was Emir Kusturica born?")\n</action>'
         ),
         "<think>\nNaresh Kumar (1928) was born before Emir Kusturica (1954), so Ek Paheli.\n</think\n<answer> Ek Paheli </answer>",
     ],
     "wrong": [
-        "<think>\nI need the founder of Glamour.\n</think>\n<action>\nSearch(\"Who publishes Glamour?\")\n</action>",
+        '<think>\nI need the founder of Glamour.\n</think>\n<action>\nSearch("Who publishes Glamour?")\n</action>',
         "<think>\nThe evidence names the publisher.\n</think>\n<answer> Ruta Sepetys </answer>",
     ],
 }

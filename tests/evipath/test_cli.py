@@ -10,8 +10,14 @@ from typer.testing import CliRunner
 from verl_evidence.cli import app
 
 CORPUS = [
-    {"id": "p1", "contents": "The Collegian\nThe Collegian is the student newspaper of Houston Baptist University. It appears every two weeks."},
-    {"id": "p2", "contents": "Houston Baptist University\nHouston Baptist University is a private university. Houston Baptist University was founded in 1960."},
+    {
+        "id": "p1",
+        "contents": "The Collegian\nThe Collegian is the student newspaper of Houston Baptist University. It appears every two weeks.",
+    },
+    {
+        "id": "p2",
+        "contents": "Houston Baptist University\nHouston Baptist University is a private university. Houston Baptist University was founded in 1960.",
+    },
     {"id": "p3", "contents": "Glamour (magazine)\nGlamour was founded in 1939."},
 ]
 QA = [
@@ -41,9 +47,24 @@ def test_synthesize_command(chat_server, scripted, tmp_path):
     qa = _write_bundled(tmp_path)
     out = tmp_path / "out"
     args = [
-        "evipath", "synthesize", "--input", str(qa), "--format", "bundled", "--out", str(out),
-        "--base-url", chat_server.base_url, "--model", "scripted", "--concurrency", "2",
-        "--prompt-cost-per-1k", "1.0", "--planner-format", "search",
+        "evipath",
+        "synthesize",
+        "--input",
+        str(qa),
+        "--format",
+        "bundled",
+        "--out",
+        str(out),
+        "--base-url",
+        chat_server.base_url,
+        "--model",
+        "scripted",
+        "--concurrency",
+        "2",
+        "--prompt-cost-per-1k",
+        "1.0",
+        "--planner-format",
+        "search",
     ]
     result = CliRunner().invoke(app, args, env={"HF_HUB_OFFLINE": "1"})
     assert result.exit_code == 0, result.output
@@ -65,10 +86,16 @@ def test_synthesize_command(chat_server, scripted, tmp_path):
 
 def test_synthesize_reports_bad_input(tmp_path):
     runner = CliRunner()
-    result = runner.invoke(app, ["evipath", "synthesize", "--input", str(tmp_path / "nope.json"), "--format", "hotpotqa", "--model", "m"])
+    result = runner.invoke(
+        app, ["evipath", "synthesize", "--input", str(tmp_path / "nope.json"), "--format", "hotpotqa", "--model", "m"]
+    )
     assert result.exit_code == 2 and "nope.json" in result.output
     result = runner.invoke(app, ["evipath", "synthesize", "--format", "squad", "--model", "m"])
     assert result.exit_code == 2 and "choose one of" in result.output
-    (tmp_path / "empty.jsonl").write_text(json.dumps({"id": "x", "question": "", "answer": "a", "paragraphs": []}) + "\n")
-    result = runner.invoke(app, ["evipath", "synthesize", "--input", str(tmp_path / "empty.jsonl"), "--format", "musique", "--model", "m"])
+    (tmp_path / "empty.jsonl").write_text(
+        json.dumps({"id": "x", "question": "", "answer": "a", "paragraphs": []}) + "\n"
+    )
+    result = runner.invoke(
+        app, ["evipath", "synthesize", "--input", str(tmp_path / "empty.jsonl"), "--format", "musique", "--model", "m"]
+    )
     assert result.exit_code == 2 and "no usable records" in result.output

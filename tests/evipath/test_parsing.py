@@ -56,7 +56,7 @@ def test_planner_final_answer_and_unclosed_think():
     [
         ("", "planner_empty"),
         ("   \n", "planner_empty"),
-        ("Search(\"x?\")", "planner_no_think"),
+        ('Search("x?")', "planner_no_think"),
         ("<think></think><answer>a</answer>", "planner_no_think"),
         ("<think>t</think> nothing to do", "planner_no_action"),
         ("<think>t</think><action>look up the director</action>", "planner_bad_search_call"),

@@ -112,12 +112,17 @@ def test_selection_of_a_distractor_is_rejected(chat_server, scripted, selector, 
         (["no tags at all, just prose"], "planner_no_think"),
         (["<think>plan</think> I will look it up."], "planner_no_action"),
         (["<think>plan</think><action> Search(Which institute?) </action>"], "planner_bad_search_call"),
-        (["<think>plan</think><action>Search(\"a?\")</action><answer>1960</answer>"], "planner_search_and_answer"),
+        (['<think>plan</think><action>Search("a?")</action><answer>1960</answer>'], "planner_search_and_answer"),
         (["<think>I already know.</think><answer> 1960 </answer>"], "planner_no_search"),
-        (["<think>again</think><action>Search(\"Which institute owns The Collegian?\")</action>"] * 9, "planner_max_steps"),
+        (
+            ['<think>again</think><action>Search("Which institute owns The Collegian?")</action>'] * 9,
+            "planner_max_steps",
+        ),
     ],
 )
-def test_malformed_planner_output_is_rejected_with_reason(chat_server, scripted, selector, hotpot_records, turns, reason):
+def test_malformed_planner_output_is_rejected_with_reason(
+    chat_server, scripted, selector, hotpot_records, turns, reason
+):
     chat_server.reset(scripted(planner_overrides={"collegian": turns}))
     results, _ = _synthesize(chat_server, selector, hotpot_records[:1])
     assert isinstance(results[0], Rejection)
@@ -206,7 +211,9 @@ def test_concurrency_is_bounded_by_the_semaphore(chat_server, scripted, selector
     chat_server.delay = 0.05  # replies overlap whenever the client lets them
 
     async def go():
-        teacher = Teacher(TeacherConfig(model="scripted", base_url=chat_server.base_url, api_key="t", concurrency=bound))
+        teacher = Teacher(
+            TeacherConfig(model="scripted", base_url=chat_server.base_url, api_key="t", concurrency=bound)
+        )
         try:
             return await Synthesizer(teacher, selector).synthesize(hotpot_records, max_in_flight=8)
         finally:

@@ -82,7 +82,13 @@ def test_multi_node_launch_needs_its_rendezvous():
     argv = _dry_run({"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1"})
     assert "--node_rank=1" in argv and "--master_addr=10.0.0.1" in argv and "--standalone" not in argv
     assert "data.train_batch_size=128" in argv
-    failed = subprocess.run(["bash", str(RECIPE), "--dry-run"], env={**os.environ, "NNODES": "2"}, capture_output=True, text=True, check=False)
+    failed = subprocess.run(
+        ["bash", str(RECIPE), "--dry-run"],
+        env={**os.environ, "NNODES": "2"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert failed.returncode != 0 and "NODE_RANK" in failed.stderr
 
 
@@ -96,7 +102,13 @@ def test_recipe_composes_with_verl_sft_config_and_reads_our_parquet(tmp_path):
     data = tmp_path / "train.parquet"
     _write_one_planner_row(data)
     argv = _dry_run(
-        {"MODEL_PATH": str(model_dir), "TRAIN_FILES": str(data), "GPUS_PER_NODE": "1", "LR": "1e-5", "MAX_LENGTH": "2048"},
+        {
+            "MODEL_PATH": str(model_dir),
+            "TRAIN_FILES": str(data),
+            "GPUS_PER_NODE": "1",
+            "LR": "1e-5",
+            "MAX_LENGTH": "2048",
+        },
         "trainer.seed=7",
     )
     overrides = _hydra_overrides(argv)
@@ -141,9 +153,19 @@ def _write_one_planner_row(path: Path) -> None:
     messages = [
         {"role": "system", "content": "plan and search"},
         {"role": "user", "content": "Question: When was it founded?"},
-        {"role": "assistant", "content": '<think>\nplan\n</think>\n<action>\nSearch("When was HBU founded?")\n</action>'},
+        {
+            "role": "assistant",
+            "content": '<think>\nplan\n</think>\n<action>\nSearch("When was HBU founded?")\n</action>',
+        },
         {"role": "user", "content": "Observation:\nHBU was founded in 1960."},
         {"role": "assistant", "content": "<think>\nso 1960\n</think>\n<answer> 1960 </answer>"},
     ]
-    row = {"messages": messages, "kind": "planner", "id": "x", "data_source": "evipath_test", "question": "q", "answers": ["1960"]}
+    row = {
+        "messages": messages,
+        "kind": "planner",
+        "id": "x",
+        "data_source": "evipath_test",
+        "question": "q",
+        "answers": ["1960"],
+    }
     pq.write_table(pa.Table.from_pylist([row], schema=SCHEMA), path)

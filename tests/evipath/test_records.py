@@ -60,7 +60,10 @@ def test_musique_layout_with_aliases(tmp_path):
 
 def test_bundled_layout(tmp_path):
     corpus = [
-        {"id": "p1", "contents": "Houston Baptist University\nHouston Baptist University was founded in 1960. It is private."},
+        {
+            "id": "p1",
+            "contents": "Houston Baptist University\nHouston Baptist University was founded in 1960. It is private.",
+        },
         {"id": "p2", "contents": "Glamour\nGlamour is a magazine."},
     ]
     qa = {

@@ -25,7 +25,9 @@ class TinyModelBackend:
         self.replies: list[str] = []
 
     def __call__(self, messages: list[dict]) -> str:
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        ids = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
         with self.lock, torch.no_grad():
             out = self.model.generate(
                 **ids, max_new_tokens=self.max_new_tokens, do_sample=False, pad_token_id=self.tokenizer.pad_token_id

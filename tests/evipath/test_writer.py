@@ -12,8 +12,8 @@ from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
 from verl_evidence.evipath.pipeline import Synthesizer, Trajectory
 from verl_evidence.evipath.teacher import Teacher, TeacherConfig
 from verl_evidence.evipath.writer import planner_messages, write_outputs
-from verl_evidence.prompts import load_prompt
 from verl_evidence.local.tiny_models import tiny_tokenizer
+from verl_evidence.prompts import load_prompt
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,10 @@ def test_planner_dialogue_layouts(kept):
     search = planner_messages(directors, "search")
     # Two searches in one planner step become two loop turns; only the first carries the thought.
     assistants = [m["content"] for m in search if m["role"] == "assistant"]
-    assert assistants[0].startswith("<think>") and assistants[1] == "<search> Who directed When Father Was Away on Business? </search>"
+    assert (
+        assistants[0].startswith("<think>")
+        and assistants[1] == "<search> Who directed When Father Was Away on Business? </search>"
+    )
     with pytest.raises(ValueError, match="unknown planner format"):
         planner_messages(directors, "xml")
 

@@ -58,7 +58,11 @@ def free_port() -> int:
 def run_recipe(script: str, python: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if k not in ("RETRIEVAL_URL", "SERVER_ARGS", "ALLOW_DEMO_CORPUS")}
     return subprocess.run(
-        ["bash", str(RECIPES / script), *args], capture_output=True, text=True, cwd=REPO, timeout=300,
+        ["bash", str(RECIPES / script), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
         env={**base, "PYTHON": str(python), **env},
     )
 
@@ -68,8 +72,12 @@ def test_grace_on_search_rows_stops_before_anything_starts(rows, tmp_path: Path)
     """evinote_grpo.sh reward_preset=grace on `data qa` rows: GRACE would call every question unanswerable."""
     port = free_port()  # a local URL with no server: the recipe would start one, but only after the check
     result = run_recipe(
-        "evinote_grpo.sh", stand_in_python(tmp_path), "reward_preset=grace",
-        TRAIN_FILES=str(rows["qa"]), VAL_FILES=str(rows["qa"]), RETRIEVAL_URL=f"http://127.0.0.1:{port}",
+        "evinote_grpo.sh",
+        stand_in_python(tmp_path),
+        "reward_preset=grace",
+        TRAIN_FILES=str(rows["qa"]),
+        VAL_FILES=str(rows["qa"]),
+        RETRIEVAL_URL=f"http://127.0.0.1:{port}",
         SERVER_ARGS=f"--index-dir {tmp_path / 'index'}",
     )
     assert result.returncode == 2, result.stdout + result.stderr
@@ -104,8 +112,13 @@ def test_search_rows_under_the_grace_recipe_name_their_loop(rows, tmp_path: Path
 )
 def test_matching_reward_rollout_and_rows_start_the_trainer(rows, tmp_path: Path, script, data, args) -> None:
     result = run_recipe(
-        script, stand_in_python(tmp_path), "--no-server", *args,
-        TRAIN_FILES=str(rows[data]), VAL_FILES=str(rows[data]), RETRIEVAL_URL="http://127.0.0.1:9",
+        script,
+        stand_in_python(tmp_path),
+        "--no-server",
+        *args,
+        TRAIN_FILES=str(rows[data]),
+        VAL_FILES=str(rows[data]),
+        RETRIEVAL_URL="http://127.0.0.1:9",
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "# pre-flight: reward, rollout and data fit" in result.stderr
@@ -118,7 +131,10 @@ def test_missing_data_and_an_undescribed_reward_are_named(tmp_path: Path) -> Non
     absent = run_recipe("grace_dapo.sh", stand_in_python(tmp_path), TRAIN_FILES=str(missing), VAL_FILES="null")
     assert absent.returncode == 2 and f"data.train_files: {missing} does not exist" in absent.stderr, absent.stderr
     unknown = run_recipe(
-        "grace_dapo.sh", stand_in_python(tmp_path), "reward.reward_manager.name=naive", TRAIN_FILES=str(missing),
+        "grace_dapo.sh",
+        stand_in_python(tmp_path),
+        "reward.reward_manager.name=naive",
+        TRAIN_FILES=str(missing),
     )
     assert unknown.returncode == 2 and "no reward preset" in unknown.stderr and "PREFLIGHT=0" in unknown.stderr
 

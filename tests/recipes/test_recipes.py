@@ -191,11 +191,19 @@ def test_search_r1_baseline_trains_in_evinotes_setup() -> None:
     evinote = overrides(trainer_argv(dry_run("evinote_grpo.sh").stdout))
     baseline = overrides(trainer_argv(dry_run("search_r1_baseline.sh").stdout))
     shared = [
-        "actor_rollout_ref.actor.optim.lr", "actor_rollout_ref.rollout.n", "data.train_batch_size",
-        "actor_rollout_ref.actor.ppo_mini_batch_size", "data.max_prompt_length", "data.max_response_length",
-        "actor_rollout_ref.rollout.custom.evidence_search.max_turns", "actor_rollout_ref.rollout.custom.evidence_search.topk",
-        "actor_rollout_ref.actor.kl_loss_coef", "actor_rollout_ref.actor.clip_ratio_high",
-        "actor_rollout_ref.rollout.temperature", "trainer.total_epochs", "actor_rollout_ref.model.path",
+        "actor_rollout_ref.actor.optim.lr",
+        "actor_rollout_ref.rollout.n",
+        "data.train_batch_size",
+        "actor_rollout_ref.actor.ppo_mini_batch_size",
+        "data.max_prompt_length",
+        "data.max_response_length",
+        "actor_rollout_ref.rollout.custom.evidence_search.max_turns",
+        "actor_rollout_ref.rollout.custom.evidence_search.topk",
+        "actor_rollout_ref.actor.kl_loss_coef",
+        "actor_rollout_ref.actor.clip_ratio_high",
+        "actor_rollout_ref.rollout.temperature",
+        "trainer.total_epochs",
+        "actor_rollout_ref.model.path",
     ]
     assert {key: baseline[key] for key in shared} == {key: evinote[key] for key in shared}
     assert (baseline["actor_rollout_ref.actor.optim.lr"], baseline["data.train_batch_size"]) == ("1e-5", "600")
@@ -240,7 +248,11 @@ def test_searching_recipes_start_or_point_at_the_server() -> None:
 def test_a_run_on_the_demo_corpus_refuses_unless_asked(script: str) -> None:
     """No RETRIEVAL_URL, no --index-dir: the run would train on 322 bundled passages; it stops before anything starts."""
     refused = subprocess.run(
-        ["bash", str(RECIPES / script)], capture_output=True, text=True, cwd=REPO, timeout=60,
+        ["bash", str(RECIPES / script)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
         env=recipe_env(PYTHON=sys.executable),
     )
     assert refused.returncode == 2, refused.stdout + refused.stderr
@@ -250,7 +262,11 @@ def test_a_run_on_the_demo_corpus_refuses_unless_asked(script: str) -> None:
     # A dry run trains nothing: it warns and prints the commands.
     warned = dry_run(script)
     assert warned.returncode == 0 and "# warning: this run would retrieve from the bundled demo corpus" in warned.stderr
-    for env in ({"ALLOW_DEMO_CORPUS": "1"}, {"SERVER_ARGS": "--method bm25 --index-dir /idx"}, {"RETRIEVAL_URL": "http://h:1"}):
+    for env in (
+        {"ALLOW_DEMO_CORPUS": "1"},
+        {"SERVER_ARGS": "--method bm25 --index-dir /idx"},
+        {"RETRIEVAL_URL": "http://h:1"},
+    ):
         chosen = dry_run(script, **env)
         assert chosen.returncode == 0 and "demo corpus" not in chosen.stderr, (env, chosen.stderr)
     # A RETRIEVAL_URL on this machine that nothing answers: the recipe would start the server, on the demo corpus.
@@ -258,7 +274,11 @@ def test_a_run_on_the_demo_corpus_refuses_unless_asked(script: str) -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     local = subprocess.run(
-        ["bash", str(RECIPES / script)], capture_output=True, text=True, cwd=REPO, timeout=60,
+        ["bash", str(RECIPES / script)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
         env=recipe_env(PYTHON=sys.executable, RETRIEVAL_URL=f"http://127.0.0.1:{port}"),
     )
     assert local.returncode == 2 and "no server answers at RETRIEVAL_URL" in local.stderr, local.stderr
@@ -278,7 +298,10 @@ def test_serve_without_an_index_says_it_serves_the_demo_corpus_first() -> None:
     # --replicas 0 fails the server's own settings check after the notice and before Ray starts: nothing to stop.
     result = subprocess.run(
         [str(Path(sys.executable).with_name("verl-evidence")), "serve", "--replicas", "0"],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
     assert result.returncode != 0
     assert "serving the bundled DEMO corpus (322 passages" in result.stderr.splitlines()[0], result.stderr[:2000]
@@ -331,7 +354,9 @@ def test_composed_values(composed: dict[str, dict]) -> None:
 @pytest.mark.slow  # the composition subprocess (verl + Hydra, every recipe)
 @pytest.mark.timeout(600)  # its own limit
 @pytest.mark.parametrize("variant", ["grace_dapo.sh", "grace_manager"])
-def test_grace_validation_scores_with_alpha_beta_one_through_the_preset(composed: dict[str, dict], variant: str) -> None:
+def test_grace_validation_scores_with_alpha_beta_one_through_the_preset(
+    composed: dict[str, dict], variant: str
+) -> None:
     """Both GRACE presets pass alpha=2, beta=3; a validation row still scores with alpha = beta = 1."""
     report = composed[variant]
     assert report["ok"], report.get("trace") or report
@@ -352,7 +377,11 @@ def test_clip_reaches_the_ratios_verls_loss_reads(composed: dict[str, dict]) -> 
     assert (changed["clip_ratio_low"], changed["clip_ratio_high"], changed["clip_ratio"]) == (0.27, 0.27, 0.27)
     for script in ("eviomni_grpo.sh", "search_r1_baseline.sh"):
         actor = overrides(trainer_argv(dry_run(script, CLIP="0.31").stdout))
-        assert actor["actor_rollout_ref.actor.clip_ratio_low"] == actor["actor_rollout_ref.actor.clip_ratio_high"] == "0.31"
+        assert (
+            actor["actor_rollout_ref.actor.clip_ratio_low"]
+            == actor["actor_rollout_ref.actor.clip_ratio_high"]
+            == "0.31"
+        )
 
 
 @pytest.mark.slow  # the composition subprocess (verl + Hydra, every recipe)
@@ -475,7 +504,10 @@ PY
 [ -z "${{VE_WATCH_PID:-}}" ] || wait "$VE_WATCH_PID"
 """
     env = {
-        **os.environ, "HF_HUB_OFFLINE": "1", "SERVER_WAIT": "300", "ALLOW_DEMO_CORPUS": "1",  # the bundled corpus, meant
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "SERVER_WAIT": "300",
+        "ALLOW_DEMO_CORPUS": "1",  # the bundled corpus, meant
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
     }
     env.pop("VERL_EVIDENCE_RETRIEVAL_WAIT_S", None)
@@ -490,7 +522,9 @@ PY
         assert f"# retrieval server: http://127.0.0.1:{port}" in result.stdout
         hits = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("hits="))[5:])
         assert len(hits) == 2
-        searched_after = float(next(line for line in result.stdout.splitlines() if line.startswith("searched_after="))[15:])
+        searched_after = float(
+            next(line for line in result.stdout.splitlines() if line.startswith("searched_after="))[15:]
+        )
         if server_first:
             assert "wait_s=unset" in result.stdout and searched_after < 5  # the server answered before the search
         else:
@@ -543,7 +577,9 @@ PY
 """
     env = {
         **{k: v for k, v in os.environ.items() if k not in ("RETRIEVAL_SERVER_TOKEN", "VERL_EVIDENCE_RETRIEVAL_TOKEN")},
-        "HF_HUB_OFFLINE": "1", "SERVER_WAIT": "300", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "HF_HUB_OFFLINE": "1",
+        "SERVER_WAIT": "300",
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
     }
     result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=600, env=env)
     lines = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line and not line.startswith("#"))
@@ -583,7 +619,12 @@ time.sleep(300)
 PY
 echo "trainer_rc=$?"
 """
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "SERVER_WAIT": "300", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "SERVER_WAIT": "300",
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
     env.pop("SERVER_FIRST", None)
     started = time.monotonic()
     result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=400, env=env)
@@ -639,7 +680,11 @@ def test_unreachable_remote_server_fails_fast() -> None:
 def smoke_dry_run(tmp_path: Path, script: str, method: str, *args: str, **prepared: str) -> dict[str, str]:
     """The trainer overrides of `script --smoke --dry-run`, with a stand-in `smoke prepare` answering ``prepared``."""
     python = tmp_path / "python"  # a stand-in for `smoke prepare`: its answer, without building the tiny policy
-    answer = {"MODEL_PATH": "/smoke/policy", "TRAIN_FILES": f"/smoke/{method}.parquet", "VAL_FILES": "/smoke/val.parquet"}
+    answer = {
+        "MODEL_PATH": "/smoke/policy",
+        "TRAIN_FILES": f"/smoke/{method}.parquet",
+        "VAL_FILES": "/smoke/val.parquet",
+    }
     echoes = "; ".join(f"echo {name}={value}" for name, value in {**answer, **prepared}.items())
     python.write_text(
         "#!/usr/bin/env bash\n"
@@ -656,7 +701,11 @@ def smoke_dry_run(tmp_path: Path, script: str, method: str, *args: str, **prepar
 
 @pytest.mark.parametrize(
     ("script", "method", "args"),
-    [("lear_grpo.sh", "lear", []), ("eviomni_grpo.sh", "eviomni", []), ("eviomni_grpo.sh", "eviomni", ["reward_preset=composite"])],
+    [
+        ("lear_grpo.sh", "lear", []),
+        ("eviomni_grpo.sh", "eviomni", []),
+        ("eviomni_grpo.sh", "eviomni", ["reward_preset=composite"]),
+    ],
 )
 def test_smoke_settings_win_over_a_wrappers_defaults(tmp_path: Path, script: str, method: str, args: list[str]) -> None:
     """--smoke's policy and data reach the trainer, also through lear_grpo.sh (whose defaults once shadowed them)."""

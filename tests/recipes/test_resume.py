@@ -52,9 +52,15 @@ def stop_session(process: subprocess.Popen, grace_s: float = 60) -> None:
 def test_a_stopped_run_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
     checkpoints = tmp_path / "checkpoints"
     env = {
-        **os.environ, "PYTHON": sys.executable, "PYTHONUNBUFFERED": "1", "CHECKPOINT_DIR": str(checkpoints),
+        **os.environ,
+        "PYTHON": sys.executable,
+        "PYTHONUNBUFFERED": "1",
+        "CHECKPOINT_DIR": str(checkpoints),
         "RESUME_MODE": "auto",  # what every recipe passes outside --smoke
-        "SAVE_FREQ": "1", "SMOKE_STEPS": "4", "EPOCHS": "4", "EXPERIMENT": "resume-test",
+        "SAVE_FREQ": "1",
+        "SMOKE_STEPS": "4",
+        "EPOCHS": "4",
+        "EXPERIMENT": "resume-test",
     }
     env.pop("RAY_ADDRESS", None)
     command = ["bash", str(RECIPES / "eviomni_grpo.sh"), "--smoke"]

@@ -20,7 +20,8 @@ import pytest
 
 from retrieval_server.adopt import AdoptionError, adopt_index, index_factory_of
 from retrieval_server.config import EncoderConfig, packaged_minilm_path
-from verl_evidence.bundled import corpus_path as bundled_corpus_path, qa_path as bundled_qa_path
+from verl_evidence.bundled import corpus_path as bundled_corpus_path
+from verl_evidence.bundled import qa_path as bundled_qa_path
 
 PASSAGES = 64  # MiniLM encodes ~34 passages/s on 2 cores
 SAMPLE = 16

@@ -25,7 +25,9 @@ from verl_evidence.bundled import qa_path as bundled_qa_path
 
 pytestmark = pytest.mark.slow
 
-SHALLOW_VICTIM = "What does the Maasai phrase behind the name Nairobi mean?"  # its hybrid top 3 changes when fused 100 deep
+SHALLOW_VICTIM = (
+    "What does the Maasai phrase behind the name Nairobi mean?"  # its hybrid top 3 changes when fused 100 deep
+)
 
 
 @pytest.fixture(scope="module")
@@ -48,12 +50,18 @@ async def _post(server, body: dict) -> tuple[int, dict]:
     async def receive() -> dict:
         return {"type": "http.request", "body": payload, "more_body": False}
 
-    response = await server.retrieve(Request({"type": "http", "method": "POST", "path": "/retrieve", "headers": [], "query_string": b""}, receive))
+    response = await server.retrieve(
+        Request({"type": "http", "method": "POST", "path": "/retrieve", "headers": [], "query_string": b""}, receive)
+    )
     return response.status_code, json.loads(response.body)
 
 
 def _count(server, status: str) -> float:
-    match = re.search(rf'^retrieval_requests_total{{endpoint="retrieve",status="{status}"}} (\S+)$', server.metrics.render().decode(), re.M)
+    match = re.search(
+        rf'^retrieval_requests_total{{endpoint="retrieve",status="{status}"}} (\S+)$',
+        server.metrics.render().decode(),
+        re.M,
+    )
     return float(match.group(1)) if match else 0.0
 
 
@@ -90,7 +98,9 @@ def test_a_failed_batch_answers_503_to_exactly_its_requests(replica, monkeypatch
             await asyncio.sleep(0.01)
         spared = [
             asyncio.create_task(_post(replica, {"queries": ["capital city of Australia"], "topk": 2})),
-            asyncio.create_task(_post(replica, {"queries": ["Which river is the longest in Africa?", "Nile"], "topk": 3})),
+            asyncio.create_task(
+                _post(replica, {"queries": ["Which river is the longest in Africa?", "Nile"], "topk": 3})
+            ),
         ]
         while replica.batcher.queued < 2:
             await asyncio.sleep(0.01)
@@ -244,7 +254,10 @@ def test_a_request_whose_client_left_before_its_batch_is_never_run(hybrid_rerank
                 lambda: httpx.post(f"{handle.url}/retrieve", json={"queries": slow_queries, "topk": 100}, timeout=600)
             )
             # Counted when a batch starts: from here on, a new request waits for the next batch.
-            wait_for(lambda: _metric(metrics(), "retrieval_batch_queries_count") == batches_before + 1, "the slow batch to start")
+            wait_for(
+                lambda: _metric(metrics(), "retrieval_batch_queries_count") == batches_before + 1,
+                "the slow batch to start",
+            )
             leaver = pool.submit(
                 lambda: httpx.post(f"{handle.url}/retrieve", json={"queries": ["Nile"] * 7, "topk": 2}, timeout=2)
             )

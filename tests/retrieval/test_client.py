@@ -10,7 +10,12 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from retrieval_server.client import AsyncRetrievalClient, RetrievalClient, RetrievalRequestError, RetrievalUnavailableError
+from retrieval_server.client import (
+    AsyncRetrievalClient,
+    RetrievalClient,
+    RetrievalRequestError,
+    RetrievalUnavailableError,
+)
 from retrieval_server.haproxy_front import free_port
 from verl_evidence.testing import ThreadedUvicorn
 
@@ -72,7 +77,10 @@ def test_retries_5xx_then_succeeds(flaky):
 
 def test_exhausted_retries_raise_unavailable(flaky):
     flaky.reset([503] * 10)
-    with RetrievalClient(flaky.url, max_retries=2, backoff=0.01) as client, pytest.raises(RetrievalUnavailableError, match="3 attempts.*scripted 503"):
+    with (
+        RetrievalClient(flaky.url, max_retries=2, backoff=0.01) as client,
+        pytest.raises(RetrievalUnavailableError, match="3 attempts.*scripted 503"),
+    ):
         client.retrieve(["q"])
     assert flaky.attempts == 3
 
@@ -80,7 +88,10 @@ def test_exhausted_retries_raise_unavailable(flaky):
 @pytest.mark.parametrize("status", [400, 401, 404, 422])
 def test_4xx_raises_immediately_with_message(flaky, status):
     flaky.reset([status])
-    with RetrievalClient(flaky.url, max_retries=3, backoff=0.01) as client, pytest.raises(RetrievalRequestError) as info:
+    with (
+        RetrievalClient(flaky.url, max_retries=3, backoff=0.01) as client,
+        pytest.raises(RetrievalRequestError) as info,
+    ):
         client.retrieve(["q"])
     assert info.value.status_code == status and info.value.message == f"scripted {status}"
     assert flaky.attempts == 1
@@ -88,7 +99,10 @@ def test_4xx_raises_immediately_with_message(flaky, status):
 
 def test_timeouts_are_retried(flaky):
     flaky.reset([], slow_seconds=0.5)
-    with RetrievalClient(flaky.url, timeout=0.1, max_retries=1, backoff=0.01) as client, pytest.raises(RetrievalUnavailableError, match="Timeout"):
+    with (
+        RetrievalClient(flaky.url, timeout=0.1, max_retries=1, backoff=0.01) as client,
+        pytest.raises(RetrievalUnavailableError, match="Timeout"),
+    ):
         client.retrieve(["q"])
     # A loaded server may read a timed-out attempt's request only after the client gave up on it.
     deadline = time.monotonic() + 10
@@ -142,6 +156,7 @@ def test_retries_wait_backoff_times_two_to_the_attempt_and_say_so(flaky, caplog)
     with caplog.at_level("WARNING", logger="retrieval_server.client"):
         with RetrievalClient(flaky.url, max_retries=3, backoff=0.01) as client:
             assert client.retrieve(["q"]) == [[HIT]]
+
         async def scenario() -> None:
             flaky.reset([503, 502, 500])
             async with AsyncRetrievalClient(flaky.url, max_retries=3, backoff=0.01) as client:

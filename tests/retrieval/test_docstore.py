@@ -28,7 +28,9 @@ def write_corpus(path: Path, passages: list[tuple[str, str]]) -> Path:
 def many_batches(tmp_path) -> tuple[DocumentStore, list[tuple[str, str]]]:
     passages = [(f"doc-{i}", f"Title {i}\n" + "word " * (i % 7 + 1)) for i in range(100)]
     store_path = tmp_path / "docstore.arrow"
-    write_docstore(write_corpus(tmp_path / "corpus.jsonl", passages), store_path, rows_per_batch=16, bytes_per_batch=200)
+    write_docstore(
+        write_corpus(tmp_path / "corpus.jsonl", passages), store_path, rows_per_batch=16, bytes_per_batch=200
+    )
     return DocumentStore(store_path), passages
 
 

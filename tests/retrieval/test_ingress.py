@@ -40,8 +40,12 @@ def test_haproxy_environment_is_private_to_one_server(tmp_path):
     first = haproxy_environment(first_dir, 40001, 40002, first_dir / "haproxy")
     second = haproxy_environment(second_dir, 40003, 40004, second_dir / "haproxy")
     assert first["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
-    for key in ("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", "RAY_SERVE_HAPROXY_SOCKET_PATH", "RAY_SERVE_HAPROXY_SERVER_STATE_BASE",
-                "RAY_SERVE_HAPROXY_BINARY_PATH"):
+    for key in (
+        "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC",
+        "RAY_SERVE_HAPROXY_SOCKET_PATH",
+        "RAY_SERVE_HAPROXY_SERVER_STATE_BASE",
+        "RAY_SERVE_HAPROXY_BINARY_PATH",
+    ):
         assert first[key].startswith("/tmp/rs-haproxy-65535/") or first[key] == "/tmp/rs-haproxy-65535"
         assert first[key] != second[key]
     assert (first["RAY_SERVE_HAPROXY_STATS_PORT"], first["RAY_SERVE_HAPROXY_METRICS_PORT"]) == ("40001", "40002")
@@ -70,12 +74,15 @@ def test_bad_ingress_value_rejected(tmp_path):
 def test_session_server_runs_behind_its_own_haproxy(retrieval_server):
     assert retrieval_server.ingress == "haproxy"
     owners = [
-        p for p in psutil.process_iter(["name", "cmdline"])
+        p
+        for p in psutil.process_iter(["name", "cmdline"])
         if "haproxy" in (p.info["name"] or "") and str(retrieval_server.workdir) in " ".join(p.info["cmdline"] or [])
     ]
     assert owners, f"no haproxy process using {retrieval_server.workdir}"
     assert retrieval_server.workdir == Path(f"/tmp/rs-haproxy-{retrieval_server.config.port}")
-    listening = {(c.laddr.ip, c.laddr.port) for p in owners for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    listening = {
+        (c.laddr.ip, c.laddr.port) for p in owners for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN
+    }
     assert ("127.0.0.1", retrieval_server.config.port) in listening
     # every listener (the front, HAProxy's stats and metrics) binds the configured host only
     assert len({port for _, port in listening}) >= 3 and {ip for ip, _ in listening} == {"127.0.0.1"}, listening
@@ -160,7 +167,10 @@ def test_servers_started_one_after_another_in_one_process(bundled_index_dir):
     same process gets its own port."""
     result = subprocess.run(
         [sys.executable, "-c", RESTART_SCRIPT, str(bundled_index_dir)],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line.split() for line in result.stdout.splitlines() if line.startswith("http://")]
@@ -196,14 +206,18 @@ frontend http_frontend
 def test_bind_to_host_moves_every_all_interfaces_listener():
     text = HAPROXY_TEST_CONFIG.format(metrics=9101, stats=8404, front=8000)
     bound = bind_to_host(text, "127.0.0.1")
-    assert "    bind 127.0.0.1:9101\n" in bound and "  bind 127.0.0.1:8404\n" in bound and "bind 127.0.0.1:8000" in bound
+    assert (
+        "    bind 127.0.0.1:9101\n" in bound and "  bind 127.0.0.1:8404\n" in bound and "bind 127.0.0.1:8000" in bound
+    )
     assert "bind :" not in bound and "bind *" not in bound
     assert bind_to_host(text, "0.0.0.0") == text  # all interfaces were asked for
     assert "bind 10.1.2.3:9101" in bind_to_host(text, "10.1.2.3")
 
 
 def _listeners(pid: int) -> set[tuple[str, int]]:
-    return {(c.laddr.ip, c.laddr.port) for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    return {
+        (c.laddr.ip, c.laddr.port) for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN
+    }
 
 
 def _wait_listening(pid: int, count: int, timeout_s: float = 30.0) -> set[tuple[str, int]]:
@@ -220,7 +234,9 @@ def _spawn_haproxy(config: Path) -> subprocess.Popen:
 
 
 # A stand-in for Ray's HAProxyManager actor: starts the launcher as Ray would, prints HAProxy's pid, stays.
-PARENT_SCRIPT = "import subprocess, sys, time; p = subprocess.Popen(sys.argv[1:]); print(p.pid, flush=True); time.sleep(600)"
+PARENT_SCRIPT = (
+    "import subprocess, sys, time; p = subprocess.Popen(sys.argv[1:]); print(p.pid, flush=True); time.sleep(600)"
+)
 
 
 @needs_haproxy
@@ -252,7 +268,9 @@ CLAIM_HOLDER = "import sys; from retrieval_server.haproxy_front import PortClaim
 
 def test_a_claimed_port_is_refused_until_its_claimer_dies():
     port = free_port()
-    holder = subprocess.Popen([sys.executable, "-c", CLAIM_HOLDER, str(port)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", CLAIM_HOLDER, str(port)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline().strip() == "claimed"
         with pytest.raises(PortInUseError, match=f"port {port} is claimed by another retrieval server"):
@@ -339,7 +357,19 @@ def test_port_taken_between_choice_and_bind(bundled_index_dir):
     assert "starting again on other ports" in result.stderr
     port, ray_up, workdir_left = lines["given"]
     assert (ray_up, workdir_left) == ("False", "False")
-    assert lines["message"] == ["cannot", "serve", "on", f"127.0.0.1:{port}:", "Address", "already", "in", "use;", "choose", "another", "--port"]
+    assert lines["message"] == [
+        "cannot",
+        "serve",
+        "on",
+        f"127.0.0.1:{port}:",
+        "Address",
+        "already",
+        "in",
+        "use;",
+        "choose",
+        "another",
+        "--port",
+    ]
 
 
 def _serve_cli(index_dir: Path, port: int) -> tuple[subprocess.Popen, list[str]]:
@@ -370,7 +400,9 @@ def _retrieve(port: int, lines: list[str]) -> str:
             )
             break
         except httpx.ConnectError as err:
-            assert time.monotonic() < deadline, f"port {port} refused for 10 s after ready: {err}\n" + "".join(lines[-60:])
+            assert time.monotonic() < deadline, f"port {port} refused for 10 s after ready: {err}\n" + "".join(
+                lines[-60:]
+            )
             time.sleep(0.5)
     assert response.status_code == 200, response.text
     return response.json()["result"][0][0]["document"]["id"]

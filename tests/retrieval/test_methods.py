@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 from retrieval_server.config import ServerConfig
 from retrieval_server.recall import load_qa, recall_at_k
 from retrieval_server.search import Retriever, reciprocal_rank_fusion
-from verl_evidence.bundled import corpus_path as bundled_corpus_path, qa_path as bundled_qa_path
+from verl_evidence.bundled import corpus_path as bundled_corpus_path
+from verl_evidence.bundled import qa_path as bundled_qa_path
 
 pytestmark = pytest.mark.slow
 
@@ -118,7 +119,9 @@ def test_rerank_with_mixed_topk_reranks_each_query_at_its_own_depth(bundled_inde
     alone = _alone(reranked, texts, vectors, ks)
     assert [rows[q, :k].tolist() for q, k in enumerate(ks)] == alone
     deep = reranked.search(texts, vectors, 30)[0]
-    assert any(deep[q, :k].tolist() != alone[q] for q, k in enumerate(ks) if k < 8), "reranking 30 deep changes no short list"
+    assert any(deep[q, :k].tolist() != alone[q] for q, k in enumerate(ks) if k < 8), (
+        "reranking 30 deep changes no short list"
+    )
 
 
 def test_recall_command_reports_recall_at_3(bundled_index_dir):

@@ -27,8 +27,8 @@ from retrieval_server.encoders import (
     load_query_encoder,
     max_abs_difference,
     onnx_cache_key,
+    onnx_export,
 )
-from retrieval_server.encoders import onnx_export
 from retrieval_server.recall import load_qa
 from retrieval_server.search import Retriever
 from verl_evidence.bundled import qa_path as bundled_qa_path
@@ -192,7 +192,10 @@ def test_a_mixed_length_batch_runs_in_length_sorted_parts_with_the_same_vectors(
     feeds = []
     run = encoder._run
     encoder._run = lambda feed: feeds.append(feed) or run(feed)
-    texts = [*questions[:12], "what is the boiling point of water at sea level in degrees fahrenheit in a pressure cooker"]
+    texts = [
+        *questions[:12],
+        "what is the boiling point of water at sea level in degrees fahrenheit in a pressure cooker",
+    ]
     vectors = encoder.encode_queries(texts)
     assert len(feeds) > 1  # the long question is not allowed to pad every short one
     assert sum(len(feed["input_ids"]) for feed in feeds) == len(texts)

@@ -21,7 +21,14 @@ def two_replica_app(retrieval_server, bundled_index_dir):
     from retrieval_server.launch import start_server
 
     handle = start_server(
-        ServerConfig(index_dir=bundled_index_dir, app_name=APP, route_prefix="/kill", num_replicas=2, token=TOKEN, max_batch_size=8)
+        ServerConfig(
+            index_dir=bundled_index_dir,
+            app_name=APP,
+            route_prefix="/kill",
+            num_replicas=2,
+            token=TOKEN,
+            max_batch_size=8,
+        )
     )
     assert not handle.owns_serve  # shares the session's Serve instance and HTTP port
     yield handle
@@ -32,7 +39,9 @@ def _replica_actor_names() -> list[str]:
     import ray
 
     return sorted(
-        a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(f"SERVE_REPLICA::{APP}#")
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["name"].startswith(f"SERVE_REPLICA::{APP}#")
     )
 
 
@@ -48,7 +57,10 @@ def test_bearer_token_is_required(two_replica_app):
         with pytest.raises(RetrievalRequestError) as info:
             anonymous.retrieve(["Nile"])
         assert info.value.status_code == 401 and "bearer token" in info.value.message
-    with RetrievalClient(two_replica_app.url, token="wrong", max_retries=0) as wrong, pytest.raises(RetrievalRequestError):
+    with (
+        RetrievalClient(two_replica_app.url, token="wrong", max_retries=0) as wrong,
+        pytest.raises(RetrievalRequestError),
+    ):
         wrong.retrieve(["Nile"])
     with RetrievalClient(two_replica_app.url, token=TOKEN) as client:
         assert len(client.retrieve(["Nile"], topk=2)[0]) == 2

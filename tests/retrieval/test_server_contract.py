@@ -100,19 +100,29 @@ BAD_BODIES = [
     pytest.param(b'{"queries": ["ok", 7]}', "queries[1]: Input should be a valid string", id="non-string-item"),
     pytest.param(b'{"queries": [["nested"]]}', "queries[0]: Input should be a valid string", id="nested-list-item"),
     pytest.param(b'{"queries": ["a"], "topk": 0}', "topk: Input should be greater than or equal to 1", id="topk-zero"),
-    pytest.param(b'{"queries": ["a"], "topk": -3}', "topk: Input should be greater than or equal to 1", id="topk-negative"),
+    pytest.param(
+        b'{"queries": ["a"], "topk": -3}', "topk: Input should be greater than or equal to 1", id="topk-negative"
+    ),
     pytest.param(b'{"queries": ["a"], "topk": 101}', "above this server's cap max_topk=100", id="topk-above-cap"),
     pytest.param(b'{"queries": ["a"], "topk": "5"}', "topk: Input should be a valid integer", id="topk-string"),
     pytest.param(b'{"queries": ["a"], "topk": 2.5}', "topk: Input should be a valid integer", id="topk-float"),
-    pytest.param(b'{"queries": ["a"], "return_scores": "no"}', "return_scores: Input should be a valid boolean", id="return-scores-string"),
+    pytest.param(
+        b'{"queries": ["a"], "return_scores": "no"}',
+        "return_scores: Input should be a valid boolean",
+        id="return-scores-string",
+    ),
     pytest.param(json.dumps({"queries": ["q"] * 513}).encode(), "max_queries_per_request=512", id="too-many-queries"),
-    pytest.param(json.dumps({"queries": ["ok", "x" * 2049]}).encode(), "queries[1] has 2049 characters", id="over-long-query"),
+    pytest.param(
+        json.dumps({"queries": ["ok", "x" * 2049]}).encode(), "queries[1] has 2049 characters", id="over-long-query"
+    ),
 ]
 
 
 @pytest.mark.parametrize(("body", "message"), BAD_BODIES)
 def test_bad_input_gets_422_with_clear_message(retrieval_server_url, body, message):
-    response = httpx.post(f"{retrieval_server_url}/retrieve", content=body, headers={"content-type": "application/json"}, timeout=30)
+    response = httpx.post(
+        f"{retrieval_server_url}/retrieve", content=body, headers={"content-type": "application/json"}, timeout=30
+    )
     assert response.status_code == 422, response.text
     assert message in response.json()["detail"]
 

@@ -50,8 +50,8 @@ def test_structure_ok(text: str, expected: bool) -> None:
 
 
 def test_defaults() -> None:
-    assert GRACE_TRAIN == GraceConfig(format_reward=0.5, path_reward=1.0, alpha=2.0, beta=3.0)
-    assert GRACE_VALIDATION == GraceConfig(format_reward=0.5, path_reward=1.0, alpha=1.0, beta=1.0)
+    assert GraceConfig(format_reward=0.5, path_reward=1.0, alpha=2.0, beta=3.0) == GRACE_TRAIN
+    assert GraceConfig(format_reward=0.5, path_reward=1.0, alpha=1.0, beta=1.0) == GRACE_VALIDATION
     assert GRACE_TRAIN.max_score == 0.5 + 1.0 + 2.0 + 3.0 and GRACE_VALIDATION.max_score == 3.5
     with pytest.raises(ValueError):
         GraceConfig(alpha=-1.0)

@@ -17,7 +17,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from rollout_helpers import RESPONSE_LENGTH  # noqa: E402  (one definition, importable by the tests)
+from rollout_helpers import RESPONSE_LENGTH
+
 PROMPT_LENGTH = 8192
 
 

@@ -12,8 +12,8 @@ import pytest
 from rollout_helpers import make_row, unpad, with_settings
 
 from verl_evidence.local.backends import ScriptedBackend
-from verl_evidence.rewards import evinote, eviomni, grace
 from verl_evidence.local.tiny_models import expected_overlap_entailment
+from verl_evidence.rewards import evinote, eviomni, grace
 
 pytestmark = pytest.mark.slow
 

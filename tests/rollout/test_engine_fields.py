@@ -14,10 +14,10 @@ import pytest
 from rollout_helpers import make_row, run_worker, unpad, with_settings
 from test_eviomni_loop import PASSAGES, QUESTION, responder_for
 from test_search_loop import ANSWER_TURN, SEARCH_TURN, search_config
+from verl.workers.rollout.replica import TokenOutput
 
 from verl_evidence.agent_loops.common import EngineFields
 from verl_evidence.local.backends import ScriptedBackend
-from verl.workers.rollout.replica import TokenOutput
 
 pytestmark = pytest.mark.slow
 
@@ -41,9 +41,13 @@ def _output(**fields) -> TokenOutput:
 
 def test_engine_fields_merge_like_verl_and_widen_the_version_range():
     engine = EngineFields()
-    engine.add(_output(global_steps=4, min_global_steps=4, max_global_steps=4, num_cached_tokens=7, spec_num_draft_tokens=2))
+    engine.add(
+        _output(global_steps=4, min_global_steps=4, max_global_steps=4, num_cached_tokens=7, spec_num_draft_tokens=2)
+    )
     engine.add(_output(global_steps=6, min_global_steps=6, max_global_steps=6, spec_num_draft_tokens=3))
-    engine.add(_output(global_steps=3, min_global_steps=3, max_global_steps=3))  # a concurrent call that started earlier
+    engine.add(
+        _output(global_steps=3, min_global_steps=3, max_global_steps=3)
+    )  # a concurrent call that started earlier
     merged = engine.merged_with({"question": "q", "num_cached_tokens": 0})
     assert merged["min_global_steps"] == 3 and merged["max_global_steps"] == 6 and merged["global_steps"] == 6
     assert merged["spec_num_draft_tokens"] == 5
@@ -60,7 +64,9 @@ def test_engine_fields_from_an_engine_that_reports_nothing_stay_empty():
 def _versions(output) -> list[tuple[int, int]]:
     # The trainer's own conversion (verl/trainer/ppo/v1/trainer_base.py): int() of each row's fields.
     extra = output.non_tensor_batch
-    return [(int(low), int(high)) for low, high in zip(extra["min_global_steps"], extra["max_global_steps"], strict=True)]
+    return [
+        (int(low), int(high)) for low, high in zip(extra["min_global_steps"], extra["max_global_steps"], strict=True)
+    ]
 
 
 def test_eviomni_trajectory_carries_the_weight_versions_of_all_its_generations(base_config, tokenizer):

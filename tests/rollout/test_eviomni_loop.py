@@ -136,7 +136,11 @@ def test_no_passages_and_no_server_is_kept_out_of_the_loss(base_config, tokenize
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     config = with_settings(
         base_config,
-        {"actor_rollout_ref.rollout.custom": {"eviomni": {"retrieval_url": dead, "search_max_retries": 0, "search_timeout": 2}}},
+        {
+            "actor_rollout_ref.rollout.custom": {
+                "eviomni": {"retrieval_url": dead, "search_max_retries": 0, "search_timeout": 2}
+            }
+        },
     )
     backend = ScriptedBackend(tokenizer, responder=responder_for({}))
     output = run_worker(config, backend, [make_row(QUESTION, "eviomni")])

@@ -20,12 +20,12 @@ from verl_evidence.agent_loops.search_loop import (
     assistant_turn_end_ids,
     planner_action,
 )
-from verl_evidence.local.backends import ScriptedBackend
 from verl_evidence.evipath.parsing import ExecutorStep, PlannerTurn, render_planner_turn
 from verl_evidence.evipath.pipeline import SubQuestion, Trajectory
 from verl_evidence.evipath.protocol import pool_item
 from verl_evidence.evipath.records import QARecord
 from verl_evidence.evipath.writer import _row, planner_messages, write_parquet
+from verl_evidence.local.backends import ScriptedBackend
 from verl_evidence.prompts import load_prompt
 from verl_evidence.testing import OpenAICompatibleServer
 from verl_evidence.tools.search_tool import format_documents
@@ -116,8 +116,11 @@ def test_replayed_evipath_dialogue_has_the_sft_token_sequence(base_config, searc
         (prompt,) = [p for p in executor_prompts if f"Question: {sub}\n" in p]
         for i, hit in enumerate(client.retrieve([sub], topk=3)[0]):
             assert f"[{i}] {pool_item(hit['document']['contents'])}" in prompt
-    planner_prompts = [tokenizer.decode(c["prompt_ids"]) for c in backend.calls if EXECUTOR_MARK not in
-                       tokenizer.decode(c["prompt_ids"])]
+    planner_prompts = [
+        tokenizer.decode(c["prompt_ids"])
+        for c in backend.calls
+        if EXECUTOR_MARK not in tokenizer.decode(c["prompt_ids"])
+    ]
     assert len(planner_prompts) == len(assistant_turns)
     assert all(s in planner_prompts[-1] for s in SUBS.values())
     assert "(Title:" not in planner_prompts[-1] and "Supporting evidence" not in planner_prompts[-1]
@@ -154,7 +157,11 @@ def test_user_turn_observation_matches_the_chat_template(base_config, search_url
 
 
 def test_paper_layout_invalid_action_is_a_user_turn_correction(base_config, search_url, tokenizer):
-    turns = ["<think> hmm </think>\n<action>\nlook up the Nile\n</action>", '<action> Search("How long is the Nile river?") </action>', "<answer> 6,650 km </answer>"]
+    turns = [
+        "<think> hmm </think>\n<action>\nlook up the Nile\n</action>",
+        '<action> Search("How long is the Nile river?") </action>',
+        "<answer> 6,650 km </answer>",
+    ]
     backend = ScriptedBackend(tokenizer, responder=lambda p: executor_reply(p) if EXECUTOR_MARK in p else turns.pop(0))
     config = loop_config(base_config, search_url, **EVIPATH_SETTINGS["paper"])
     out = unpad(run_worker(config, backend, [make_row(QUESTION, "evidence_search")]))
@@ -179,11 +186,17 @@ def test_executor_behind_an_openai_compatible_endpoint(base_config, search_url, 
     server.chat_reply = "<think> [0] says so </think>\n<select>[0]</select>\n<answer> The Nile is the longest river in Africa. </answer> extra"
     try:
         config = loop_config(
-            base_config, search_url, **EVIPATH_SETTINGS["search"],
-            extractor="openai", extractor_url=server.url, extractor_model="executor-8b",
+            base_config,
+            search_url,
+            **EVIPATH_SETTINGS["search"],
+            extractor="openai",
+            extractor_url=server.url,
+            extractor_model="executor-8b",
         )
         turns = ["<think> look </think>\n<search> longest river in Africa </search>", "<answer> Nile </answer>"]
-        out = unpad(run_worker(config, ScriptedBackend(tokenizer, turns=turns), [make_row(QUESTION, "evidence_search")]))
+        out = unpad(
+            run_worker(config, ScriptedBackend(tokenizer, turns=turns), [make_row(QUESTION, "evidence_search")])
+        )
     finally:
         server.stop()
     (chat,) = server.requests
@@ -200,9 +213,13 @@ def test_executor_behind_an_openai_compatible_endpoint(base_config, search_url, 
     [
         ("<think> t </think> <search> q one </search> <answer> x </answer>", "search", ("search", ["q one"])),
         ("<search>  </search>", "search", ("search", [])),
-        ('<think> t </think>\n<action>\nSearch("a b?")\nSearch([0], \'c\')\n</action>', "paper", ("search", ["a b?", "c"])),
+        (
+            "<think> t </think>\n<action>\nSearch(\"a b?\")\nSearch([0], 'c')\n</action>",
+            "paper",
+            ("search", ["a b?", "c"]),
+        ),
         ("<action> look it up </action>", "paper", ("search", [])),
-        ("<think> t </think> <answer> Nile </answer> <action>Search(\"x\")</action>", "paper", ("answer", ["Nile"])),
+        ('<think> t </think> <answer> Nile </answer> <action>Search("x")</action>', "paper", ("answer", ["Nile"])),
         ("<search> q </search>", "paper", None),
     ],
 )

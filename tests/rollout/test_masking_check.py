@@ -43,8 +43,10 @@ def mis_masking_loop_registered():
 
 
 def trajectories(base_config, search_url, tokenizer, loop: str) -> list[Trajectory]:
-    config = with_settings(base_config, {"actor_rollout_ref.rollout.custom": {"evidence_search": {
-        "retrieval_url": search_url, "max_turns": 3}}})
+    config = with_settings(
+        base_config,
+        {"actor_rollout_ref.rollout.custom": {"evidence_search": {"retrieval_url": search_url, "max_turns": 3}}},
+    )
     backend = ScriptedBackend(tokenizer, turns=[SEARCH_TURN, ANSWER_TURN])
     out = unpad(run_worker(config, backend, [make_row(QUESTION, loop)]))
     fields = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in out["extra"].items()}
@@ -55,7 +57,7 @@ def test_the_search_loop_reports_its_observation_and_never_trains_it(base_config
     (trajectory,) = trajectories(base_config, search_url, tokenizer, "evidence_search")
     (span,) = trajectory.extra_fields["retrieved_spans"]
     mask = trajectory.response_mask
-    assert set(mask[span[0]: span[1]]) == {0} and mask[span[0] - 1] == 1 and mask[span[1]] == 1
+    assert set(mask[span[0] : span[1]]) == {0} and mask[span[0] - 1] == 1 and mask[span[1]] == 1
     assert span[1] - span[0] == mask.count(0)  # the observation is the whole context here
     metrics = step_metrics([trajectory], "evinote")
     assert metrics["masking/retrieved_token_share"] == pytest.approx((span[1] - span[0]) / len(mask))

@@ -327,20 +327,28 @@ def test_per_turn_cap_without_action_is_corrected_not_fatal(base_config, search_
     assert out["extra"]["invalid_actions"] == 1 and out["extra"]["termination"] == "answer"
 
 
-def test_smoke_warm_up_lays_out_tokens_as_the_loop_does(base_config, search_url, tokenizer, model_dir, tmp_path, monkeypatch):
+def test_smoke_warm_up_lays_out_tokens_as_the_loop_does(
+    base_config, search_url, tokenizer, model_dir, tmp_path, monkeypatch
+):
     """The smoke policy's search warm-up (verl_evidence.local.smoke) is the token sequence this loop builds and continues."""
+    from verl_evidence.agent_loops.search_loop import SearchLoopSettings
     from verl_evidence.local.smoke import settings as smoke_settings
     from verl_evidence.local.smoke.training import example_ids
     from verl_evidence.local.smoke.warmup_data import warmup_examples
-    from verl_evidence.agent_loops.search_loop import SearchLoopSettings
 
     monkeypatch.setenv("VERL_EVIDENCE_SMOKE_DIR", str(tmp_path))
     example = next(e for e in warmup_examples("search", model_dir) if "<summary>" in e["messages"][-1]["content"])
     policy = [tokenizer.encode(s["text"], add_special_tokens=False) for s in example["segments"] if s["trained"]]
     search_text, answer_text = (s["text"] for s in example["segments"] if s["trained"])
     backend = ScriptedBackend(tokenizer, turns=[search_text, answer_text])
-    config = search_config(base_config, search_url, max_turns=2, topk=1, max_obs_tokens=smoke_settings.SMOKE_MAX_OBS_TOKENS)
-    out = unpad(run_worker(config, backend, [make_row(example["question"], "evidence_search", messages=example["messages"][:-1])]))
+    config = search_config(
+        base_config, search_url, max_turns=2, topk=1, max_obs_tokens=smoke_settings.SMOKE_MAX_OBS_TOKENS
+    )
+    out = unpad(
+        run_worker(
+            config, backend, [make_row(example["question"], "evidence_search", messages=example["messages"][:-1])]
+        )
+    )
 
     ids, labels = example_ids(tokenizer, example)
     n_prompt = len(out["prompt_ids"])

@@ -269,7 +269,7 @@ def _health_server_after(delay_s: float):
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     class Health(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802  (http.server's name)
+        def do_GET(self):
             self.send_response(200 if self.path == "/health" else 404)
             self.end_headers()
 

@@ -115,7 +115,7 @@ class EvidenceExtractor(ObservationModel):
         ]
         try:
             text = await self.complete(messages, "</extract>")
-        except Exception as err:  # noqa: BLE001  (any failure: the rollout goes on with the raw passages)
+        except Exception as err:
             logger.warning("evidence extractor (%s) failed: %s", self.mode, err)
             return Extraction(passages, ok=False, reason=f"error: {type(err).__name__}")
         evidence = extract_last(strip_thinking(text), "extract")
@@ -154,7 +154,7 @@ class SubQuestionExecutor(ObservationModel):
         """The observation for ``query``: the executor's sentence, or ``passages`` (formatted) on failure."""
         try:
             text = await self.complete(self.messages(query, contents), "</answer>")
-        except Exception as err:  # noqa: BLE001  (any failure: the planner sees the raw passages)
+        except Exception as err:
             logger.warning("EviPath executor (%s) failed for %r: %s; observation = the passages", self.mode, query, err)
             return Extraction(passages, ok=False, reason=f"error: {type(err).__name__}")
         sentence = extract_last(strip_thinking(text), "answer")

@@ -611,8 +611,9 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
                 "search_errors": data.search_errors,
                 "extractor_failures": data.extractor_failures,
                 "termination": data.termination,
-                "retrieved_spans": [[a, min(b, self.response_length)] for a, b in data.traj.retrieved_spans
-                                    if a < self.response_length],
+                "retrieved_spans": [
+                    [a, min(b, self.response_length)] for a, b in data.traj.retrieved_spans if a < self.response_length
+                ],
                 "turn_scores": [],
                 "tool_rewards": [],
             }

@@ -270,7 +270,7 @@ class ParquetInput:
         self.columns = [column for column in PARQUET_COLUMNS if column in names]
         self.schema = pa.schema([self.file.schema_arrow.field(column) for column in self.columns])
         self.unread_columns = [column for column in names if column not in PARQUET_COLUMNS]
-        self.in_verl_layout = VERL_ROW_COLUMNS <= set(names)
+        self.in_verl_layout = set(names) >= VERL_ROW_COLUMNS
         self.num_rows = self.file.metadata.num_rows
 
     def _source_of(self, row: dict, where: str, checked: set[str]) -> str:

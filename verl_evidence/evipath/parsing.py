@@ -161,4 +161,6 @@ def parse_executor_step(text: str, pool_size: int) -> ExecutorStep | Malformed:
 
 def render_executor_step(step: ExecutorStep) -> str:
     selected = ", ".join(str(i) for i in step.selected)
-    return f"{_THINK_OPEN}\n{step.think}\n{_THINK_CLOSE}\n<select>[{selected}]</select>\n<answer> {step.answer} </answer>"
+    return (
+        f"{_THINK_OPEN}\n{step.think}\n{_THINK_CLOSE}\n<select>[{selected}]</select>\n<answer> {step.answer} </answer>"
+    )

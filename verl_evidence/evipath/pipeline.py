@@ -167,7 +167,9 @@ class Synthesizer:
 
     async def execute(self, record: QARecord, question: str) -> SubQuestion:
         golden = record.golden_facts
-        reply = await self._ask(self._system["executor_answer"], [{"role": "user", "content": executor_answer_user(question, golden)}])
+        reply = await self._ask(
+            self._system["executor_answer"], [{"role": "user", "content": executor_answer_user(question, golden)}]
+        )
         answer_sentence = parse_answer_sentence(reply)
         if isinstance(answer_sentence, Malformed):
             raise _Reject(answer_sentence.reason, f"{question!r}: {answer_sentence.detail}")

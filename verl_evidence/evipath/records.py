@@ -81,7 +81,9 @@ def _answers(*values: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _finish(row_id: str, question: Any, answers: tuple[str, ...], facts: list[str], golden: list[int], source: str) -> QARecord:
+def _finish(
+    row_id: str, question: Any, answers: tuple[str, ...], facts: list[str], golden: list[int], source: str
+) -> QARecord:
     question = str(question or "").strip()
     if not question:
         raise RecordError("no question")
@@ -159,7 +161,9 @@ def from_bundled(row: dict, corpus: dict[str, str], source: str = "bundled") -> 
         if pid not in corpus:
             raise RecordError(f"distractor passage {pid!r} not in corpus")
         facts.append(_fact(*_split_passage(corpus[pid])))
-    return _finish(str(row.get("id", "")), row.get("question"), _answers(row.get("golden_answers")), facts, golden, source)
+    return _finish(
+        str(row.get("id", "")), row.get("question"), _answers(row.get("golden_answers")), facts, golden, source
+    )
 
 
 def _read_rows(path: Path) -> Iterator[dict]:

@@ -60,9 +60,7 @@ SCHEMA = pa.schema(
 )
 
 
-def planner_messages(
-    trajectory: Trajectory, fmt: str = "paper", prompt: str | None = None
-) -> list[dict[str, str]]:
+def planner_messages(trajectory: Trajectory, fmt: str = "paper", prompt: str | None = None) -> list[dict[str, str]]:
     record = trajectory.record
     if fmt == "paper":
         messages = [
@@ -146,9 +144,10 @@ def write_outputs(
     out_dir.mkdir(parents=True, exist_ok=True)
     planner_rows, executor_rows = [], []
     by_record: dict[str, list[dict]] = {}
-    with (out_dir / "trajectories.jsonl").open("w", encoding="utf-8") as kept, (
-        out_dir / "rejections.jsonl"
-    ).open("w", encoding="utf-8") as rejected:
+    with (
+        (out_dir / "trajectories.jsonl").open("w", encoding="utf-8") as kept,
+        (out_dir / "rejections.jsonl").open("w", encoding="utf-8") as rejected,
+    ):
         for result in results:
             if isinstance(result, Rejection):
                 rejected.write(

@@ -102,7 +102,7 @@ class RateLimiter:
         self.capacity = int(burst if burst is not None else max(1, int(rate or 1)))
         self.bucket = AsyncLimiter(self.capacity, self.capacity / rate) if rate is not None else None
 
-    async def __aenter__(self) -> RateLimiter:  # noqa: PYI034  (final class; py3.10 has no typing.Self)
+    async def __aenter__(self) -> RateLimiter:
         await self.semaphore.acquire()
         try:
             if self.bucket is not None:
