@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 # By directory, not as ``tests.dataprep``: a site-packages ``tests`` package would shadow the repo's.
 sys.path.insert(0, str(REPO / "tests" / "dataprep"))
 
-from search_r1_files import HOTPOTQA_METADATA, search_r1_row, search_r1_schema
+from search_r1_files import HOTPOTQA_METADATA, search_r1_row, search_r1_schema  # noqa: E402 (needs the sys.path line above)
 
 NQ_TRAIN_ROWS = 79_168
 HOTPOTQA_TRAIN_ROWS = 90_447
@@ -137,10 +137,7 @@ def run_child(code: str, *args: str) -> tuple[float, float, float]:
 def same_rows(a: Path, b: Path) -> bool:
     batches_a = pq.ParquetFile(a).iter_batches(batch_size=4096)
     batches_b = pq.ParquetFile(b).iter_batches(batch_size=4096)
-    for x, y in zip(batches_a, batches_b, strict=True):
-        if x.to_pylist() != y.to_pylist():
-            return False
-    return True
+    return all(x.to_pylist() == y.to_pylist() for x, y in zip(batches_a, batches_b, strict=True))
 
 
 def main() -> None:

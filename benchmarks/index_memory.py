@@ -242,33 +242,38 @@ def print_report(report: dict) -> None:
     replicas = report.get("replicas")
     if replicas:
         mb = 2**20
-        print(
-            f"\n== 2 replicas on one {replicas['n']} x {replicas['d']} Flat index ({replicas['index_bytes'] / mb:.0f} MiB) =="
-        )
+        index_mib = replicas["index_bytes"] / mb
+        print(f"\n== 2 replicas on one {replicas['n']} x {replicas['d']} Flat index ({index_mib:.0f} MiB) ==")
         print(f"{'mode':6} {'replica':>7} {'RSS MiB':>8} {'anon MiB':>9} {'file MiB':>9} {'PSS MiB':>8}")
         sums = {}
         for mode in ("read", "mmap"):
             for i, m in enumerate(replicas[mode]):
                 print(
-                    f"{mode:6} {i:>7} {m['VmRSS'] / mb:8.0f} {m['RssAnon'] / mb:9.0f} {m['RssFile'] / mb:9.0f} {m['Pss'] / mb:8.0f}"
+                    f"{mode:6} {i:>7} {m['VmRSS'] / mb:8.0f} {m['RssAnon'] / mb:9.0f}"
+                    f" {m['RssFile'] / mb:9.0f} {m['Pss'] / mb:8.0f}"
                 )
             sums[mode] = sum(m["Pss"] for m in replicas[mode])
         print(
-            f"sum of PSS: read {sums['read'] / mb:.0f} MiB, mmap {sums['mmap'] / mb:.0f} MiB -> ratio mmap/read {sums['mmap'] / sums['read']:.2f}"
+            f"sum of PSS: read {sums['read'] / mb:.0f} MiB, mmap {sums['mmap'] / mb:.0f} MiB"
+            f" -> ratio mmap/read {sums['mmap'] / sums['read']:.2f}"
         )
         anon = {mode: sum(m["RssAnon"] for m in replicas[mode]) for mode in ("read", "mmap")}
         print(
-            f"private (anonymous) memory: read {anon['read'] / mb:.0f} MiB, mmap {anon['mmap'] / mb:.0f} MiB -> ratio {anon['mmap'] / anon['read']:.2f}"
+            f"private (anonymous) memory: read {anon['read'] / mb:.0f} MiB, mmap {anon['mmap'] / mb:.0f} MiB"
+            f" -> ratio {anon['mmap'] / anon['read']:.2f}"
         )
     conv = report.get("conversion")
     if conv:
         print(f"\n== convert_flat on {conv['n']} x {conv['d']} clustered synthetic vectors ==")
+        overhead_mib = conv["reading_overhead_bytes"] / 2**20
         print(
-            f"(RAM: anonymous memory a process gains reading the index, less {conv['reading_overhead_bytes'] / 2**20:.1f} MiB for reading an empty one)"
+            "(RAM: anonymous memory a process gains reading the index,"
+            f" less {overhead_mib:.1f} MiB for reading an empty one)"
         )
         flat = conv["rows"][0]
         print(
-            f"{'target':8} {'factory':18} {'file B/vec':>10} {'RAM B/vec':>10} {'x Flat':>7} {'build s':>8}  recall@10 (params)"
+            f"{'target':8} {'factory':18} {'file B/vec':>10} {'RAM B/vec':>10} {'x Flat':>7} {'build s':>8}"
+            "  recall@10 (params)"
         )
         for row in conv["rows"]:
             recall = ", ".join(
@@ -277,7 +282,8 @@ def print_report(report: dict) -> None:
             )
             ratio = row["loaded_per_vector_bytes"] / flat["loaded_per_vector_bytes"]
             print(
-                f"{row['target']:8} {row['factory']:18} {row['per_vector_bytes']:10.1f} {row['loaded_per_vector_bytes']:10.1f} {ratio:7.3f} {row['seconds']:8.1f}  {recall}"
+                f"{row['target']:8} {row['factory']:18} {row['per_vector_bytes']:10.1f}"
+                f" {row['loaded_per_vector_bytes']:10.1f} {ratio:7.3f} {row['seconds']:8.1f}  {recall}"
             )
     print(f"\n== wiki-18 ({WIKI18_PASSAGES:,} x {WIKI18_DIM}) ==")
     print(f"{'option':16} {'arithmetic GiB':>15} {'from measured B/vec':>20}")
@@ -295,9 +301,12 @@ def main() -> None:
     parser.add_argument("--skip-replicas", action="store_true")
     parser.add_argument("--skip-conversion", action="store_true")
     parser.add_argument(
-        "--faiss-threads", type=int, default=1,
-        help="OpenMP threads for training/adding (1: on a busy 2-core machine PQ96 training measured 26 s on 1 thread, 182 s on 2)",
-    )  # fmt: skip
+        "--faiss-threads",
+        type=int,
+        default=1,
+        help="OpenMP threads for training/adding"
+        " (1: on a busy 2-core machine PQ96 training measured 26 s on 1 thread, 182 s on 2)",
+    )
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args()
     import faiss

@@ -30,10 +30,22 @@ from verl_evidence.rewards import evinote, eviomni, grace, text
 GROUP_SIZE = 8
 TARGET_RATIO = 5.0
 
-_STEMS = ["capital", "govern", "popul", "river", "mountain", "elect", "presid", "nation", "histor", "scien", "discover", "invent", "compos", "writ", "paint", "build", "found", "establish", "announc", "develop", "region", "provinc", "territor", "contin", "ocean", "island", "languag", "religi", "cultur", "econom", "industr", "agricult", "manufactur", "educ", "universit", "colleg", "hospit", "medic", "physic", "chemi", "biolog", "astronom", "planet", "satellit", "launch", "mission", "station", "journal", "publish", "record", "perform", "concert", "album", "singl", "champion", "tournament", "season", "leagu", "club", "stadium"]
+# Word lists kept dense: the formatter's one word a line would run to 100 lines.
+# fmt: off
+_STEMS = [
+    "capital", "govern", "popul", "river", "mountain", "elect", "presid", "nation", "histor", "scien", "discover",
+    "invent", "compos", "writ", "paint", "build", "found", "establish", "announc", "develop", "region", "provinc",
+    "territor", "contin", "ocean", "island", "languag", "religi", "cultur", "econom", "industr", "agricult",
+    "manufactur", "educ", "universit", "colleg", "hospit", "medic", "physic", "chemi", "biolog", "astronom", "planet",
+    "satellit", "launch", "mission", "station", "journal", "publish", "record", "perform", "concert", "album",
+    "singl", "champion", "tournament", "season", "leagu", "club", "stadium"
+]
 _SUFFIXES = ["", "s", "ed", "ing", "ation", "ations", "al", "ally", "ity", "ist", "ists", "er", "ers", "ness"]
 _FUNCTION_WORDS = ["the", "of", "and", "in", "to", "a", "was", "is", "by", "for", "on", "with", "as", "at", "from"]
-_NAMES = ["Paris", "Lyon", "Amazon", "Everest", "Curie", "Einstein", "Apollo", "Tokyo", "Nile", "Mozart", "1969", "1889"]
+_NAMES = [
+    "Paris", "Lyon", "Amazon", "Everest", "Curie", "Einstein", "Apollo", "Tokyo", "Nile", "Mozart", "1969", "1889"
+]
+# fmt: on
 
 
 def _sentence(rng: random.Random, n_words: int) -> str:

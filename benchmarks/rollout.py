@@ -252,7 +252,9 @@ def main() -> int:
         return extract_turn
 
     backend_e = InstantBackend(tokenizer, eviomni_script)
-    eviomni_row_loop = lambda: instantiate("eviomni", config, backend_e, tokenizer, [], retriever=retriever)
+
+    def eviomni_row_loop():
+        return instantiate("eviomni", config, backend_e, tokenizer, [], retriever=retriever)
 
     class _WithPassages:
         def __init__(self):

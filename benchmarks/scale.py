@@ -506,11 +506,14 @@ def print_report(report: dict) -> None:
                 )
             )
     for level in report["load"]:
+        latency = f"p50 {level['p50_ms']:.0f} ms, p99 {level['p99_ms']:.0f} ms"
         lines.append(
-            (f"/retrieve, {level['clients']} one-query clients",
-             f"{level['qps']:.0f} q/s, p50 {level['p50_ms']:.0f} ms, p99 {level['p99_ms']:.0f} ms, errors {level['errors']}",
-             "-")
-        )  # fmt: skip
+            (
+                f"/retrieve, {level['clients']} one-query clients",
+                f"{level['qps']:.0f} q/s, {latency}, errors {level['errors']}",
+                "-",
+            )
+        )
     lookup = report["lookup"]
     for hits in (1, 32, 512):
         target = "<= 5 ms p50" if hits == 512 else "-"
