@@ -56,7 +56,9 @@ MEANINGS: dict[str, str] = {
     "judge.max_wait_ms": "how long a batch waits for more requests",
     "judge.actor_name": "name of the shared actor (null: derived from model, device, max length)",
     "judge.detached": "detached actor, outlives the worker that created it",
-    "judge.torch_threads": "torch threads of a CPU judge (null: the actor uses its `num_cpus`, in-process leaves torch's setting)",
+    "judge.torch_threads": (
+        "torch threads of a CPU judge (null: the actor uses its `num_cpus`, in-process leaves torch's setting)"
+    ),
     # verl_evidence.agent_loops.search_loop.SearchLoopSettings
     "search_loop.retrieval_url": "retrieval server (null: env `VERL_EVIDENCE_RETRIEVAL_URL`)",
     "search_loop.topk": "passages per search",
@@ -64,10 +66,18 @@ MEANINGS: dict[str, str] = {
     "search_loop.max_tokens_per_turn": "cap per generation (null: what is left of `rollout.response_length`)",
     "search_loop.max_obs_tokens": "tokens of one `<information>` body, truncated at the end",
     "search_loop.prompt": "null: the row's chat prompt as is; a prompt name/file: user turn rebuilt from `{question}`",
-    "search_loop.system_prompt": "null: the row's system messages; a prompt name/file: the system message (replaces the row's)",
-    "search_loop.action_format": '`search`: `<search> q </search>`; `paper`: `<action> Search("q") </action>` (EviPath planner)',
-    "search_loop.observation_role": "`inline`: `<information>` inside the assistant turn; `user`: a user chat turn (EviPath SFT layout)",
-    "search_loop.observation": "`passages`, `extract` or `executor` (EviPath executor); null: `extract` with an extractor, else `passages`",
+    "search_loop.system_prompt": (
+        "null: the row's system messages; a prompt name/file: the system message (replaces the row's)"
+    ),
+    "search_loop.action_format": (
+        '`search`: `<search> q </search>`; `paper`: `<action> Search("q") </action>` (EviPath planner)'
+    ),
+    "search_loop.observation_role": (
+        "`inline`: `<information>` inside the assistant turn; `user`: a user chat turn (EviPath SFT layout)"
+    ),
+    "search_loop.observation": (
+        "`passages`, `extract` or `executor` (EviPath executor); null: `extract` with an extractor, else `passages`"
+    ),
     "search_loop.executor_prompt": "EviPath executor prompt (`observation: executor`); runs on the extractor's model",
     "search_loop.executor_max_tokens": "executor generation length",
     "search_loop.invalid_action_feedback": "appended (mask 0) after a turn without a valid action",
@@ -75,7 +85,10 @@ MEANINGS: dict[str, str] = {
     "search_loop.search_failed_text": "`<information>` body when retrieval fails",
     "search_loop.search_timeout": "seconds per retrieval request",
     "search_loop.search_max_retries": "retries of a failed request (5xx, connection errors)",
-    "search_loop.search_wait_for_server_s": "seconds to wait for the server's /health before the first search (null: env `VERL_EVIDENCE_RETRIEVAL_WAIT_S`, which a recipe sets when it starts its own server beside the trainer; else 0)",
+    "search_loop.search_wait_for_server_s": (
+        "seconds to wait for the server's /health before the first search (null: env `VERL_EVIDENCE_RETRIEVAL_WAIT_S`, "
+        "which a recipe sets when it starts its own server beside the trainer; else 0)"
+    ),
     "search_loop.search_backoff": "retry backoff base, seconds (`backoff * 2**attempt`)",
     "search_loop.search_failure_threshold": (
         "stop the rollout when more than this share of a step's searches in one worker failed (1: never)"
@@ -105,7 +118,10 @@ MEANINGS: dict[str, str] = {
     "eviomni_loop.search_failure_min_searches": "searches of a step in one worker before the threshold can stop it",
     "eviomni_loop.search_max_concurrency": "requests in flight per worker process, server and limits",
     "eviomni_loop.search_requests_per_second": "rate limit per worker process, server and limits (null: none)",
-    "eviomni_loop.search_wait_for_server_s": "seconds to wait for the server's /health before the first search (null: env `VERL_EVIDENCE_RETRIEVAL_WAIT_S`, else 0)",
+    "eviomni_loop.search_wait_for_server_s": (
+        "seconds to wait for the server's /health before the first search (null: env `VERL_EVIDENCE_RETRIEVAL_WAIT_S`, "
+        "else 0)"
+    ),
     "eviomni_loop.masked_answer_max_tokens": "length of o_r and o_e",
     "eviomni_loop.masked_answer_temperature": "null: the rollout's sampling params; a number overrides",
     # verl_evidence.tools.search_tool.SearchTool (tool YAML `config`)
@@ -119,7 +135,10 @@ MEANINGS: dict[str, str] = {
     "search_tool.max_concurrency": "requests in flight per worker process, server and limits",
     "search_tool.requests_per_second": "rate limit per worker process, server and limits (null: none)",
     "search_tool.burst": "requests let through at once, then the rate applies (null: max(1, requests_per_second))",
-    "search_tool.wait_for_server_s": "seconds to wait for the server's /health before the first search (null: env `VERL_EVIDENCE_RETRIEVAL_WAIT_S`, else 0)",
+    "search_tool.wait_for_server_s": (
+        "seconds to wait for the server's /health before the first search (null: env `VERL_EVIDENCE_RETRIEVAL_WAIT_S`, "
+        "else 0)"
+    ),
     # retrieval_server.config.ServerConfig fields without a description
     "server.index_dir": "index directory written by `index build`",
     "server.corpus": "must be the corpus the manifest recorded (null: the recorded one)",
@@ -294,7 +313,8 @@ def render() -> str:
     add("## Reward managers (`reward.reward_kwargs`)\n")
     add(
         "Select with `reward.reward_manager.source=register reward.reward_manager.name=<name>`, "
-        f"name one of {', '.join(f'`{n}`' for n in MANAGER_NAMES)}. `reward_kwargs` is not in verl's `ppo_trainer.yaml`, "
+        f"name one of {', '.join(f'`{n}`' for n in MANAGER_NAMES)}. "
+        "`reward_kwargs` is not in verl's `ppo_trainer.yaml`, "
         "so on the command line every key needs `+` (`+reward.reward_kwargs.tau=0.2`), or `++` "
         "when a preset already sets it. Bad values fail when the reward workers start.\n"
     )
