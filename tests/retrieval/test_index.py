@@ -220,12 +220,25 @@ def test_index_files_disagreeing_with_each_other_refuse(tmp_path, small_index):
 
 
 def test_serve_run_app_builder_parses_args_and_checks_the_index(tmp_path, small_index):
+    from pydantic import ValidationError
     from ray.serve import Application
 
     from retrieval_server.launch import app_builder
 
-    application = app_builder({"index_dir": str(small_index), "num_replicas": "2", "max_batch_size": "16"})
+    args = {"index_dir": str(small_index), "num_replicas": "2", "max_batch_size": "16", "num_cpus_per_replica": "0.5"}
+    application = app_builder(args)
     assert isinstance(application, Application)
+    # Ray Serve reads nothing of a bound application publicly: its one field is the deployment it will run.
+    deployment = application._bound_deployment
+    assert deployment.num_replicas == 2
+    assert deployment.ray_actor_options["num_cpus"] == 0.5
+    assert deployment.max_ongoing_requests == 32  # two batches of 16 queued per replica
+    (replica_config,) = deployment.init_args  # what each replica is built with: the strings parsed, once
+    built = ServerConfig.model_validate(replica_config)
+    assert (built.max_batch_size, built.num_replicas, built.index_dir) == (16, 2, small_index)
+
+    with pytest.raises(ValidationError, match="num_replicas"):
+        app_builder({"index_dir": str(small_index), "num_replicas": "two"})
     with pytest.raises(IndexMismatchError, match="other.jsonl"):
         app_builder({"index_dir": str(small_index), "corpus": str(write_corpus(tmp_path / "other.jsonl", PASSAGES[:2]))})
 
