@@ -6,7 +6,8 @@ import json
 import logging
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,22 @@ class DefaultData:
     corpus: Callable[[], Path] | None = None
     qa: Callable[[], Path] | None = None
     description: str = "the default corpus"
+
+
+@contextmanager
+def _settings_from_options() -> Iterator[None]:
+    """A value pydantic refuses in the server's settings (``--method foo``, ``--topk 500``): a usage error naming it."""
+    from pydantic import ValidationError
+
+    try:
+        yield
+    except ValidationError as err:
+        problems = []
+        for problem in err.errors():
+            message = problem["msg"].removeprefix("Value error, ")
+            where = ".".join(str(part) for part in problem["loc"])
+            problems.append(f"{where}={problem['input']!r}: {message}" if where else message)
+        raise typer.BadParameter("; ".join(problems)) from None
 
 
 def _default_data(ctx: typer.Context) -> DefaultData:
@@ -106,16 +123,20 @@ def serve(
             err=True,
         )
     logging.basicConfig(level=logging.INFO)
+    settings = {
+        "corpus": corpus, "encoder_model": model, "method": method, "default_topk": topk,
+        "rerank_model": rerank_model, "rerank_top_n": rerank_top_n, "search_params": search_params,
+        "mmap_index": mmap_index, "host": host, "port": port, "ingress": ingress, "num_replicas": replicas,
+        "num_cpus_per_replica": cpus_per_replica, "num_gpus_per_replica": gpus_per_replica,
+        "torch_threads": torch_threads, "encoder_backend": encoder_backend, "encode_threads": encode_threads,
+        "max_batch_size": max_batch_size, "batch_concurrency": batch_concurrency,
+        "batch_wait_timeout_s": batch_wait_ms / 1000.0, "max_queries_per_request": max_queries_per_request,
+        "max_topk": max_topk, "max_query_chars": max_query_chars, "token": token, "access_log": access_log,
+    }  # fmt: skip
+    with _settings_from_options():  # checked before an index is built for them
+        ServerConfig(index_dir=index_dir or Path("."), **settings)
     resolved_index = index_dir if index_dir is not None else ensure_index(served)
-    config = ServerConfig(
-        index_dir=resolved_index, corpus=corpus, encoder_model=model, method=method, default_topk=topk,
-        rerank_model=rerank_model, rerank_top_n=rerank_top_n, search_params=search_params, mmap_index=mmap_index, host=host, port=port, ingress=ingress,
-        num_replicas=replicas, num_cpus_per_replica=cpus_per_replica, num_gpus_per_replica=gpus_per_replica,
-        torch_threads=torch_threads, encoder_backend=encoder_backend, encode_threads=encode_threads,
-        max_batch_size=max_batch_size, batch_concurrency=batch_concurrency, batch_wait_timeout_s=batch_wait_ms / 1000.0,
-        max_queries_per_request=max_queries_per_request, max_topk=max_topk, max_query_chars=max_query_chars, token=token,
-        access_log=access_log,
-    )  # fmt: skip
+    config = ServerConfig(index_dir=resolved_index, **settings)
     handle = start_server(config, address=address)
     typer.echo(
         f"retrieval server ready at {handle.url} (ingress: {handle.ingress}; POST /retrieve, GET /health, GET /metrics); "
@@ -159,16 +180,19 @@ def build(
     from retrieval_server.launch import default_index_dir
 
     logging.basicConfig(level=logging.INFO)
-    if model is None:
-        encoder = packaged_minilm_encoder()
-    else:
-        overrides = {k: v for k, v in {"pooling": pooling, "query_prefix": query_prefix, "passage_prefix": passage_prefix}.items() if v is not None}
-        encoder = EncoderConfig.for_model(model, max_length=max_length, **overrides)
     corpus = corpus or _default_corpus(ctx, "--corpus", "pass the corpus to index")
-    config = BuildConfig(
-        corpus=corpus, output_dir=output or default_index_dir(corpus), encoder=encoder,
-        index_factory=factory, shard_size=shard_size, train_sample=train_sample, encode_batch_size=batch_size, bm25=bm25, device=device,
-    )  # fmt: skip
+    with _settings_from_options():
+        if model is None:
+            encoder = packaged_minilm_encoder()
+        else:
+            given = {"pooling": pooling, "query_prefix": query_prefix, "passage_prefix": passage_prefix}
+            encoder = EncoderConfig.for_model(
+                model, max_length=max_length, **{k: v for k, v in given.items() if v is not None}
+            )
+        config = BuildConfig(
+            corpus=corpus, output_dir=output or default_index_dir(corpus), encoder=encoder, index_factory=factory,
+            shard_size=shard_size, train_sample=train_sample, encode_batch_size=batch_size, bm25=bm25, device=device,
+        )  # fmt: skip
     manifest = build_index(config)
     typer.echo(json.dumps({k: manifest[k] for k in ("count", "dim", "index", "encoder")}, indent=2))
     typer.echo(f"index written to {config.output_dir}")
@@ -235,7 +259,8 @@ def adopt(
     from retrieval_server.adopt import adopt_index
 
     logging.basicConfig(level=logging.INFO)
-    encoder = _declared_encoder(model, pooling, query_prefix, passage_prefix, max_length, normalize)
+    with _settings_from_options():
+        encoder = _declared_encoder(model, pooling, query_prefix, passage_prefix, max_length, normalize)
     manifest = adopt_index(index, corpus, output, encoder, sample=verify_sample, link=link, bm25=bm25, device=device, seed=seed)
     typer.echo(json.dumps({k: manifest[k] for k in ("count", "dim", "index", "adopted")}, indent=2))
     typer.echo(f"adopted into {output}: retrieval-server serve --index-dir {output}")

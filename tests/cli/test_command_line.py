@@ -88,6 +88,14 @@ def test_missing_index_is_one_line_naming_the_manifest_and_the_fix(app, tmp_path
     assert line == f"error: no index manifest at {missing / 'manifest.json'}: build the index first (verl-evidence index build)"
 
 
+def test_a_server_setting_pydantic_refuses_is_a_usage_error_naming_it(tmp_path: Path) -> None:
+    """Checked before any index is looked at or built: the option's value and what it may be."""
+    result = run(cli_app, "serve", "--index-dir", str(tmp_path / "no-index"), "--method", "foo")
+    assert result.exit_code == 2, result.output
+    assert "Invalid value: method='foo': Input should be 'dense', 'bm25' or 'hybrid'" in result.output
+    assert "Traceback" not in result.output and "manifest" not in result.output
+
+
 def test_debug_shows_the_traceback_of_a_user_error(tmp_path: Path) -> None:
     from retrieval_server.index import IndexMismatchError
 
