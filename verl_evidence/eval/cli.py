@@ -166,7 +166,12 @@ def eval_command(
     from verl_evidence.eval.session import make_runner, open_session
 
     quiet_library_logs()
-    if checkpoint:
+    search_settings = search_settings_from_options(evipath, search_setting)
+    wanted = [r.strip() for r in rollouts.split(",") if r.strip()]
+    bad = sorted(set(wanted) - set(ROLLOUTS))
+    if bad:
+        raise typer.BadParameter(f"unknown rollout(s) {bad}; choose from {', '.join(ROLLOUTS)}")
+    if checkpoint:  # (after the cheap checks: a merge can take minutes)
         if any(x is not None for x in (trajectories, model, endpoint)):
             raise typer.BadParameter("--checkpoint is the policy: give no --trajectories, --model or --endpoint")
         policies, labels, tokenizer = checkpoint_policies(checkpoint, merged_dir or out / "merged", tokenizer)
@@ -174,14 +179,9 @@ def eval_command(
         policy, tokenizer = options.policy_and_tokenizer(trajectories, model, endpoint, served_model, tokenizer)
         policies, labels = [policy], {policy.policy_id: policy_label(policy)}
     policy = policies[0]
-    search_settings = search_settings_from_options(evipath, search_setting)
     if search_settings and policy.kind == "replay":
         raise typer.BadParameter("--evipath / --search-setting need a live policy (--model or --endpoint); "
                                  "replayed trajectories follow the default search protocol")
-    wanted = [r.strip() for r in rollouts.split(",") if r.strip()]
-    bad = sorted(set(wanted) - set(ROLLOUTS))
-    if bad:
-        raise typer.BadParameter(f"unknown rollout(s) {bad}; choose from {', '.join(ROLLOUTS)}")
     if nli_model is None:
         from verl_evidence.eval.session import RANDOM_JUDGE_NOTE
 
