@@ -68,6 +68,7 @@ def test_merge_runs_once_and_again_when_the_shards_change(tmp_path) -> None:
     assert changed.merged_now and changed.key != first.key and changed.model_dir != first.model_dir
     assert torch.equal(merged_weights(changed.model_dir)[key], new_state[key].bfloat16())
     assert not torch.equal(new_state[key], state[key])
+    assert not first.model_dir.exists()  # the merge of the earlier weights is removed
 
 
 def test_the_actor_directory_itself_is_accepted(tmp_path) -> None:

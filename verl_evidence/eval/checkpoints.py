@@ -11,7 +11,8 @@ computed from the identity of the files the merger reads (name, size and
 modification time of each shard, ``fsdp_config.json`` and the ``huggingface/``
 files, plus verl's version): a second evaluation of the same checkpoint reuses
 it, a checkpoint written again (a resumed run that saved the same step anew) is
-merged again. Hashing the shards' bytes instead would read 15 GB per evaluation.
+merged again, replacing its older merge. Hashing the shards' bytes instead would
+read 15 GB per evaluation.
 """
 
 from __future__ import annotations
@@ -189,7 +190,23 @@ def merge_checkpoint(checkpoint: VerlCheckpoint, cache_dir: str | Path) -> Merge
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise
+        _remove_superseded_merges(cache, checkpoint, key)
     return MergedCheckpoint(checkpoint, target, key, merged_now=True)
+
+
+def _remove_superseded_merges(cache: Path, checkpoint: VerlCheckpoint, key: str) -> None:
+    """Older merges of this checkpoint directory: their weights exist nowhere else any more, and a 7B one is 15 GB."""
+    for merged in cache.glob(f"{checkpoint.path.name}-*"):
+        record_path = merged / MERGE_RECORD
+        if not record_path.is_file():
+            continue
+        try:
+            record = json.loads(record_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if record.get("checkpoint") == str(checkpoint.path) and record.get("key") != key:
+            logger.info("removing %s: merged from an earlier state of %s", merged, checkpoint.path)
+            shutil.rmtree(merged, ignore_errors=True)
 
 
 def checkpoint_labels(paths: list[Path]) -> list[str]:
