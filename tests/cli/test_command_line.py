@@ -85,7 +85,8 @@ def one_error_line(result) -> str:
 def test_missing_index_is_one_line_naming_the_manifest_and_the_fix(app, tmp_path: Path) -> None:
     missing = tmp_path / "no-index"
     line = one_error_line(run(app, "serve", "--index-dir", str(missing)))
-    assert line == f"error: no index manifest at {missing / 'manifest.json'}: build the index first (verl-evidence index build)"
+    manifest = missing / "manifest.json"
+    assert line == f"error: no index manifest at {manifest}: build the index first (verl-evidence index build)"
 
 
 def test_a_server_setting_pydantic_refuses_is_a_usage_error_naming_it(tmp_path: Path) -> None:

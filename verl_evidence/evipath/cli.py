@@ -118,12 +118,18 @@ def print_summary(summary: RunSummary, console: Console) -> None:
 
 
 def synthesize(
-    input_path: Path | None = typer.Option(None, "--input", "-i", help="Dataset file (JSON array or JSONL); omit for the bundled set."),
+    input_path: Path | None = typer.Option(
+        None, "--input", "-i", help="Dataset file (JSON array or JSONL); omit for the bundled set."
+    ),
     fmt: str = typer.Option("bundled", "--format", "-f", help=f"Input layout: {', '.join(FORMATS)}."),
-    corpus: Path | None = typer.Option(None, help="corpus.jsonl for --format bundled with --input (default: next to the input)."),
+    corpus: Path | None = typer.Option(
+        None, help="corpus.jsonl for --format bundled with --input (default: next to the input)."
+    ),
     out: Path = typer.Option(Path("evipath_out"), "--out", "-o", help="Output directory."),
     limit: int | None = typer.Option(None, help="Use only the first N records."),
-    base_url: str = typer.Option("http://127.0.0.1:8000/v1", envvar="EVIPATH_BASE_URL", help="OpenAI-compatible endpoint."),
+    base_url: str = typer.Option(
+        "http://127.0.0.1:8000/v1", envvar="EVIPATH_BASE_URL", help="OpenAI-compatible endpoint."
+    ),
     model: str = typer.Option(..., envvar="EVIPATH_MODEL", help="Teacher model name as the endpoint knows it."),
     api_key: str = typer.Option("EMPTY", envvar="OPENAI_API_KEY", help="API key (vLLM accepts any)."),
     concurrency: int = typer.Option(8, help="Maximum concurrent teacher requests."),
@@ -132,7 +138,9 @@ def synthesize(
     temperature: float = typer.Option(0.0),
     max_tokens: int = typer.Option(1024, help="Completion tokens per teacher reply."),
     cache: Path | None = typer.Option(None, help="Reply cache (SQLite); default OUT/teacher_cache.sqlite."),
-    encoder: str | None = typer.Option(None, help="Sentence-transformer for evidence selection (default: packaged MiniLM)."),
+    encoder: str | None = typer.Option(
+        None, help="Sentence-transformer for evidence selection (default: packaged MiniLM)."
+    ),
     encoder_device: str = typer.Option("cpu"),
     tau: float = typer.Option(DEFAULT_TAU, help="Cosine threshold for golden evidence of a sub-question."),
     min_f1: float = typer.Option(0.8, help="Keep a trajectory if EM = 1 or F1 >= this."),
@@ -162,7 +170,9 @@ def synthesize(
         console.print(f"[red]cannot read the input: {err}")
         raise typer.Exit(2) from err
     if not records:
-        console.print(f"[red]no usable records in {input_path or 'the bundled set'} (skipped: {dict(read_report.skipped)})")
+        console.print(
+            f"[red]no usable records in {input_path or 'the bundled set'} (skipped: {dict(read_report.skipped)})"
+        )
         raise typer.Exit(2)
     prompts = Prompts(planner_synth_prompt, executor_answer_prompt, executor_synth_prompt)
     config = SynthesisConfig(max_steps=max_steps, max_searches=max_searches, min_f1=min_f1, seed=seed, prompts=prompts)
