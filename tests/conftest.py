@@ -9,7 +9,9 @@ reused by later sessions while the corpus is unchanged.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -121,6 +123,64 @@ def ray_cluster(retrieval_server) -> None:
     import ray
 
     assert ray.is_initialized()
+
+
+# One fresh interpreter for every "does a plain `import verl` register us" question (a verl import costs 5-15 s).
+# Two report lines: the plugin's own load first, so that a registry failing later cannot hide it.
+VERL_IMPORT_PROBE = r"""
+import json, sys, traceback
+import verl  # loads the verl.plugins entry points; nothing else is imported by hand
+plugin = sys.modules.get("verl_evidence.plugin")
+ours = sorted(name for name in sys.modules if name.split(".")[0] in ("verl_evidence", "retrieval_server"))
+error = None
+if plugin is None:  # verl swallowed the plugin's import error at DEBUG level: import it bare for the traceback
+    try:
+        import verl_evidence.plugin
+    except Exception:
+        error = traceback.format_exc()
+print("PLUGIN" + json.dumps({"file": plugin and plugin.__file__, "error": error, "ours_after_import_verl": ours}))
+sys.stdout.flush()
+
+from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls
+from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+import verl_evidence.agent_loops as loops
+managers = {name: get_reward_manager_cls(name).__module__ for name in ("eviomni", "evinote", "grace", "composite")}
+loop_registry = dict(_agent_loop_registry)
+loops.register_all()
+print("REGISTRIES" + json.dumps({
+    "managers": managers,
+    "estimator": get_adv_estimator_fn("grpo_clipstd").__module__,
+    "loop_registry": loop_registry,
+    "loops_registered_once": loop_registry == dict(_agent_loop_registry),
+    "loops_file": loops.__file__,
+}))
+"""
+
+
+@pytest.fixture(scope="session")
+def verl_import_probe(tmp_path_factory) -> dict:
+    """What one fresh interpreter doing a plain ``import verl`` (verl's default: every plugin loaded) reports.
+
+    ``{"returncode", "stderr", "plugin": {...} | None, "registries": {...} | None}``; a part is None when the
+    probe died before printing it (``stderr`` then says why).
+    """
+    env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_PLUGINS", "VERL_PLATFORM")}
+    result = subprocess.run(
+        [sys.executable, "-c", VERL_IMPORT_PROBE],
+        cwd=tmp_path_factory.mktemp("verl-import-probe"),  # nothing of ours importable from the working directory
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    parts = {"plugin": None, "registries": None}
+    for line in result.stdout.splitlines():
+        for tag in ("PLUGIN", "REGISTRIES"):
+            if line.startswith(tag):
+                parts[tag.lower()] = json.loads(line[len(tag) :])
+    return {"returncode": result.returncode, "stderr": result.stderr[-3000:], **parts}
 
 
 @contextmanager

@@ -55,7 +55,12 @@ def encoder() -> CountingEncoder:
 @pytest.fixture(scope="module")
 def small_index(tmp_path_factory, encoder) -> Path:
     root = tmp_path_factory.mktemp("small")
-    config = BuildConfig(corpus=write_corpus(root / "corpus.jsonl"), output_dir=root / "index", encoder=packaged_minilm_encoder(), shard_size=3)
+    config = BuildConfig(
+        corpus=write_corpus(root / "corpus.jsonl"),
+        output_dir=root / "index",
+        encoder=packaged_minilm_encoder(),
+        shard_size=3,
+    )
     build_index(config, encoder=encoder, show_progress=False)
     return root / "index"
 
@@ -66,7 +71,12 @@ def test_manifest_records_the_build(small_index):
     assert manifest["encoder"]["pooling"] == "mean" and manifest["encoder"]["normalize"] is True
     assert manifest["encoder"]["query_prefix"] == "" and manifest["encoder"]["passage_prefix"] == ""
     assert manifest["encoder"]["fingerprint"].startswith("sha256:")
-    assert manifest["index"] == {"factory": "Flat", "metric": "inner_product", "file": "dense.faiss", "ntotal": len(PASSAGES)}
+    assert manifest["index"] == {
+        "factory": "Flat",
+        "metric": "inner_product",
+        "file": "dense.faiss",
+        "ntotal": len(PASSAGES),
+    }
     assert len(manifest["corpus"]["sha256"]) == 64
     assert manifest["shards"]["count"] == 3  # 7 passages in shards of 3
 
@@ -80,7 +90,9 @@ def test_shards_hold_the_encoders_vectors_in_corpus_order(small_index, encoder):
 
 def test_interrupted_build_resumes_without_reencoding_finished_shards(tmp_path):
     corpus = write_corpus(tmp_path / "corpus.jsonl")
-    config = BuildConfig(corpus=corpus, output_dir=tmp_path / "index", encoder=packaged_minilm_encoder(), shard_size=2, bm25=False)
+    config = BuildConfig(
+        corpus=corpus, output_dir=tmp_path / "index", encoder=packaged_minilm_encoder(), shard_size=2, bm25=False
+    )
     dying = CountingEncoder(fail_after_calls=2)
     with pytest.raises(KeyboardInterrupt):
         build_index(config, encoder=dying, show_progress=False)
@@ -102,13 +114,17 @@ def test_interrupted_build_resumes_without_reencoding_finished_shards(tmp_path):
 
 def test_changed_corpus_discards_stale_shards(tmp_path):
     corpus = write_corpus(tmp_path / "corpus.jsonl", PASSAGES[:4])
-    config = BuildConfig(corpus=corpus, output_dir=tmp_path / "index", encoder=packaged_minilm_encoder(), shard_size=2, bm25=False)
+    config = BuildConfig(
+        corpus=corpus, output_dir=tmp_path / "index", encoder=packaged_minilm_encoder(), shard_size=2, bm25=False
+    )
     build_index(config, encoder=CountingEncoder(), show_progress=False)
     write_corpus(corpus, PASSAGES[3:7])
     rebuilt = CountingEncoder()
     manifest = build_index(config, encoder=rebuilt, show_progress=False)
     assert rebuilt.passages_encoded == 4 and manifest["count"] == 4
-    np.testing.assert_allclose(load_shard_embeddings(tmp_path / "index"), rebuilt.encode_passages([c for _, c in PASSAGES[3:7]]), atol=1e-5)
+    np.testing.assert_allclose(
+        load_shard_embeddings(tmp_path / "index"), rebuilt.encode_passages([c for _, c in PASSAGES[3:7]]), atol=1e-5
+    )
 
 
 @pytest.mark.slow  # builds more indexes with a freshly loaded MiniLM
@@ -118,7 +134,14 @@ def test_trained_and_graph_factories_build_and_search(tmp_path, small_index, fac
     index_dir = tmp_path / "index"
     # Reuse the encoded shards of the small index: the builder resumes from them.
     shutil.copytree(small_index / "shards", index_dir / "shards")
-    config = BuildConfig(corpus=corpus, output_dir=index_dir, encoder=packaged_minilm_encoder(), shard_size=3, index_factory=factory, bm25=False)
+    config = BuildConfig(
+        corpus=corpus,
+        output_dir=index_dir,
+        encoder=packaged_minilm_encoder(),
+        shard_size=3,
+        index_factory=factory,
+        bm25=False,
+    )
     counting = CountingEncoder()
     manifest = build_index(config, encoder=counting, show_progress=False)
     assert counting.passages_encoded == 0
@@ -134,7 +157,14 @@ def test_trained_and_graph_factories_build_and_search(tmp_path, small_index, fac
 
 def test_untrainable_factory_fails_with_a_clear_error(tmp_path, small_index):
     shutil.copytree(small_index / "shards", tmp_path / "index" / "shards")
-    config = BuildConfig(corpus=write_corpus(tmp_path / "c.jsonl"), output_dir=tmp_path / "index", encoder=packaged_minilm_encoder(), shard_size=3, index_factory="PQ8", bm25=False)
+    config = BuildConfig(
+        corpus=write_corpus(tmp_path / "c.jsonl"),
+        output_dir=tmp_path / "index",
+        encoder=packaged_minilm_encoder(),
+        shard_size=3,
+        index_factory="PQ8",
+        bm25=False,
+    )
     with pytest.raises(ValueError, match="cannot train FAISS index 'PQ8' on 7 vectors"):
         build_index(config, encoder=CountingEncoder(), show_progress=False)
     assert not (tmp_path / "index" / "manifest.json").exists()
@@ -155,7 +185,9 @@ def test_e5_conventions_are_applied(tmp_path):
     """An E5-style config on the MiniLM weights: prefixes reach the model and pooling is explicit mean."""
     from sentence_transformers import SentenceTransformer
 
-    e5_style = EncoderConfig(model=packaged_minilm_encoder().model, pooling="mean", query_prefix="query: ", passage_prefix="passage: ")
+    e5_style = EncoderConfig(
+        model=packaged_minilm_encoder().model, pooling="mean", query_prefix="query: ", passage_prefix="passage: "
+    )
     encoder = SentenceEncoder(e5_style, device="cpu")
     plain = SentenceTransformer(packaged_minilm_encoder().model, device="cpu")
     expected = plain.encode(["query: where is the Nile"], normalize_embeddings=True)
@@ -207,7 +239,12 @@ def test_index_files_disagreeing_with_each_other_refuse(tmp_path, small_index):
     shutil.copytree(small_index, index_dir)
     smaller_root = tmp_path / "smaller"
     build_index(
-        BuildConfig(corpus=write_corpus(tmp_path / "c5.jsonl", PASSAGES[:5]), output_dir=smaller_root, encoder=packaged_minilm_encoder(), bm25=False),
+        BuildConfig(
+            corpus=write_corpus(tmp_path / "c5.jsonl", PASSAGES[:5]),
+            output_dir=smaller_root,
+            encoder=packaged_minilm_encoder(),
+            bm25=False,
+        ),
         encoder=CountingEncoder(),
         show_progress=False,
     )
@@ -240,10 +277,12 @@ def test_serve_run_app_builder_parses_args_and_checks_the_index(tmp_path, small_
     with pytest.raises(ValidationError, match="num_replicas"):
         app_builder({"index_dir": str(small_index), "num_replicas": "two"})
     with pytest.raises(IndexMismatchError, match="other.jsonl"):
-        app_builder({"index_dir": str(small_index), "corpus": str(write_corpus(tmp_path / "other.jsonl", PASSAGES[:2]))})
+        app_builder(
+            {"index_dir": str(small_index), "corpus": str(write_corpus(tmp_path / "other.jsonl", PASSAGES[:2]))}
+        )
 
 
-# ---------------------------------------------------------------- an index built elsewhere (moved/deleted checkout or venv)
+# ------------------------------------------------------------ an index built elsewhere (moved/deleted checkout or venv)
 def write_corpus_in(directory: Path) -> Path:
     directory.mkdir(parents=True)
     return write_corpus(directory / "corpus.jsonl")
@@ -259,7 +298,10 @@ def test_index_outlives_the_corpus_copy_it_was_built_from(tmp_path, small_index)
     index_dir = tmp_path / "index"
     shutil.copytree(small_index, index_dir)
     first = write_corpus_in(tmp_path / "checkout-a")
-    build_index(BuildConfig(corpus=first, output_dir=index_dir, encoder=packaged_minilm_encoder(), shard_size=3), show_progress=False)
+    build_index(
+        BuildConfig(corpus=first, output_dir=index_dir, encoder=packaged_minilm_encoder(), shard_size=3),
+        show_progress=False,
+    )
     shutil.rmtree(tmp_path / "checkout-a")
 
     retriever = Retriever(ServerConfig(index_dir=index_dir))
@@ -270,7 +312,11 @@ def test_index_outlives_the_corpus_copy_it_was_built_from(tmp_path, small_index)
     # Another copy of the same content (a second clone) is accepted as is, without encoding, and recorded.
     second = write_corpus_in(tmp_path / "checkout-b")
     counting = CountingEncoder()
-    manifest = build_index(BuildConfig(corpus=second, output_dir=index_dir, encoder=packaged_minilm_encoder(), shard_size=3), encoder=counting, show_progress=False)
+    manifest = build_index(
+        BuildConfig(corpus=second, output_dir=index_dir, encoder=packaged_minilm_encoder(), shard_size=3),
+        encoder=counting,
+        show_progress=False,
+    )
     assert counting.passages_encoded == 0
     assert manifest["corpus"]["path"] == str(second.resolve()) == _manifest(index_dir)["corpus"]["path"]
 
@@ -301,9 +347,12 @@ def test_index_outlives_the_model_copy_it_was_built_with(tmp_path, small_index):
 
     counting = CountingEncoder()
     rebuilt = build_index(
-        BuildConfig(corpus=tmp_path / "corpus.jsonl", output_dir=index_dir, encoder=packaged_minilm_encoder(), shard_size=3),
-        encoder=counting, show_progress=False,
-    )  # fmt: skip
+        BuildConfig(
+            corpus=tmp_path / "corpus.jsonl", output_dir=index_dir, encoder=packaged_minilm_encoder(), shard_size=3
+        ),
+        encoder=counting,
+        show_progress=False,
+    )
     assert counting.passages_encoded == 0 and rebuilt["encoder"]["model"] == packaged_minilm_encoder().model
 
     manifest = _manifest(index_dir)
@@ -338,7 +387,9 @@ def test_a_stuck_builder_fails_the_wait_with_a_deadline(tmp_path):
 
     index_dir = tmp_path / "index"
     index_dir.mkdir()
-    config = BuildConfig(corpus=write_corpus(tmp_path / "corpus.jsonl"), output_dir=index_dir, encoder=packaged_minilm_encoder())
+    config = BuildConfig(
+        corpus=write_corpus(tmp_path / "corpus.jsonl"), output_dir=index_dir, encoder=packaged_minilm_encoder()
+    )
     with open(index_dir / ".build.lock", "w") as other_builder:
         fcntl.flock(other_builder, fcntl.LOCK_EX)
         with pytest.raises(TimeoutError, match=f"building the index in {index_dir} for over 1 s .*\\.build\\.lock"):
