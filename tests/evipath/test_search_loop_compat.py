@@ -1,8 +1,16 @@
-"""The `search` planner layout speaks the evidence_search loop's protocol; the bundled set reads cleanly."""
+"""The EviPath planner rows (both layouts) speak the evidence_search loop's protocol; the bundled set reads cleanly.
+
+A planner trained on these rows must meet, at rollout, the opening messages it was trained on and actions the
+loop parses into the same searches and answer: the loop's own parser and message builder are checked against the
+writer's rows here, and token by token in a real rollout by tests/rollout/test_evipath_loop.py.
+"""
 
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
+
+import pytest
 
 from verl_evidence.agent_loops import search_loop
 from verl_evidence.evipath.pipeline import Synthesizer, Trajectory
@@ -11,8 +19,11 @@ from verl_evidence.evipath.teacher import Teacher, TeacherConfig
 from verl_evidence.evipath.writer import planner_messages
 from verl_evidence.prompts import load_prompt
 
+LAYOUTS = sorted(search_loop.EVIPATH_SETTINGS)
 
-def test_the_loop_reads_our_planner_turns(chat_server, selector, scripted, hotpot_records):
+
+@pytest.fixture(scope="module")
+def trajectories(chat_server, selector, scripted, hotpot_records) -> list[Trajectory]:
     chat_server.reset(scripted())
 
     async def go():
@@ -24,22 +35,57 @@ def test_the_loop_reads_our_planner_turns(chat_server, selector, scripted, hotpo
 
     kept = [r for r in asyncio.run(go()) if isinstance(r, Trajectory)]
     assert len(kept) == 2
-    for trajectory in kept:
-        messages = planner_messages(trajectory, "search")
+    return kept
+
+
+def loop_opening(layout: str, question: str) -> list[dict]:
+    """The messages the loop sends first under a layout's preset, for a data row holding only the question.
+
+    The loop's own ``_messages``, on the two attributes its constructor derives from the preset's prompts.
+    """
+    settings = search_loop.SearchLoopSettings(**search_loop.EVIPATH_SETTINGS[layout])
+    loop = SimpleNamespace(
+        prompt_template=load_prompt(settings.prompt) if settings.prompt else None,
+        system_text=load_prompt(settings.system_prompt).strip() if settings.system_prompt else None,
+    )
+    row = {"raw_prompt": [{"role": "user", "content": question}]}
+    return search_loop.EvidenceSearchAgentLoop._messages(loop, row, question)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_loop_reads_our_planner_turns(trajectories, layout):
+    action_format = search_loop.EVIPATH_SETTINGS[layout]["action_format"]
+    for trajectory in trajectories:
+        messages = planner_messages(trajectory, layout)
         assistants = [m["content"] for m in messages if m["role"] == "assistant"]
-        queries = [s.question for step in trajectory.subquestions for s in step]
-        actions = [search_loop.first_action(text) for text in assistants]
-        # Every assistant turn is one action the loop recognises, in the synthesised order.
-        assert [a[0] for a in actions] == ["search"] * len(queries) + ["answer"]
-        assert [a[1] for a in actions[:-1]] == queries
-        assert actions[-1][1] == trajectory.final_answer
+        actions = [search_loop.planner_action(text, action_format) for text in assistants]
+        assert None not in actions, assistants  # every assistant turn holds one complete action
+        # the searches in the synthesised order (one per turn in `search`, a step's searches per turn in `paper`),
+        # then the answer
+        searches = [query for kind, queries, _ in actions if kind == "search" for query in queries]
+        assert searches == [s.question for step in trajectory.subquestions for s in step]
+        assert [kind for kind, _, _ in actions].count("answer") == 1 and actions[-1][0] == "answer"
+        assert actions[-1][1] == [trajectory.final_answer]
+        # nothing after the action: the loop keeps every generated character of a turn the planner was trained on
+        assert all(end == len(text.rstrip()) for (_, _, end), text in zip(actions, assistants))
 
 
-def test_the_loop_accepts_the_planner_prompt():
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_loop_opens_the_dialogue_as_the_sft_rows_do(trajectories, layout):
+    for trajectory in trajectories:
+        messages = planner_messages(trajectory, layout)
+        first_assistant = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+        opening = loop_opening(layout, trajectory.record.question)
+        assert opening == messages[:first_assistant]
+        assert trajectory.record.question in opening[-1]["content"]
+
+
+def test_the_loop_refuses_a_planner_prompt_without_the_question():
     from verl_evidence.prompts import check_placeholders
 
-    settings = search_loop.SearchLoopSettings(prompt="evipath_planner_search")
-    check_placeholders(load_prompt(settings.prompt), ["question"])
+    check_placeholders(load_prompt(search_loop.EVIPATH_SETTINGS["search"]["prompt"]), ["question"])
+    with pytest.raises(ValueError, match=r"lacks placeholder\(s\) \['\{question\}'\]"):
+        check_placeholders("Answer the question.", ["question"])
 
 
 def test_bundled_set_reads_without_skips():
