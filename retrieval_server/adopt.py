@@ -282,10 +282,14 @@ def diagnose(
             return "\n  ".join(lines)
         if best is None or score > best[0]:
             best = (score, change)
-    tried = "pooling (mean, cls), passage prefix ('', 'passage: ', the query prefix), max_length (128, 256, 512) and normalize"
+    tried = (
+        "pooling (mean, cls), passage prefix ('', 'passage: ', the query prefix), max_length (128, 256, 512)"
+        " and normalize"
+    )
     if best is not None:
         lines.append(
-            f"no variant of {tried} of {declared.model} matches either (closest: {best[1]} at mean cosine {best[0]:.4f}): "
+            f"no variant of {tried} of {declared.model} matches either"
+            f" (closest: {best[1]} at mean cosine {best[0]:.4f}): "
             "the vectors were made by another model, or the corpus is not the one the index was built from"
         )
     return "\n  ".join(lines)
@@ -428,7 +432,8 @@ def _adopt_locked(
     encoder = make_encoder(declared)
     if encoder.dim != dim:
         raise AdoptionError(
-            f"declared model {declared.model} makes {encoder.dim}-d vectors but index {index_file} holds {dim}-d vectors: "
+            f"declared model {declared.model} makes {encoder.dim}-d vectors"
+            f" but index {index_file} holds {dim}-d vectors: "
             "the index was built with another model"
         )
     store = DocumentStore(output_dir / DOCSTORE)
@@ -443,7 +448,8 @@ def _adopt_locked(
         )
         raise AdoptionError(
             f"refusing to adopt {index_file}: passages of {corpus} re-encoded with the declared encoder "
-            f"({_describe_declaration(declared)}) do not match their stored vectors.\n  {verification.summary()}.\n  {why}"
+            f"({_describe_declaration(declared)}) do not match their stored vectors.\n"
+            f"  {verification.summary()}.\n  {why}"
         )
     logger.info("declaration verified: %s", verification.summary())
 

@@ -6,6 +6,7 @@ Standard library only, so that the reward side (``verl_evidence``) can use it wi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
@@ -117,10 +118,8 @@ class BacklogBatcher(Generic[Item, Result]):
 
     async def _wait_for_company(self) -> None:
         if self.max_wait_s > 0 and self._queued_size < self.max_batch_size:
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._full.wait(), self.max_wait_s)
-            except asyncio.TimeoutError:
-                pass
 
     async def _drain(self) -> None:
         while self._queue:

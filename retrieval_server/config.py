@@ -118,7 +118,9 @@ class ServerConfig(BaseModel):
     batch_wait_timeout_s: float = Field(
         default=0.0,
         ge=0,
-        description="Extra wait for company before each batch; 0: a batch is whatever queued while the previous one ran",
+        description=(
+            "Extra wait for company before each batch; 0: a batch is whatever queued while the previous one ran"
+        ),
     )
     max_ongoing_requests: int | None = Field(default=None, description="Default: 2 x max_batch_size")
     batch_concurrency: int | None = Field(

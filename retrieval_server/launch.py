@@ -107,7 +107,7 @@ def _shutdown_own_ray() -> None:
 
 
 def _release(owns_ray: bool, owns_serve: bool, workdir: Path | None, claims: list[PortClaim]) -> None:
-    """Stop what a server started: its own Ray instance, else its own Serve instance; HAProxy's directory; its port claims."""
+    """Stop what a server started: its own Ray instance, else its own Serve instance; HAProxy's dir; its port claims."""
     from ray import serve
 
     try:
