@@ -648,6 +648,6 @@ __all__ = [
 
 
 # Last, so the class exists: the plugin's registration skips this module while it is still importing.
-from verl_evidence.agent_loops import register_loop
+from verl_evidence.agent_loops import register_loop  # noqa: E402 (at the end on purpose: see the comment above)
 
 register_loop("evidence_search")
