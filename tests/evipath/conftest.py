@@ -213,7 +213,10 @@ PLANNER_SCRIPT = {
             "<think>\nThe Collegian belongs to Houston Baptist University; now its founding year.\n</think>\n"
             '<action> Search("When was Houston Baptist University founded?") </action>'
         ),
-        "<think>\nHouston Baptist University was founded in 1960, which answers the question.\n</think>\n<answer> 1960 </answer>",
+        (
+            "<think>\nHouston Baptist University was founded in 1960, which answers the question.\n"
+            "</think>\n<answer> 1960 </answer>"
+        ),
     ],
     "directors": [
         (
@@ -224,7 +227,10 @@ PLANNER_SCRIPT = {
             "<think>\nThe directors are Naresh Kumar and Emir Kusturica; now their birth dates.\n</think>\n<action>\n"
             'Search("When was Naresh Kumar born?")\nSearch("When was Emir Kusturica born?")\n</action>'
         ),
-        "<think>\nNaresh Kumar (1928) was born before Emir Kusturica (1954), so Ek Paheli.\n</think\n<answer> Ek Paheli </answer>",
+        (
+            "<think>\nNaresh Kumar (1928) was born before Emir Kusturica (1954), so Ek Paheli.\n"
+            "</think\n<answer> Ek Paheli </answer>"
+        ),
     ],
     "wrong": [
         '<think>\nI need the founder of Glamour.\n</think>\n<action>\nSearch("Who publishes Glamour?")\n</action>',
@@ -236,7 +242,9 @@ EXECUTOR_ANSWERS = {
     "Which institute owns The Collegian?": "The Collegian is the student newspaper of Houston Baptist University.",
     "When was Houston Baptist University founded?": "Houston Baptist University was founded in 1960.",
     "Who directed Ek Paheli?": "Ek Paheli was directed by Naresh Kumar.",
-    "Who directed When Father Was Away on Business?": "When Father Was Away on Business was directed by Emir Kusturica.",
+    "Who directed When Father Was Away on Business?": (
+        "When Father Was Away on Business was directed by Emir Kusturica."
+    ),
     "When was Naresh Kumar born?": "Naresh Kumar was born on 22 December 1928.",
     "When was Emir Kusturica born?": "Emir Kusturica was born on 24 November 1954.",
     "Who publishes Glamour?": "Glamour is published by Condé Nast.",

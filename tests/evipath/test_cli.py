@@ -12,11 +12,17 @@ from verl_evidence.cli import app
 CORPUS = [
     {
         "id": "p1",
-        "contents": "The Collegian\nThe Collegian is the student newspaper of Houston Baptist University. It appears every two weeks.",
+        "contents": (
+            "The Collegian\n"
+            "The Collegian is the student newspaper of Houston Baptist University. It appears every two weeks."
+        ),
     },
     {
         "id": "p2",
-        "contents": "Houston Baptist University\nHouston Baptist University is a private university. Houston Baptist University was founded in 1960.",
+        "contents": (
+            "Houston Baptist University\n"
+            "Houston Baptist University is a private university. Houston Baptist University was founded in 1960."
+        ),
     },
     {"id": "p3", "contents": "Glamour (magazine)\nGlamour was founded in 1939."},
 ]

@@ -40,7 +40,10 @@ def test_planner_searches_in_every_accepted_spelling():
 
 
 def test_planner_drops_observations_the_teacher_invented():
-    text = '<think>t</think>\n<action> Search("Q one?") </action>\nObservation: made up\n<action> Search("Q two?") </action>'
+    text = (
+        '<think>t</think>\n<action> Search("Q one?") </action>\n'
+        'Observation: made up\n<action> Search("Q two?") </action>'
+    )
     turn = parse_planner_turn(text)
     assert isinstance(turn, PlannerTurn) and turn.searches == ("Q one?",)
 
@@ -101,7 +104,9 @@ def test_executor_step_and_its_failures():
         "<think>t</think><select>[]</select><answer>a</answer>": "executor_bad_select",
         "<think>t</think><select>[3]</select><answer>a</answer>": "executor_select_out_of_range",
         "<think>t</think><select>[0]</select>": "executor_no_answer",
-        "<think>t</think><select>[0]</select><answer>No relevant information found.</answer>": "executor_no_information",
+        "<think>t</think><select>[0]</select><answer>No relevant information found.</answer>": (
+            "executor_no_information"
+        ),
     }
     for text, reason in cases.items():
         result = parse_executor_step(text, 3)

@@ -91,7 +91,7 @@ def test_selection_of_a_distractor_is_rejected(chat_server, scripted, selector, 
     def select_distractor(messages):
         reply = teacher(messages)
         if messages[0]["content"] == teacher.system["evipath_executor_synth"]:
-            line = next(l for l in messages[1]["content"].splitlines() if l.endswith(distractor))
+            line = next(row for row in messages[1]["content"].splitlines() if row.endswith(distractor))
             index = line.split("]")[0].lstrip("[")
             reply = reply.split("<select>")[0] + f"<select>[{index}]</select>" + reply.split("</select>")[1]
         return reply
@@ -201,7 +201,7 @@ def test_run_synthesis_writes_outputs_and_stats(chat_server, scripted, selector,
     assert pq.read_table(summary.outputs["planner"]).num_rows == 2
     assert pq.read_table(summary.outputs["executor"]).num_rows == 2 + 4
     assert pq.read_table(summary.outputs["train"]).num_rows == 8
-    rejections = [json.loads(l) for l in summary.outputs["rejections"].read_text().splitlines()]
+    rejections = [json.loads(row) for row in summary.outputs["rejections"].read_text().splitlines()]
     assert rejections == [{"id": "wrong", "reason": "answer_mismatch", "detail": rejections[0]["detail"]}]
 
 
