@@ -30,7 +30,7 @@ def rows(tmp_path_factory) -> dict[str, Path]:
         "qa": [CLI, "data", "qa", "bundled", "--method", "evinote", "-o", str(out / "qa.parquet")],
         "grace": [CLI, "data", "grace", "bundled", "--retriever", "bm25", "-o", str(out / "grace.parquet")],
     }
-    for name, command in commands.items():
+    for command in commands.values():
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
         assert result.returncode == 0, result.stderr[-2000:]

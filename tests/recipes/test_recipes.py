@@ -246,7 +246,7 @@ def test_searching_recipes_start_or_point_at_the_server() -> None:
 
 @pytest.mark.parametrize("script", ["evinote_grpo.sh", "search_r1_baseline.sh"])
 def test_a_run_on_the_demo_corpus_refuses_unless_asked(script: str) -> None:
-    """No RETRIEVAL_URL, no --index-dir: the run would train on 322 bundled passages; it stops before anything starts."""
+    """No RETRIEVAL_URL, no --index-dir: the run would train on the 322 bundled passages; it stops before starting."""
     refused = subprocess.run(
         ["bash", str(RECIPES / script)],
         capture_output=True,
@@ -718,7 +718,7 @@ def test_smoke_settings_win_over_a_wrappers_defaults(tmp_path: Path, script: str
 
 
 def test_smoke_method_settings_win_over_the_search_r1_recipes_defaults(tmp_path: Path) -> None:
-    """The settings `smoke prepare search_r1` adds (batch, temperature) reach the trainer over the recipe's 512 / 1.0."""
+    """`smoke prepare search_r1`'s settings (batch, temperature) reach the trainer over the recipe's 512 / 1.0."""
     from verl_evidence.local.smoke.settings import SMOKE_METHODS
 
     settings = SMOKE_METHODS["search_r1"].settings

@@ -6,6 +6,7 @@ checkpoint exists, then started again with the same command; verl must report st
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -42,10 +43,8 @@ def stop_session(process: subprocess.Popen, grace_s: float = 60) -> None:
     while session_processes(process.pid) and time.monotonic() < deadline:
         time.sleep(0.5)
     for pid in session_processes(process.pid):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     process.wait(timeout=30)
 
 
