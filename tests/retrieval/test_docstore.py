@@ -81,6 +81,28 @@ def test_equal_id_hashes_are_not_taken_for_duplicates(tmp_path, monkeypatch):
     assert write_docstore(corpus, tmp_path / "docstore.arrow") == 3
 
 
+def test_stores_written_elsewhere_read_the_same(tmp_path):
+    """A store another tool wrote: large_string columns, a sliced batch, a null: each read as Arrow reads it."""
+    import pyarrow as pa
+
+    schema = pa.schema([("id", pa.string()), ("contents", pa.large_string())])
+    path = tmp_path / "docstore.arrow"
+    first = pa.record_batch([["a", "b", "c", "d"], ["één", "", "x" * 70_000, "last"]], schema=schema)
+    second = pa.record_batch([["e", "f"], ["ok", None]], schema=schema)
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+        writer.write_batch(first.slice(1, 3))
+        writer.write_batch(second)
+    store = DocumentStore(path)
+    got = store.lookup(np.array([4, 0, 2, 1, 3]))
+    assert [(d["id"], d["contents"]) for d in got] == [
+        ("f", None),
+        ("b", ""),
+        ("d", "last"),
+        ("c", "x" * 70_000),
+        ("e", "ok"),
+    ]
+
+
 # --- more than 2 GiB of text --------------------------------------------------------------------------------------
 
 # Nine rows of 250 MB (2.25 GB in all) between short passages: each long row fills a record batch of its own, so the
