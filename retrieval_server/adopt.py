@@ -364,7 +364,7 @@ def _convert_corpus(
     try:
         with _progress() if show_progress else _NullProgress() as progress:
             task = progress.add_task("corpus -> docstore", total=expected_rows)
-            count = write_docstore(corpus, docstore_path, rows_per_batch=16_384, on_rows=stop_if_too_long)
+            count = write_docstore(corpus, docstore_path, on_rows=stop_if_too_long)
     finally:
         docstore_path.with_suffix(".tmp").unlink(missing_ok=True)  # left by an interrupted conversion
     _write_json_atomic(source_path, {**source, "count": count, "path": str(corpus.resolve())})
