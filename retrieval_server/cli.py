@@ -65,6 +65,20 @@ def _settings_from_options() -> Iterator[None]:
         raise typer.BadParameter("; ".join(problems)) from None
 
 
+def _resources(pairs: list[str]) -> dict[str, float]:
+    """``["retrieval_host=1"]`` -> ``{"retrieval_host": 1.0}``; a malformed pair is a usage error naming it."""
+    resources = {}
+    for pair in pairs:
+        name, _, amount = pair.partition("=")
+        try:
+            resources[name.strip()] = float(amount)
+        except ValueError:
+            raise typer.BadParameter(f"{pair!r} is not NAME=AMOUNT", param_hint="--replica-resource") from None
+        if not name.strip() or resources[name.strip()] <= 0:
+            raise typer.BadParameter(f"{pair!r} needs a name and an amount above 0", param_hint="--replica-resource")
+    return resources
+
+
 def _default_data(ctx: typer.Context) -> DefaultData:
     return ctx.obj if isinstance(ctx.obj, DefaultData) else DefaultData()
 
@@ -108,6 +122,11 @@ def serve(
     replicas: int = typer.Option(1),
     cpus_per_replica: float = typer.Option(1.0),
     gpus_per_replica: float = typer.Option(0.0),
+    replica_resource: list[str] = typer.Option(
+        [],
+        help="NAME=AMOUNT, repeatable: a Ray custom resource each replica needs, so replicas run only on the nodes "
+        "that offer it (recipes/slurm/train.sbatch gives its head node retrieval_host)",
+    ),
     torch_threads: int = typer.Option(
         1, help="torch threads per replica (set explicitly; Ray would derive them from --cpus-per-replica)"
     ),
@@ -158,6 +177,7 @@ def serve(
         "rerank_model": rerank_model, "rerank_top_n": rerank_top_n, "search_params": search_params,
         "mmap_index": mmap_index, "host": host, "port": port, "ingress": ingress, "num_replicas": replicas,
         "num_cpus_per_replica": cpus_per_replica, "num_gpus_per_replica": gpus_per_replica,
+        "replica_resources": _resources(replica_resource),
         "torch_threads": torch_threads, "encoder_backend": encoder_backend, "encode_threads": encode_threads,
         "max_batch_size": max_batch_size, "batch_concurrency": batch_concurrency,
         "batch_wait_timeout_s": batch_wait_ms / 1000.0, "max_queries_per_request": max_queries_per_request,

@@ -279,3 +279,23 @@ def test_a_retrieval_node_outside_the_job_or_the_head_is_refused(tmp_path):
     for node in ("node1", "elsewhere"):
         result, _ = run_job(tmp_path / node, ray="up", server="up", RETRIEVAL_NODE=node)
         assert result.returncode == 2 and f"RETRIEVAL_NODE={node} must name a node of this job" in result.stderr
+
+
+def test_a_server_inside_the_training_cluster_is_pinned_to_the_head_node(tmp_path):
+    """Only the head offers the server's Ray resource, and the replicas ask for it: no replica lands on a trainer."""
+    result, logs = run_job(tmp_path, ray="up", server="up", NODES="node1 node2 node3")
+    assert result.returncode == 0, result.stdout + result.stderr
+    # What `ray` itself received on each node, after the srun step's shell parsed the quoting.
+    head = (logs / "ray-head-node1.log").read_text()
+    assert '--resources={"retrieval_host":1000} --block' in head, head
+    for worker in ("node2", "node3"):
+        assert "--resources" not in (logs / f"ray-worker-{worker}.log").read_text()
+    server = (tmp_path / "state" / "server-env").read_text()
+    assert "--address auto" in server and "--replica-resource retrieval_host=1" in server
+
+
+def test_no_resource_is_offered_when_the_server_has_its_own_node(tmp_path):
+    result, _ = run_job(tmp_path, ray="up", server="up", NODES="node1 node2 node3", RETRIEVAL_NODE="last")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "--resources" not in result.stdout
+    assert "--replica-resource" not in (tmp_path / "state" / "server-env").read_text()
