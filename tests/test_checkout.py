@@ -17,7 +17,7 @@ PRINT_LOCATIONS = (
 
 
 def test_a_plain_subprocess_imports_this_checkout(tmp_path: Path) -> None:
-    """What the doc-block, recipe and registration subprocesses do: the test interpreter, our environment, cwd elsewhere."""
+    """What the doc-block, recipe and registration subprocesses do: the test interpreter, our env, cwd elsewhere."""
     result = subprocess.run(
         [sys.executable, "-c", PRINT_LOCATIONS], cwd=tmp_path, env=dict(os.environ), capture_output=True, text=True
     )

@@ -203,7 +203,7 @@ def test_unreadable_trajectory_scores_zero_with_the_same_keys(make_config, token
     good = make_batch(tokenizer, [{"response": EVIOMNI_RESPONSES[0], "ground_truth": GOLD}])
     broken = DataProto.from_dict(
         tensors={"responses": good.batch["responses"], "prompts": good.batch["prompts"]},  # no attention_mask
-        non_tensors={k: v for k, v in good.non_tensor_batch.items()},
+        non_tensors=dict(good.non_tensor_batch),
     )
     worker = RewardLoopWorker(config)
     (good_output,) = run(worker.compute_score_batch(good))

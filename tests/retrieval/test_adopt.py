@@ -202,7 +202,7 @@ def test_wrong_declaration_is_refused_naming_the_setting(search_r1_index, make_e
 
 @pytest.fixture(scope="module")
 def random_bert(tmp_path_factory):
-    """Randomly initialised BERTs with MiniLM's vocabulary: a 'wrong model' of the right (384) and a wrong (256) width."""
+    """Random-weight BERTs with MiniLM's vocabulary: a 'wrong model' of the right (384) and a wrong (256) width."""
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
@@ -228,18 +228,28 @@ def random_bert(tmp_path_factory):
 def test_wrong_model_is_refused(search_r1_index, make_encoder, random_bert, tmp_path):
     with pytest.raises(AdoptionError) as info:
         adopt_index(
-            search_r1_index["index"], search_r1_index["corpus"], tmp_path / "idx", search_r1_declaration(model=random_bert[384]),
-            sample=SAMPLE, show_progress=False, make_encoder=make_encoder,
-        )  # fmt: skip
+            search_r1_index["index"],
+            search_r1_index["corpus"],
+            tmp_path / "idx",
+            search_r1_declaration(model=random_bert[384]),
+            sample=SAMPLE,
+            show_progress=False,
+            make_encoder=make_encoder,
+        )
     message = str(info.value)
     assert "do not match their stored vectors" in message and "another model" in message, message
     assert "0/16 sampled passages match" in message
 
     with pytest.raises(AdoptionError, match=r"makes 256-d vectors but index .*e5_Flat.index holds 384-d"):
         adopt_index(
-            search_r1_index["index"], search_r1_index["corpus"], tmp_path / "idx", search_r1_declaration(model=random_bert[256]),
-            sample=SAMPLE, show_progress=False, make_encoder=make_encoder,
-        )  # fmt: skip
+            search_r1_index["index"],
+            search_r1_index["corpus"],
+            tmp_path / "idx",
+            search_r1_declaration(model=random_bert[256]),
+            sample=SAMPLE,
+            show_progress=False,
+            make_encoder=make_encoder,
+        )
 
 
 @pytest.mark.slow
@@ -441,10 +451,15 @@ def test_convert_refuses_a_non_flat_source(tmp_path):
 
     write_docstore(corpus, source / "docstore.arrow")
     manifest = {
-        "version": 1, "corpus": {"path": str(corpus), "sha256": file_sha256(corpus), "size": corpus.stat().st_size},
-        "count": 50, "encoder": describe(search_r1_declaration(), 8), "dim": 8, "docstore": "docstore.arrow", "bm25": None,
+        "version": 1,
+        "corpus": {"path": str(corpus), "sha256": file_sha256(corpus), "size": corpus.stat().st_size},
+        "count": 50,
+        "encoder": describe(search_r1_declaration(), 8),
+        "dim": 8,
+        "docstore": "docstore.arrow",
+        "bm25": None,
         "index": {"factory": "HNSW8", "metric": "inner_product", "file": "dense.faiss", "ntotal": 50},
-    }  # fmt: skip
+    }
     (source / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(IndexMismatchError, match="convert reads exact vectors from a Flat index"):
         convert_index(source, tmp_path / "out", "sq8", show_progress=False)
@@ -566,9 +581,14 @@ def test_adopting_lossy_conversions_compares_codes(converted, search_r1_index, m
     """SQ8 and IVF-PQ files (as FlashRAG users may have them): verified through the index's own codes."""
     for name in ("conv-sq8", "conv-IVF4_PQ16x4"):
         manifest = adopt_index(
-            search_r1_index["root"] / name / "dense.faiss", search_r1_index["corpus"], tmp_path / name, search_r1_declaration(),
-            sample=SAMPLE, show_progress=False, make_encoder=make_encoder,
-        )  # fmt: skip
+            search_r1_index["root"] / name / "dense.faiss",
+            search_r1_index["corpus"],
+            tmp_path / name,
+            search_r1_declaration(),
+            sample=SAMPLE,
+            show_progress=False,
+            make_encoder=make_encoder,
+        )
         verification = manifest["adopted"]["verification"]
         assert verification["method"] == "requantize" and verification["lossy_codes"] is True
         assert verification["matched"] >= 0.9 * SAMPLE

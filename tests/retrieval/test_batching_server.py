@@ -152,7 +152,7 @@ def test_one_batch_with_mixed_topk_gives_each_request_its_own_k(replica, monkeyp
 
 @pytest.fixture(scope="module")
 def hybrid_rerank_app(retrieval_server, bundled_index_dir, tiny_cross_encoder):
-    """A hybrid + cross-encoder app on the session's Serve instance; a batch wait so concurrent requests share batches."""
+    """A hybrid + cross-encoder app on the session's Serve instance, with a batch wait so concurrent requests batch."""
     from retrieval_server.launch import start_server
 
     config = ServerConfig(

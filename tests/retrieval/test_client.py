@@ -113,9 +113,11 @@ def test_timeouts_are_retried(flaky):
 
 
 def test_connection_refused_is_retried_then_unavailable():
-    with RetrievalClient(f"http://127.0.0.1:{free_port()}", max_retries=2, backoff=0.01) as client:
-        with pytest.raises(RetrievalUnavailableError, match="3 attempts.*ConnectError"):
-            client.health()
+    with (
+        RetrievalClient(f"http://127.0.0.1:{free_port()}", max_retries=2, backoff=0.01) as client,
+        pytest.raises(RetrievalUnavailableError, match="3 attempts.*ConnectError"),
+    ):
+        client.health()
 
 
 def test_bearer_token_is_sent():

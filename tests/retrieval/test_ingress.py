@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -257,13 +258,14 @@ def test_launcher_binds_the_host_and_haproxy_dies_with_its_parent(tmp_path):
         assert not alive, "HAProxy outlived the process that started it"
     finally:
         for proc in (parent, haproxy):
-            try:
+            with contextlib.suppress(ProcessLookupError, psutil.NoSuchProcess):
                 proc.kill()
-            except (ProcessLookupError, psutil.NoSuchProcess):
-                pass
 
 
-CLAIM_HOLDER = "import sys; from retrieval_server.haproxy_front import PortClaim; c = PortClaim(int(sys.argv[1])); print('claimed', flush=True); sys.stdin.read()"
+CLAIM_HOLDER = (
+    "import sys; from retrieval_server.haproxy_front import PortClaim; c = PortClaim(int(sys.argv[1])); "
+    "print('claimed', flush=True); sys.stdin.read()"
+)
 
 
 def test_a_claimed_port_is_refused_until_its_claimer_dies():
@@ -328,7 +330,8 @@ def check_then_taken(host, port):
 haproxy_front._check_port_free = check_then_taken
 
 handle = launch.start_server(ServerConfig(index_dir=Path(sys.argv[1]), port=0), ray_num_cpus=2)
-print("chosen", intruders[0].getsockname()[1], handle.config.port, httpx.get(handle.url + "/health").status_code, flush=True)
+health_status = httpx.get(handle.url + "/health").status_code
+print("chosen", intruders[0].getsockname()[1], handle.config.port, health_status, flush=True)
 handle.shutdown()
 
 intruders.clear()
@@ -441,8 +444,6 @@ def test_a_hard_killed_server_leaves_its_port_to_the_next(bundled_index_dir):
         assert third.wait(timeout=120) == 0, "".join(lines[-60:])
     finally:
         for proc in started:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 proc.kill()
-            except psutil.NoSuchProcess:
-                pass
         shutil.rmtree(haproxy_workdir(port), ignore_errors=True)
