@@ -97,6 +97,12 @@ def test_a_server_setting_pydantic_refuses_is_a_usage_error_naming_it(tmp_path: 
     assert "Traceback" not in result.output and "manifest" not in result.output
 
 
+def test_an_unknown_smoke_method_is_a_usage_error_naming_the_choices() -> None:
+    result = run(cli_app, "smoke", "prepare", "foo")
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert "Invalid value for METHOD: 'foo' is not one of eviomni, lear" in result.output
+
+
 def test_debug_shows_the_traceback_of_a_user_error(tmp_path: Path) -> None:
     from retrieval_server.index import IndexMismatchError
 

@@ -48,6 +48,8 @@ def register(root) -> None:
     @smoke_app.command("prepare")
     def prepare_command(method: str = typer.Argument(..., help=" | ".join(METHODS))) -> None:
         """Build (or reuse) the smoke policy, data and judge; print them as shell assignments for the recipes."""
+        if method not in METHODS:
+            raise typer.BadParameter(f"{method!r} is not one of {', '.join(METHODS)}", param_hint="METHOD")
         for line in shell_assignments(method):
             typer.echo(line)
 
