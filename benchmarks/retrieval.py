@@ -1,16 +1,20 @@
 """Retrieval server benchmark (bounded: fixed request counts, stops by itself, 127.0.0.1 only).
 
 Measures, in one run and on one index (bundled corpus, packaged MiniLM, Flat):
-  * four servers at 1/8/32/64 concurrent clients with one query per request, and
-    4 clients x 32 queries per request (QPS, p50/p95/p99, errors, replica RSS),
-    level by level, so that drifting load on a shared machine hits all alike:
+  * servers at 1/8/32/64 concurrent clients with one query per request, and
+    4 clients x 32 queries per request (QPS, p50/p95/p99, errors, RSS), level by
+    level and server after server, so that drifting load on a shared machine hits
+    all alike; every level as a ratio against the Search-R1 baseline of the same
+    run, over --rounds repetitions (median and range):
       onnx      our batched server with the ONNX Runtime encoder (the CPU default)
-      torch     our batched server with the torch encoder
-      naive     a Serve deployment encoding and searching each request alone,
-                documents fetched row by row
-      searchr1  Search-R1's serving shape: one uvicorn process, a sync FastAPI
-                endpoint, one torch encode + search per request
-    and identical top-k across them;
+      searchr1  our rewrite of Search-R1's retrieval_server.py serving path (see
+                serve_searchr1_baseline: one uvicorn process, a sync endpoint on
+                its thread pool, each request encoded alone with transformers on
+                torch's default threads, documents from a `datasets` table row by row)
+      torch     (--servers) our batched server with the torch encoder
+      naive     (--servers) a Serve deployment encoding and searching each request
+                alone, documents fetched row by row
+    and every server's top-3 against brute-force search;
   * QPS served at 64 clients vs the in-process encode+search+lookup throughput
     at the batch size the server actually formed (no HTTP);
   * the ONNX encoder alone: encode throughput vs torch at batch 1/8/32 (one
@@ -19,7 +23,8 @@ Measures, in one run and on one index (bundled corpus, packaged MiniLM, Flat):
   * recall@10 / bytes per vector of fp16 Flat and IVF-PQ on a synthetic 768-d set
     (the memory plan of docs/retrieval-server.md).
 
-    python benchmarks/retrieval.py [--quick] [--skip-memory] [--skip-recall]
+    python benchmarks/retrieval.py [--quick] [--rounds N] [--servers onnx,searchr1,torch,naive]
+                                   [--skip-encoder] [--skip-memory] [--skip-recall]
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+from pydantic import BaseModel
 
 from retrieval_server.config import ServerConfig as ServerConfigDefaults
 
@@ -48,7 +54,9 @@ CPUS_PER_REPLICA = 2.0  # the whole (2-core) machine, for every server alike
 # torch threads for every torch encoder here (both batched replicas, naive, Search-R1-style, in-process limit):
 # ServerConfig.torch_threads' default; one thread measured 4-8x faster than two on this shared 2-core machine.
 TORCH_THREADS = 1
-SERVERS = ("onnx", "torch", "naive", "searchr1")
+SERVERS = ("onnx", "searchr1", "torch", "naive")
+# (clients, queries per request, requests per client): one-query agent loops at rising concurrency, then big batches.
+LEVELS = ((1, 1, 60), (8, 1, 40), (32, 1, 16), (64, 1, 10), (4, 32, 10))
 
 
 # ---------------------------------------------------------------- the naive baseline
@@ -113,53 +121,121 @@ def trivial_deployment():
     return TrivialEndpoint
 
 
-SEARCHR1_SCRIPT = textwrap.dedent(
-    """
-    # Search-R1's retrieval_server.py serving shape, on our index: one uvicorn process, a sync endpoint
-    # (FastAPI runs it on its thread pool), one torch encode + one FAISS search per request, per-row lookup.
-    import os, sys
-    from pathlib import Path
-    import torch, uvicorn
-    from fastapi import FastAPI
-    from retrieval_server.config import ServerConfig
-    from retrieval_server.search import Retriever
+SEARCHR1_BASELINE_FLAG = "--serve-searchr1-baseline"
 
-    index_dir, port, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    torch.set_num_threads(threads)
-    retriever = Retriever(ServerConfig(index_dir=Path(index_dir), encoder_backend="torch"))
+
+class SearchR1QueryRequest(BaseModel):
+    """Search-R1's request body (module level: FastAPI resolves the handler's annotation among its globals)."""
+
+    queries: list[str]
+    topk: int | None = None
+    return_scores: bool = False
+
+
+def serve_searchr1_baseline(model: str, index_file: str, corpus: str, port: int, ready_file: str) -> None:
+    """Our own server that serves a request the way Search-R1's ``search_r1/search/retrieval_server.py`` does.
+
+    Read from its source (PeterGriffinJin/Search-R1, the same file in its forks), rewritten here; the run of
+    the issue-22 table used that file unmodified apart from CPU instead of CUDA, fp16 off and host 127.0.0.1:
+
+    * one uvicorn process with uvicorn's defaults (access log at info: one line per request, here to a log
+      file); the endpoint is a plain ``def``, so Starlette runs each request on its thread pool and
+      concurrent requests encode at the same time on separate threads sharing one model;
+    * the body is a pydantic model (queries, optional topk, return_scores default false); the handler returns
+      a dict, which FastAPI serialises (jsonable_encoder, then JSONResponse);
+    * one request's queries are encoded together, in chunks of 512 (its retrieval_batch_size): one tokenizer
+      call padding to the chunk's longest (truncation at 256 tokens), one forward of the transformers
+      ``AutoModel`` under ``no_grad``, mean pooling over the attention mask, L2 normalisation, float32;
+      no queries are shared between requests; a tqdm bar per request (stderr);
+    * torch's default threads (not set: the cores, 2 here), fp32 on CPU; the FAISS index read with
+      ``faiss.read_index`` and searched once per chunk at the request's topk on CPU;
+    * documents from a ``datasets`` table loaded from the corpus JSONL (``load_dataset("json")``), one
+      ``corpus[int(row)]`` per hit (its ``load_docs``), after ``tolist()`` of rows and scores.
+    """
+    import faiss
+    import torch
+    import uvicorn
+    from datasets import load_dataset
+    from fastapi import FastAPI
+    from tqdm import tqdm
+    from transformers import AutoModel, AutoTokenizer
+
+    chunk_size, max_length = 512, 256
+    passages = load_dataset("json", data_files=corpus, split="train")
+    index = faiss.read_index(index_file)
+    tokenizer = AutoTokenizer.from_pretrained(model, use_fast=True)
+    encoder = AutoModel.from_pretrained(model).eval()
+
+    @torch.no_grad()
+    def encode(texts: list[str]) -> np.ndarray:
+        inputs = tokenizer(texts, max_length=max_length, padding=True, truncation=True, return_tensors="pt")
+        hidden = encoder(**inputs, return_dict=True).last_hidden_state
+        mask = inputs["attention_mask"]
+        summed = hidden.masked_fill(~mask[..., None].bool(), 0.0).sum(dim=1)
+        vectors = torch.nn.functional.normalize(summed / mask.sum(dim=1)[..., None], dim=-1)
+        return vectors.numpy().astype(np.float32, order="C")
+
     app = FastAPI()
 
     @app.post("/retrieve")
-    def retrieve(body: dict) -> dict:
-        queries, k = body["queries"], body.get("topk") or 3
-        rows, scores = retriever.dense.search(retriever.encoder.encode_queries(queries), k)
-        return {"result": [
-            [{"document": retriever.docstore.lookup_one(int(rows[q, j])), "score": float(scores[q, j])} for j in range(k)]
-            for q in range(len(queries))
-        ]}
+    def retrieve(request: SearchR1QueryRequest) -> dict:
+        k = request.topk or 3
+        documents: list[list[dict]] = []
+        scores: list[list[float]] = []
+        for start in tqdm(range(0, len(request.queries), chunk_size), desc="retrieval"):
+            chunk_scores, chunk_rows = index.search(encode(request.queries[start : start + chunk_size]), k)
+            chunk_scores, chunk_rows = chunk_scores.tolist(), chunk_rows.tolist()
+            hits = [passages[int(row)] for rows in chunk_rows for row in rows]
+            documents += [hits[q * k : (q + 1) * k] for q in range(len(chunk_rows))]
+            scores += chunk_scores
+        if not request.return_scores:
+            return {"result": documents}
+        return {
+            "result": [
+                [{"document": doc, "score": score} for doc, score in zip(docs, doc_scores)]
+                for docs, doc_scores in zip(documents, scores)
+            ]
+        }
 
-    @app.get("/health")
-    def health() -> dict:
-        return {"status": "ok", "replica_pid": os.getpid(), "torch_threads": torch.get_num_threads()}
-
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
-    """
-)
+    Path(ready_file).write_text(json.dumps({"pid": os.getpid(), "torch_threads": torch.get_num_threads()}))
+    uvicorn.run(app, host="127.0.0.1", port=port)
 
 
-def start_searchr1_server(index_dir: Path) -> tuple[subprocess.Popen, str]:
+def start_searchr1_baseline(index_dir: Path, corpus: Path, workdir: Path) -> tuple[subprocess.Popen, str, dict]:
+    """The baseline in its own process (as Search-R1's server runs); its log and progress bars go to workdir."""
     from retrieval_server.haproxy_front import free_port
-    from retrieval_server.launch import _wait_healthy
+    from retrieval_server.index import read_manifest, recorded_encoder
 
-    port = free_port()
-    process = subprocess.Popen([sys.executable, "-c", SEARCHR1_SCRIPT, str(index_dir), str(port), str(TORCH_THREADS)])
+    manifest = read_manifest(index_dir)
+    port, ready = free_port(), workdir / "searchr1-ready.json"
+    command = [
+        sys.executable, str(Path(__file__).resolve()), SEARCHR1_BASELINE_FLAG, recorded_encoder(manifest).model,
+        str(index_dir / manifest["index"]["file"]), str(corpus), str(port), str(ready),
+    ]  # fmt: skip
+    with open(workdir / "searchr1.log", "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
     try:
-        _wait_healthy(url, timeout_s=300)
+        while True:  # Search-R1's server has no health endpoint: ready once FastAPI's own /docs page answers
+            if process.poll() is not None:
+                raise RuntimeError(
+                    f"the Search-R1 baseline exited with {process.returncode}; see {workdir / 'searchr1.log'}"
+                )
+            try:
+                if ready.exists() and httpx.get(f"{url}/docs", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"the Search-R1 baseline did not answer within 300 s; see {workdir / 'searchr1.log'}"
+                )
+            time.sleep(0.5)
     except BaseException:
         process.kill()
         raise
-    return process, url
+    return process, url, json.loads(ready.read_text())
 
 
 # ---------------------------------------------------------------- the encoder alone
@@ -211,7 +287,14 @@ def encoder_comparison(index_dir: Path, questions: list[str], seconds: float = 3
 
 
 # ---------------------------------------------------------------- load generation
-async def run_load(url: str, questions: list[str], clients: int, queries_per_request: int, requests_per_client: int, probe_in_flight: bool = False) -> dict:
+async def run_load(
+    url: str,
+    questions: list[str],
+    clients: int,
+    queries_per_request: int,
+    requests_per_client: int,
+    probe_in_flight: bool = False,
+) -> dict:
     # aiohttp, not httpx: httpx's AsyncClient itself tops out near 170 requests/s at 64 concurrent
     # connections on this machine (aiohttp: ~4,900 against a bare uvicorn app), which would cap every server alike.
     import aiohttp
@@ -220,7 +303,9 @@ async def run_load(url: str, questions: list[str], clients: int, queries_per_req
     in_flight: list[float] = []
     errors = 0
     connector = aiohttp.TCPConnector(limit=clients + 4)
-    async with aiohttp.ClientSession(base_url=url.rstrip("/") + "/", connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as http:
+    async with aiohttp.ClientSession(
+        base_url=url.rstrip("/") + "/", connector=connector, timeout=aiohttp.ClientTimeout(total=120)
+    ) as http:
 
         async def client(n: int) -> None:
             nonlocal errors
@@ -229,7 +314,9 @@ async def run_load(url: str, questions: list[str], clients: int, queries_per_req
                 batch = [questions[(start + j) % len(questions)] for j in range(queries_per_request)]
                 t0 = time.perf_counter()
                 try:
-                    async with http.post("retrieve", json={"queries": batch, "topk": 3, "return_scores": True}) as response:
+                    async with http.post(
+                        "retrieve", json={"queries": batch, "topk": 3, "return_scores": True}
+                    ) as response:
                         ok = response.status == 200 and len((await response.json())["result"]) == len(batch)
                 except (aiohttp.ClientError, asyncio.TimeoutError):
                     ok = False
@@ -265,14 +352,17 @@ async def run_load(url: str, questions: list[str], clients: int, queries_per_req
         "p99_ms": float(np.percentile(lat, 99)),
         "errors": errors,
         "loadgen_cpu": loadgen_cpu,
-        **({"replica_in_flight_mean": float(np.mean(in_flight)), "replica_in_flight_max": float(np.max(in_flight))} if in_flight else {}),
+        **(
+            {"replica_in_flight_mean": float(np.mean(in_flight)), "replica_in_flight_max": float(np.max(in_flight))}
+            if in_flight
+            else {}
+        ),
     }
 
 
-def replica_rss_mb(url: str) -> float:
+def process_rss_mb(pid: int) -> float:
     import psutil
 
-    pid = httpx.get(f"{url}/health", timeout=30).json()["replica_pid"]
     return psutil.Process(pid).memory_info().rss / 2**20
 
 
@@ -287,7 +377,9 @@ def batch_queries_totals(url: str) -> tuple[float, float]:
 def top_k_ids(url: str, questions: list[str], k: int = 3) -> tuple[list[list[str]], list[list[float]]]:
     ids, scores = [], []
     for i in range(0, len(questions), 16):
-        result = httpx.post(f"{url}/retrieve", json={"queries": questions[i : i + 16], "topk": k}, timeout=120).json()["result"]
+        result = httpx.post(
+            f"{url}/retrieve", json={"queries": questions[i : i + 16], "topk": k, "return_scores": True}, timeout=120
+        ).json()["result"]
         ids += [[h["document"]["id"] for h in hits] for hits in result]
         scores += [[h["score"] for h in hits] for hits in result]
     return ids, scores
@@ -301,7 +393,9 @@ def in_process_qps(index_dir: Path, questions: list[str], batch_size: int, backe
     from retrieval_server.search import Retriever
 
     torch.set_num_threads(TORCH_THREADS)
-    retriever = Retriever(ServerConfig(index_dir=index_dir, encoder_backend=backend, num_cpus_per_replica=CPUS_PER_REPLICA))
+    retriever = Retriever(
+        ServerConfig(index_dir=index_dir, encoder_backend=backend, num_cpus_per_replica=CPUS_PER_REPLICA)
+    )
     batch = [questions[j % len(questions)] for j in range(batch_size)]
     retriever.lookup(retriever.search(batch, retriever.encode(batch), 3)[0].reshape(-1))  # warm-up
     best = 0.0
@@ -345,7 +439,9 @@ MEMORY_SCRIPT = textwrap.dedent(
 def memory_line(workdir: Path) -> dict:
     path = workdir / "flat-1m-384.faiss"
     subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, "write", str(path)], check=True)
-    out = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, "serve", str(path)], check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", MEMORY_SCRIPT, "serve", str(path)], check=True, capture_output=True, text=True
+    ).stdout
     rss, base, index_bytes = (int(x) for x in out.split())
     path.unlink()
     return {"index_bytes": index_bytes, "rss": rss, "rss_before_load": base, "ratio": rss / index_bytes}
@@ -359,7 +455,9 @@ def recall_tradeoff(n: int, d: int = 768, n_queries: int = 500, seed: int = 0) -
     centers = rng.standard_normal((n // 50, d), dtype=np.float32)
     base = centers[rng.integers(0, len(centers), n)] + 0.6 * rng.standard_normal((n, d), dtype=np.float32)
     base /= np.linalg.norm(base, axis=1, keepdims=True)
-    queries = base[rng.choice(n, n_queries, replace=False)] + 0.3 * rng.standard_normal((n_queries, d), dtype=np.float32)
+    queries = base[rng.choice(n, n_queries, replace=False)] + 0.3 * rng.standard_normal(
+        (n_queries, d), dtype=np.float32
+    )
     queries /= np.linalg.norm(queries, axis=1, keepdims=True)
     exact = faiss.IndexFlatIP(d)
     exact.add(base)
@@ -383,23 +481,70 @@ def recall_tradeoff(n: int, d: int = 768, n_queries: int = 500, seed: int = 0) -
                 faiss.ParameterSpace().set_index_parameters(index, param)
             _, found = index.search(queries, 10)
             recall = np.mean([len(set(f) & set(t)) / 10 for f, t in zip(found, truth)])
-            rows.append({"index": factory, "params": param or "-", "recall@10": float(recall), "bytes/vector": code_bytes, "build_s": build_s})
+            rows.append(
+                {
+                    "index": factory,
+                    "params": param or "-",
+                    "recall@10": float(recall),
+                    "bytes/vector": code_bytes,
+                    "build_s": build_s,
+                }
+            )
     return rows
 
 
 # ---------------------------------------------------------------- main
+def brute_force_top_k(index_dir: Path, questions: list[str], k: int = 3) -> list[list[str]]:
+    """Passage ids of the exact top-k: the torch reference encoder and every passage vector, in this process."""
+    import torch
+
+    from retrieval_server.docstore import DocumentStore
+    from retrieval_server.encoders import SentenceEncoder
+    from retrieval_server.index import load_shard_embeddings, read_manifest, recorded_encoder
+
+    torch.set_num_threads(TORCH_THREADS)
+    manifest = read_manifest(index_dir)
+    scores = (
+        SentenceEncoder(recorded_encoder(manifest), device="cpu").encode_queries(questions)
+        @ load_shard_embeddings(index_dir).T
+    )
+    ids = DocumentStore(index_dir / manifest["docstore"]).ids()
+    return [[ids[row] for row in np.argsort(-row_scores, kind="stable")[:k]] for row_scores in scores]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer requests per level")
+    parser.add_argument("--rounds", type=int, default=1, help="measure every level this many times (the spread)")
+    parser.add_argument(
+        "--servers",
+        default="onnx,searchr1",
+        help=f"comma-separated, from {','.join(SERVERS)}; onnx and searchr1 always",
+    )
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--skip-recall", action="store_true")
-    parser.add_argument("--skip-encoder", action="store_true", help="skip the encoder-alone comparison (the export still happens)")
+    parser.add_argument(
+        "--skip-encoder", action="store_true", help="skip the encoder-alone comparison (the export still happens)"
+    )
     parser.add_argument("--recall-n", type=int, default=50_000)
     parser.add_argument("--json-out", type=Path, default=None)
-    parser.add_argument("--batch-wait", type=float, default=ServerConfigDefaults.model_fields["batch_wait_timeout_s"].default, help="batched server's batch_wait_timeout_s")
-    parser.add_argument("--ingress", choices=["auto", "haproxy", "proxy"], default="auto", help="HTTP front of our servers")
-    parser.add_argument("--max-load", type=float, default=1.5, help="wait (up to 5 min) for the 1-minute load average to drop below this")
+    parser.add_argument(
+        "--batch-wait",
+        type=float,
+        default=ServerConfigDefaults.model_fields["batch_wait_timeout_s"].default,
+        help="batched server's batch_wait_timeout_s",
+    )
+    parser.add_argument(
+        "--ingress", choices=["auto", "haproxy", "proxy"], default="auto", help="HTTP front of our servers"
+    )
+    parser.add_argument(
+        "--max-load",
+        type=float,
+        default=1.5,
+        help="wait (up to 5 min) for the 1-minute load average to drop below this",
+    )
     args = parser.parse_args()
+    servers = [name for name in SERVERS if name in {"onnx", "searchr1", *args.servers.split(",")}]
 
     import ray
     from ray import serve
@@ -407,7 +552,8 @@ def main() -> None:
     from retrieval_server.config import ServerConfig
     from retrieval_server.launch import ensure_index, start_server
     from retrieval_server.recall import load_qa
-    from verl_evidence.bundled import corpus_path as bundled_corpus_path, qa_path as bundled_qa_path
+    from verl_evidence.bundled import corpus_path as bundled_corpus_path
+    from verl_evidence.bundled import qa_path as bundled_qa_path
 
     index_dir = ensure_index(bundled_corpus_path(), show_progress=False)
     waited = time.time()
@@ -417,7 +563,6 @@ def main() -> None:
     print(f"load average at start: {load_at_start}", flush=True)
     questions = [q["question"] for q in load_qa(bundled_qa_path())]
     scale = 0.5 if args.quick else 1.0
-    levels = [(1, 1, 60), (8, 1, 40), (32, 1, 16), (64, 1, 10), (4, 32, 10)]  # clients, queries/request, requests/client
 
     # Exported (once, cached beside the index) before any timing, so no server start pays for it mid-run.
     if not args.skip_encoder:
@@ -431,32 +576,53 @@ def main() -> None:
             **placement,
         )  # fmt: skip
 
+    workdir = Path(tempfile.mkdtemp(prefix="retrieval-bench-"))
     # Logical CPUs for Ray: 2 per replica (the onnx and torch servers, naive); the machine has what it has.
     ours = start_server(our_config("onnx"), ray_num_cpus=8)
-    torch_server = start_server(our_config("torch", app_name="torch", route_prefix="/torch"))
-    searchr1_process, searchr1_url = start_searchr1_server(index_dir)
-    urls = {"onnx": ours.url, "torch": torch_server.url, "naive": f"{ours.url}/naive", "searchr1": searchr1_url}
+    torch_server = (
+        start_server(our_config("torch", app_name="torch", route_prefix="/torch")) if "torch" in servers else None
+    )
+    searchr1_process, searchr1_url, searchr1_info = start_searchr1_baseline(index_dir, bundled_corpus_path(), workdir)
+    urls = {"onnx": ours.url, "naive": f"{ours.url}/naive", "searchr1": searchr1_url}
+    if torch_server is not None:
+        urls["torch"] = torch_server.url
+    urls = {name: urls[name] for name in servers}
     health = httpx.get(f"{ours.url}/health").json()
     report: dict = {
         "index": {"dir": str(index_dir), "passages": health["index_size"]},
         "load_at_start": load_at_start,
         "batch_wait_s": args.batch_wait,
         "ingress": ours.ingress,
+        "servers": servers,
+        "searchr1_torch_threads": searchr1_info["torch_threads"],
     }
     if not args.skip_encoder:
         report["encoder"] = report_encoder
+    pids = {"searchr1": searchr1_info["pid"]}
     try:
+        if "naive" in servers:
+            serve.run(
+                naive_deployment()
+                .options(ray_actor_options={"num_cpus": CPUS_PER_REPLICA})
+                .bind(str(index_dir), TORCH_THREADS),
+                name="naive",
+                route_prefix="/naive",
+            )
         serve.run(
-            naive_deployment().options(ray_actor_options={"num_cpus": CPUS_PER_REPLICA}).bind(str(index_dir), TORCH_THREADS),
-            name="naive",
-            route_prefix="/naive",
+            trivial_deployment().options(ray_actor_options={"num_cpus": 0}).bind(),
+            name="trivial",
+            route_prefix="/trivial",
         )
-        serve.run(trivial_deployment().options(ray_actor_options={"num_cpus": 0}).bind(), name="trivial", route_prefix="/trivial")
-        healths = {name: httpx.get(f"{url}/health", timeout=30).json() for name, url in urls.items()}
+        healths = {
+            name: httpx.get(f"{url}/health", timeout=30).json() for name, url in urls.items() if name != "searchr1"
+        }
+        pids.update({name: h["replica_pid"] for name, h in healths.items()})
         threads = {name: h["torch_threads"] for name, h in healths.items()}
         assert set(threads.values()) == {TORCH_THREADS}, f"torch threads differ: {threads}"
-        backends = {name: healths[name]["encoder_backend"] for name in ("onnx", "torch")}
-        assert backends == {"onnx": "onnx", "torch": "torch"}, f"encoder backends: {backends}"
+        backends = {name: healths[name]["encoder_backend"] for name in ("onnx", "torch") if name in healths}
+        assert backends.get("onnx") == "onnx" and backends.get("torch", "torch") == "torch", (
+            f"encoder backends: {backends}"
+        )
         report["torch_threads"] = threads
         asyncio.run(run_load(f"{ours.url}/trivial", questions, 4, 1, 5))
         report["trivial_64"] = asyncio.run(run_load(f"{ours.url}/trivial", questions, 64, 1, max(2, int(10 * scale))))
@@ -464,44 +630,54 @@ def main() -> None:
         serve.delete("trivial")
         for url in urls.values():
             asyncio.run(run_load(url, questions, 4, 1, 5))  # warm-up
+            asyncio.run(run_load(url, questions, 2, 32, 2))
         table = []
         # Level by level, every server in turn: load from other users that drifts during the run hits all of them.
-        for clients, qpr, per_client in levels:
-            for name in SERVERS:
-                url, batched = urls[name], name in ("onnx", "torch")
-                before = batch_queries_totals(url) if batched else (0.0, 0.0)
-                row = asyncio.run(run_load(url, questions, clients, qpr, max(2, int(per_client * scale)), probe_in_flight=batched))
-                row["server"] = name
-                row["rss_mb"] = replica_rss_mb(url)
-                if batched:  # mean batch of this level alone (the histogram is cumulative)
-                    after = batch_queries_totals(url)
-                    row["mean_batch_queries"] = (after[0] - before[0]) / max(after[1] - before[1], 1.0)
-                table.append(row)
-                print(json.dumps(row), flush=True)
+        for round_number in range(args.rounds):
+            for clients, qpr, per_client in LEVELS:
+                for name in servers:
+                    url, batched = urls[name], name in ("onnx", "torch")
+                    before = batch_queries_totals(url) if batched else (0.0, 0.0)
+                    requests = max(2, int(per_client * scale))
+                    row = asyncio.run(run_load(url, questions, clients, qpr, requests, probe_in_flight=batched))
+                    row.update(server=name, round=round_number, rss_mb=process_rss_mb(pids[name]))
+                    if batched:  # mean batch of this level alone (the histogram is cumulative)
+                        after = batch_queries_totals(url)
+                        row["mean_batch_queries"] = (after[0] - before[0]) / max(after[1] - before[1], 1.0)
+                    table.append(row)
+                    print(json.dumps(row), flush=True)
         report["load"] = table
 
+        exact = brute_force_top_k(index_dir, questions)
         ids = {name: top_k_ids(url, questions) for name, url in urls.items()}
         report["identical_topk"] = {
-            name: {
-                "questions": len(questions),
-                "same_ids": sum(a == b for a, b in zip(ids[name][0], ids["naive"][0])),
-                "max_score_diff": float(np.max(np.abs(np.asarray(ids[name][1]) - np.asarray(ids["naive"][1])))),
-            }
-            for name in ("onnx", "torch", "searchr1")
+            name: {"questions": len(questions), "same_ids": sum(a == b for a, b in zip(found[0], exact))}
+            for name, found in ids.items()
         }
-        serve.delete("naive")
+        report["max_score_diff_vs_searchr1"] = {
+            name: float(np.max(np.abs(np.asarray(found[1]) - np.asarray(ids["searchr1"][1]))))
+            for name, found in ids.items()
+        }
+        if "naive" in servers:
+            serve.delete("naive")
         at64 = next(r for r in table if r["server"] == "onnx" and r["clients"] == 64 and r["q_per_req"] == 1)
         batch = max(1, round(at64["mean_batch_queries"]))
     finally:
         searchr1_process.terminate()
         searchr1_process.wait(timeout=30)
-        torch_server.shutdown()
+        if torch_server is not None:
+            torch_server.shutdown()
         ours.shutdown()
         if ray.is_initialized():
             ray.shutdown()
 
     limit = in_process_qps(index_dir, questions, batch, "onnx")
-    report["limit"] = {"batch_size": batch, "in_process_qps": limit, "served_qps_at_64": at64["qps"], "ratio": at64["qps"] / limit}
+    report["limit"] = {
+        "batch_size": batch,
+        "in_process_qps": limit,
+        "served_qps_at_64": at64["qps"],
+        "ratio": at64["qps"] / limit,
+    }
 
     if not args.skip_memory:
         with tempfile.TemporaryDirectory() as tmp:
@@ -515,87 +691,144 @@ def main() -> None:
         args.json_out.write_text(json.dumps(report, indent=2))
 
 
+def _spread(values: list[float], digits: str = ".2f") -> str:
+    """The median of repeated measurements and their range: "1.23 (1.10-1.30)", or the one value."""
+    if len(values) == 1:
+        return f"{values[0]:{digits}}"
+    return f"{float(np.median(values)):{digits}} ({min(values):{digits}}-{max(values):{digits}})"
+
+
 def print_report(report: dict) -> None:
-    print(f"\nload average (1/5/15 min) at start {report.get('load_at_start')}, at end {report.get('loadavg')} (2 cores, shared)")
+    servers = report["servers"]
     print(
-        f"index: {report['index']['passages']} passages (bundled corpus), MiniLM-L6 384-d, Flat; {CPUS_PER_REPLICA:g} CPUs per replica, "
-        f"torch threads {report.get('torch_threads')}, batch wait {report.get('batch_wait_s', 0) * 1000:g} ms, "
-        f"ingress {report.get('ingress')}\n"
+        f"\nload average (1/5/15 min) at start {report.get('load_at_start')}, at end {report.get('loadavg')} (2 "
+        "cores, shared)"
+    )
+    print(
+        f"index: {report['index']['passages']} passages (bundled corpus), MiniLM-L6 384-d, Flat; "
+        f"{CPUS_PER_REPLICA:g} CPUs per replica, "
+        f"torch threads {report.get('torch_threads')} (Search-R1 baseline: torch's default, "
+        f"{report['searchr1_torch_threads']}), "
+        f"batch wait {report.get('batch_wait_s', 0) * 1000:g} ms, ingress {report.get('ingress')}\n"
     )
     if "encoder" in report:
         e = report["encoder"]
         print("encoder alone, one thread each: queries per second (best of three windows) | per CPU-second")
-        print(f"{'batch':>5} {'torch':>8} {'onnx':>8} {'int8':>8} {'onnx/torch':>10} | {'torch':>8} {'onnx':>8} {'int8':>8} {'onnx/torch':>10}")
+        print(
+            f"{'batch':>5} {'torch':>8} {'onnx':>8} {'int8':>8} {'onnx/torch':>10} | {'torch':>8} {'onnx':>8} "
+            f"{'int8':>8} {'onnx/torch':>10}"
+        )
         for r in e["throughput"]:
             cpu = {b: r[f"{b}_per_cpu_s"] for b in ("torch", "onnx", "onnx-int8")}
             print(
-                f"{r['batch']:>5} {r['torch']:>8.1f} {r['onnx']:>8.1f} {r['onnx-int8']:>8.1f} {r['onnx'] / r['torch']:>9.2f}x | "
+                f"{r['batch']:>5} {r['torch']:>8.1f} {r['onnx']:>8.1f} {r['onnx-int8']:>8.1f} "
+                f"{r['onnx'] / r['torch']:>9.2f}x | "
                 f"{cpu['torch']:>8.1f} {cpu['onnx']:>8.1f} {cpu['onnx-int8']:>8.1f} {cpu['onnx'] / cpu['torch']:>9.2f}x"
             )
         print(
             f"onnx vs torch on {e['questions']} questions: max |diff| {e['max_abs_diff_onnx_torch']:.1e}, same top-10 "
-            f"{e['same_top10_onnx_torch']}/{e['questions']}; int8 recall@10 vs fp32 {e['int8_recall_at_10_vs_fp32']:.3f}\n"
+            f"{e['same_top10_onnx_torch']}/{e['questions']}; int8 recall@10 vs fp32 "
+            f"{e['int8_recall_at_10_vs_fp32']:.3f}\n"
         )
-    print(f"{'server':8} {'clients':>7} {'q/req':>5} {'QPS':>8} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'errors':>6} {'RSS MB':>7} {'loadgen CPU':>11} {'batch':>6}")
-    for r in sorted(report["load"], key=lambda r: SERVERS.index(r["server"])):
+    print(
+        f"{'server':8} {'round':>5} {'clients':>7} {'q/req':>5} {'QPS':>8} {'p50 ms':>8} {'p95 ms':>8} "
+        f"{'p99 ms':>8} {'errors':>6} {'RSS MB':>7} {'loadgen CPU':>11} {'batch':>6}"
+    )
+    for r in sorted(report["load"], key=lambda r: (SERVERS.index(r["server"]), r["round"])):
         print(
-            f"{r['server']:8} {r['clients']:>7} {r['q_per_req']:>5} {r['qps']:>8.1f} {r['p50_ms']:>8.1f} {r['p95_ms']:>8.1f} "
-            f"{r['p99_ms']:>8.1f} {r['errors']:>6} {r['rss_mb']:>7.0f} {r['loadgen_cpu']:>10.2f}c "
+            f"{r['server']:8} {r['round']:>5} {r['clients']:>7} {r['q_per_req']:>5} {r['qps']:>8.1f} "
+            f"{r['p50_ms']:>8.1f} "
+            f"{r['p95_ms']:>8.1f} {r['p99_ms']:>8.1f} {r['errors']:>6} {r['rss_mb']:>7.0f} {r['loadgen_cpu']:>10.2f}c "
             f"{r.get('mean_batch_queries', float('nan')):>6.1f}"
         )
     if "trivial_64" in report:
         t = report["trivial_64"]
-        print(f"trivial endpoint (Serve proxy + HTTP, no work), 64 clients: {t['qps']:.1f} req/s, p99 {t['p99_ms']:.1f} ms, load generator {t['loadgen_cpu']:.2f} cores")
-    by = {(r["server"], r["clients"], r["q_per_req"]): r for r in report["load"]}
-    levels = sorted({(r["clients"], r["q_per_req"]) for r in report["load"]}, key=lambda level: (level[1], level[0]))
-    print("\nQPS ratios per level:  onnx/torch  onnx/naive  onnx/searchr1  torch/naive")
-    for clients, qpr in levels:
-        qps = {name: by[(name, clients, qpr)]["qps"] for name in SERVERS}
         print(
-            f"  {clients:>2} clients x {qpr:>2} q/req: {qps['onnx'] / qps['torch']:>9.2f}x {qps['onnx'] / qps['naive']:>10.2f}x "
-            f"{qps['onnx'] / qps['searchr1']:>13.2f}x {qps['torch'] / qps['naive']:>11.2f}x"
+            f"trivial endpoint (Serve proxy + HTTP, no work), 64 clients: {t['qps']:.1f} req/s, p99 "
+            f"{t['p99_ms']:.1f} ms, load generator {t['loadgen_cpu']:.2f} cores"
         )
-    for name, same in report["identical_topk"].items():
-        print(f"identical top-3, {name} vs naive: {same['same_ids']}/{same['questions']} questions, max |score diff| {same['max_score_diff']:.2e}")
+    rows: dict[tuple[str, int, int], list[dict]] = {}
     for r in report["load"]:
-        if "replica_in_flight_mean" in r:
-            print(f"{r['server']}, {r['clients']} clients x {r['q_per_req']}: requests inside the replica mean {r['replica_in_flight_mean']:.1f}, max {r['replica_in_flight_max']:.0f}")
+        rows.setdefault((r["server"], r["clients"], r["q_per_req"]), []).append(r)
+
+    def ratios(a: str, b: str, clients: int, qpr: int, key: str) -> list[float]:
+        # Same round, same level: the two measurements the machine's drifting load hit alike.
+        return [x[key] / y[key] for x, y in zip(rows[(a, clients, qpr)], rows[(b, clients, qpr)])]
+
+    rounds = max(r["round"] for r in report["load"]) + 1
+    print(f"\nonnx (ours, default) against the Search-R1 baseline, same run; median (range) over {rounds} round(s):")
+    print(f"  {'level':>18} {'ours QPS':>18} {'Search-R1 QPS':>18} {'QPS ratio':>20} {'p99 ratio':>20}")
+    for clients, qpr, _ in LEVELS:
+        ours, theirs = rows[("onnx", clients, qpr)], rows[("searchr1", clients, qpr)]
+        print(
+            f"  {f'{clients} x {qpr}':>18} {_spread([r['qps'] for r in ours], '.1f'):>18} "
+            f"{_spread([r['qps'] for r in theirs], '.1f'):>18} "
+            f"{_spread(ratios('onnx', 'searchr1', clients, qpr, 'qps')):>20} "
+            f"{_spread(ratios('onnx', 'searchr1', clients, qpr, 'p99_ms')):>20}"
+        )
+    others = [name for name in servers if name not in ("onnx", "searchr1")]
+    if others:
+        print("  other servers, QPS against the Search-R1 baseline, level by level:")
+        for name in others:
+            print(f"    {name}: " + " / ".join(_spread(ratios(name, "searchr1", c, q, "qps")) for c, q, _ in LEVELS))
+    for name, same in report["identical_topk"].items():
+        print(f"identical top-3, {name} vs brute force: {same['same_ids']}/{same['questions']} questions, "
+              f"max |score - Search-R1's| {report['max_score_diff_vs_searchr1'][name]:.2e}")  # fmt: skip
+    for r in report["load"]:
+        if "replica_in_flight_mean" in r and r["round"] == 0:
+            print(
+                f"{r['server']}, {r['clients']} clients x {r['q_per_req']}: requests inside the replica mean "
+                f"{r['replica_in_flight_mean']:.1f}, max {r['replica_in_flight_max']:.0f}"
+            )
     lim = report["limit"]
-    print(f"limit: onnx served {lim['served_qps_at_64']:.1f} QPS at 64 clients vs in-process {lim['in_process_qps']:.1f} QPS at batch {lim['batch_size']}: {lim['ratio']:.2f}")
+    print(
+        f"limit: onnx served {lim['served_qps_at_64']:.1f} QPS at 64 clients vs in-process "
+        f"{lim['in_process_qps']:.1f} QPS at batch {lim['batch_size']}: {lim['ratio']:.2f}"
+    )
 
-    def check(name: str, value: float, bound: float, ok: bool) -> None:
-        print(f"  {'PASS' if ok else 'FAIL'}  {name:48} measured {value:.2f} (bound {bound:g})")
+    def check(name: str, values: list[float], bound: float, at_least: bool) -> None:
+        # Every round must meet the bound; the median and range are printed.
+        ok = all(v >= bound for v in values) if at_least else all(v <= bound for v in values)
+        print(f"  {'PASS' if ok else 'FAIL'}  {name:52} measured {_spread(values)} (bound {bound:g})")
 
-    o32, t32, n32 = by[("onnx", 32, 1)], by[("torch", 32, 1)], by[("naive", 32, 1)]
+    print("\ntargets (issue 22; onnx, our default server, against the Search-R1 baseline of the same run):")
+    check("4 x 32: QPS >= 2x Search-R1", ratios("onnx", "searchr1", 4, 32, "qps"), 2.0, True)
+    for clients in (32, 64):
+        check(f"{clients} x 1: QPS >= 6x Search-R1", ratios("onnx", "searchr1", clients, 1, "qps"), 6.0, True)
+        check(f"{clients} x 1: p99 <= 0.2x Search-R1's", ratios("onnx", "searchr1", clients, 1, "p99_ms"), 0.2, False)
     same = report["identical_topk"]
-    print("\ntargets (issue 3; the default server, onnx, vs naive):")
-    check("QPS at 32 clients >= 2x naive", o32["qps"] / n32["qps"], 2.0, o32["qps"] >= 2 * n32["qps"])
-    check("p99 at 32 clients <= 0.5x naive", o32["p99_ms"] / n32["p99_ms"], 0.5, o32["p99_ms"] <= 0.5 * n32["p99_ms"])
-    for name in ("onnx", "torch"):
-        check(f"identical top-k ({name} vs naive)", same[name]["same_ids"] / same[name]["questions"], 1.0, same[name]["same_ids"] == same[name]["questions"])
-    check("QPS at 64 clients >= 0.8x in-process", lim["ratio"], 0.8, lim["ratio"] >= 0.8)
+    for name in same:
+        check(f"identical top-3 ({name} vs brute force)", [same[name]["same_ids"] / same[name]["questions"]], 1.0, True)
     errors = sum(r["errors"] for r in report["load"])
-    check("no errors", float(errors), 0.0, errors == 0)
-    print("targets (issue 13):")
-    check("32 clients: onnx QPS >= 2x torch batched", o32["qps"] / t32["qps"], 2.0, o32["qps"] >= 2 * t32["qps"])
-    check("32 clients: onnx p99 <= 150 ms", o32["p99_ms"], 150.0, o32["p99_ms"] <= 150.0)
-    o1, n1 = by[("onnx", 1, 1)], by[("naive", 1, 1)]
-    check("1 client: onnx p50 <= naive p50 (ratio)", o1["p50_ms"] / n1["p50_ms"], 1.0, o1["p50_ms"] <= n1["p50_ms"])
-    o432, n432 = by[("onnx", 4, 32)], by[("naive", 4, 32)]
-    check("4 x 32: onnx QPS >= 1.5x naive", o432["qps"] / n432["qps"], 1.5, o432["qps"] >= 1.5 * n432["qps"])
-    for clients, qpr in levels:
-        o, s = by[("onnx", clients, qpr)], by[("searchr1", clients, qpr)]
-        check(f"{clients} x {qpr}: onnx QPS >= Search-R1-style", o["qps"] / s["qps"], 1.0, o["qps"] >= s["qps"])
+    check("no errors", [float(errors)], 0.0, False)
+    if "torch" in servers and "naive" in servers:
+        print("targets of issues 3 and 13 (onnx vs naive and torch batched):")
+        check("32 x 1: QPS >= 2x naive", ratios("onnx", "naive", 32, 1, "qps"), 2.0, True)
+        check("32 x 1: p99 <= 0.5x naive", ratios("onnx", "naive", 32, 1, "p99_ms"), 0.5, False)
+        check("32 x 1: QPS >= 2x torch batched", ratios("onnx", "torch", 32, 1, "qps"), 2.0, True)
+        check("4 x 32: QPS >= 1.5x naive", ratios("onnx", "naive", 4, 32, "qps"), 1.5, True)
+        check("1 x 1: p50 <= naive p50 (ratio)", ratios("onnx", "naive", 1, 1, "p50_ms"), 1.0, False)
+    check("QPS at 64 clients >= 0.8x in-process", [lim["ratio"]], 0.8, True)
     if "memory_1m_384_flat" in report:
         m = report["memory_1m_384_flat"]
-        print(f"memory: 1M x 384 Flat = {m['index_bytes'] / 2**20:.0f} MiB; serving process RSS {m['rss'] / 2**20:.0f} MiB = {m['ratio']:.3f} x index bytes")
+        print(
+            f"memory: 1M x 384 Flat = {m['index_bytes'] / 2**20:.0f} MiB; serving process RSS "
+            f"{m['rss'] / 2**20:.0f} MiB = {m['ratio']:.3f} x index bytes"
+        )
     if "recall_tradeoff" in report:
         t = report["recall_tradeoff"]
         print(f"\nrecall trade-off on {t['n']:,} synthetic {t['d']}-d vectors (500 queries, vs exact inner product):")
         print(f"{'index':22} {'params':10} {'recall@10':>9} {'bytes/vec':>9} {'build s':>7}")
         for r in t["rows"]:
-            print(f"{r['index']:22} {r['params']:10} {r['recall@10']:>9.3f} {r['bytes/vector']:>9.1f} {r['build_s']:>7.1f}")
+            print(
+                f"{r['index']:22} {r['params']:10} {r['recall@10']:>9.3f} {r['bytes/vector']:>9.1f} "
+                f"{r['build_s']:>7.1f}"
+            )
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == [SEARCHR1_BASELINE_FLAG]:
+        model, index_file, corpus, port, ready_file = sys.argv[2:7]
+        serve_searchr1_baseline(model, index_file, corpus, int(port), ready_file)
+    else:
+        main()
