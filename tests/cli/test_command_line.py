@@ -227,3 +227,19 @@ def test_bad_hydra_override_in_a_recipe_is_one_line(override: str, named: str) -
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: the trainer config does not compose"), done.stderr
     assert named in lines[0] and lines[0].endswith("nothing was started")
+
+
+@pytest.mark.slow  # eval imports the session (verl) before reading its options
+def test_eval_data_files_are_read_before_anything_starts(tmp_path: Path) -> None:
+    not_json, not_rows, missing = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "c.parquet"
+    not_json.write_text("{not json\n")
+    not_rows.write_text('{"question": "q"}\n')
+    out = tmp_path / "out"
+    for given, expected in [
+        (not_json, f"error: {not_json}:1: not valid JSON"),
+        (not_rows, f"error: {not_rows}: row 0 lacks the verl column(s) ['prompt', 'reward_model', 'data_source']"),
+        (missing, f"error: evaluation data {missing} does not exist"),
+    ]:
+        line = one_error_line(run(cli_app, "eval", "--data", str(given), "--out", str(out)))
+        assert line.startswith(expected), line
+    assert not out.exists()  # nothing started: not even the output directory

@@ -171,6 +171,8 @@ def eval_command(
     bad = sorted(set(wanted) - set(ROLLOUTS))
     if bad:
         raise typer.BadParameter(f"unknown rollout(s) {bad}; choose from {', '.join(ROLLOUTS)}")
+    for path in data or []:  # read before anything starts: a file that is not rows ends here, in one line
+        load_rows(path)
     if checkpoint:  # (after the cheap checks: a merge can take minutes)
         if any(x is not None for x in (trajectories, model, endpoint)):
             raise typer.BadParameter("--checkpoint is the policy: give no --trajectories, --model or --endpoint")

@@ -33,7 +33,12 @@ SPLIT = "test"
 
 
 def load_rows(path: str | Path) -> list[dict[str, Any]]:
-    """verl rows from a parquet file (``verl-evidence data`` output) or a JSONL file of rows."""
+    """verl rows from a parquet file (``verl-evidence data`` output) or a JSONL file of rows.
+
+    A file that is not rows is a :class:`DataPrepError` (a ``ValueError``): the CLI reports it in one line.
+    """
+    from verl_evidence.dataprep.records import DataPrepError
+
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"evaluation data {path} does not exist")
@@ -49,11 +54,13 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
                     try:
                         rows.append(json.loads(line))
                     except json.JSONDecodeError as err:
-                        raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
+                        raise DataPrepError(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
     for i, row in enumerate(rows):
         missing = [k for k in ("prompt", "reward_model", "data_source") if k not in row]
         if missing:
-            raise ValueError(f"{path}: row {i} lacks the verl column(s) {missing}; write rows with `verl-evidence data`")
+            raise DataPrepError(
+                f"{path}: row {i} lacks the verl column(s) {missing}; write rows with `verl-evidence data`"
+            )
     return rows
 
 
@@ -91,9 +98,7 @@ def bundled_qa_records(qa_path: str | Path | None = None, corpus_path: str | Pat
                 row = json.loads(line)
                 if isinstance(row.get("hops"), int):
                     hops[str(row.get("id"))] = row["hops"]
-    records = [
-        dataclasses.replace(r, data_source=f"{source}_{hops[r.id]}hop") if r.id in hops else r for r in records
-    ]
+    records = [dataclasses.replace(r, data_source=f"{source}_{hops[r.id]}hop") if r.id in hops else r for r in records]
     corpus = read_corpus(corpus_path)
     check_references(records, corpus, str(qa_path))
     return records, corpus
@@ -149,6 +154,10 @@ def bundled_rows(
         ]
         items = [grace_mod.GraceInput(record=r) for r in records]
         examples, stats = grace_mod.construct(items, retrievers, corpus, k=3, seed=seed)
-        logger.info("GRACE contexts: %d answerable, %d unanswerable", sum(stats.answerable.values()), sum(stats.unanswerable.values()))
+        logger.info(
+            "GRACE contexts: %d answerable, %d unanswerable",
+            sum(stats.answerable.values()),
+            sum(stats.unanswerable.values()),
+        )
         rows += rows_mod.grace_rows(examples, corpus, load_template("grace"), SPLIT)
     return rows
