@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from smoke_runs import SmokeRun, run_smoke, smoke_paths
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 OUR_PACKAGES = ("verl_evidence", "retrieval_server")
@@ -59,8 +60,15 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         )
 
 
+# Session fixtures worth one instance per run: under pytest-xdist (`make test`: -n 2 --dist loadgroup) every test
+# using one of them goes to the same worker, so that only one worker starts it.
+SHARED_FIXTURE_GROUPS = {**dict.fromkeys(RAY_FIXTURES, "ray"), "verl_import_probe": "verl_import_probe"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Keep the fast tier free of Ray: a test that uses a Ray fixture without the `slow` mark is an error."""
+    """Keep the fast tier free of Ray (a Ray fixture in a test without the `slow` mark is an error); group the
+    users of a shared session fixture for pytest-xdist."""
     unmarked = [
         item.nodeid
         for item in items
@@ -71,6 +79,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             f"these tests start Ray/Ray Serve ({', '.join(sorted(RAY_FIXTURES))}) but are not marked slow: "
             + ", ".join(unmarked)
         )
+    for item in items:
+        groups = {
+            SHARED_FIXTURE_GROUPS[name] for name in getattr(item, "fixturenames", ()) if name in SHARED_FIXTURE_GROUPS
+        }
+        if len(groups) > 1:
+            raise pytest.UsageError(f"{item.nodeid} uses fixtures of two xdist groups {sorted(groups)}: merge them")
+        if groups:
+            item.add_marker(pytest.mark.xdist_group(groups.pop()))
 
 
 @pytest.fixture(scope="session")
@@ -181,6 +197,36 @@ def verl_import_probe(tmp_path_factory) -> dict:
             if line.startswith(tag):
                 parts[tag.lower()] = json.loads(line[len(tag) :])
     return {"returncode": result.returncode, "stderr": result.stderr[-3000:], **parts}
+
+
+def shared_tmp_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This run's temporary directory that every pytest-xdist worker sees (each worker's own is one level down)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session")
+def eviomni_smoke_run(tmp_path_factory) -> SmokeRun:
+    """ONE EviOmni smoke training per test run (``recipes/eviomni_grpo.sh --smoke``, 2 steps), shared by its readers.
+
+    It saves a checkpoint every step (``checkpoints/global_step_{1,2}/``), logs through verl's file logger
+    (``metrics``/``step()``) and dumps the rollouts (``dumped()``). With pytest-xdist the first worker to ask
+    trains while holding a lock; the others wait for it and read what it left (a failed run fails them too,
+    with its output, and is not started again). Readers must not write under it.
+    """
+    from filelock import FileLock
+
+    run_dir = shared_tmp_dir(tmp_path_factory) / "eviomni-smoke-run"
+    record = run_dir / "returncode"
+    with FileLock(f"{run_dir}.lock"):
+        if record.is_file():
+            run = SmokeRun(int(record.read_text()), (run_dir / "training.log").read_text(), *smoke_paths(run_dir))
+        else:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            env = {"SAVE_FREQ": "1", "SMOKE_STEPS": "2", "EXPERIMENT": "shared-smoke"}
+            run = run_smoke("eviomni_grpo.sh", run_dir, env=env)
+            record.write_text(str(run.returncode))
+    return run.check_finished()
 
 
 @contextmanager

@@ -10,56 +10,21 @@ The same runs check the per-step metrics of verl_evidence.step_sampler: at steps
 every reward component is there and equals the mean of the per-sample values verl's
 rollout dump (``trainer.rollout_data_dir``) holds for that step, the rollout behaviour
 matches the dump too, and no retrieved or masked-answer token was trained.
+
+The EviOmni run is the session's shared ``eviomni_smoke_run`` (tests/conftest.py; tests/eval evaluates its
+checkpoints); the other recipes train here, each in its own temporary directory (tests/smoke_runs.py).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from dataclasses import dataclass
-from pathlib import Path
-
 import pytest
+from smoke_runs import SmokeRun, run_smoke
 
-from verl_evidence.local.smoke.logs import read_metrics
 from verl_evidence.step_metrics import ROLLOUT_STATS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 STEPS = (1, 2)
-
-
-@dataclass
-class SmokeRun:
-    output: str
-    metrics: dict[int, dict[str, float]]  # verl's file logger, per step
-    dump: Path  # trainer.rollout_data_dir
-
-    def step(self, step: int) -> dict[str, float]:
-        metrics = self.metrics.get(step)
-        assert metrics, f"no metrics for step {step} in verl's file logger:\n{self.output[-4000:]}"
-        return metrics
-
-    def dumped(self, step: int) -> list[dict]:
-        path = self.dump / f"{step}.jsonl"
-        assert path.is_file(), f"no rollout dump for step {step} in {self.dump}"
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def run_smoke(recipe: str, tmp_path: Path, *overrides: str, env: dict[str, str] | None = None) -> SmokeRun:
-    metrics_file, dump = tmp_path / "metrics.jsonl", tmp_path / "rollouts"
-    environment = dict(os.environ, PYTHON=sys.executable, VERL_FILE_LOGGER_PATH=str(metrics_file), **(env or {}))
-    result = subprocess.run(
-        ["bash", str(RECIPES / recipe), "--smoke", f"trainer.rollout_data_dir={dump}", *overrides],
-        env=environment, capture_output=True, text=True, timeout=1700,
-    )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-6000:]
-    assert metrics_file.is_file(), f"verl's file logger wrote nothing at {metrics_file}:\n{output[-4000:]}"
-    return SmokeRun(output, read_metrics(metrics_file), dump)
 
 
 def assert_step_metrics_match_the_dump(run: SmokeRun, reward: str, components: set[str]) -> None:
@@ -92,17 +57,8 @@ def assert_learning_signal(metrics: dict[str, float]) -> None:
     assert metrics["training/rollout_probs_diff_mean"] < 1e-4, metrics
 
 
-@pytest.fixture(scope="module")
-def retrieval_env(request) -> dict[str, str]:
-    try:
-        url = request.getfixturevalue("retrieval_server_url")
-    except pytest.FixtureLookupError:
-        url = os.environ.get("VERL_EVIDENCE_TEST_RETRIEVAL_URL", "")
-    return {"RETRIEVAL_URL": url} if url else {}
-
-
-def test_eviomni_recipe_trains_on_cpu(tmp_path):
-    run = run_smoke("eviomni_grpo.sh", tmp_path)
+def test_eviomni_recipe_trains_on_cpu(eviomni_smoke_run):
+    run = eviomni_smoke_run  # the session's one EviOmni run (tests/conftest.py), also read by tests/eval
     assert "actor_rollout_ref.rollout.name=hf" in run.output  # the printed command is the one that ran
     assert_learning_signal(run.step(2))
     assert_step_metrics_match_the_dump(run, "eviomni", {"score", "ans_f", "ans_r", "ans_e", "len", "format"})
@@ -110,12 +66,13 @@ def test_eviomni_recipe_trains_on_cpu(tmp_path):
         metrics, rows = run.step(step), run.dumped(step)
         # o_r / o_e are never in the trained response
         assert metrics["masking/masked_answer_token_share"] == metrics["masking/masked_answer_tokens_trained"] == 0
-        assert metrics["rollout/answer_rate"] == pytest.approx(rollout_mean(rows, "termination",
-                                                                            lambda t: t == "answer"))
+        assert metrics["rollout/answer_rate"] == pytest.approx(
+            rollout_mean(rows, "termination", lambda t: t == "answer")
+        )
 
 
-def test_evinote_recipe_trains_on_cpu_with_the_search_server_and_nli_judge(retrieval_env, tmp_path):
-    run = run_smoke("evinote_grpo.sh", tmp_path, env=retrieval_env)
+def test_evinote_recipe_trains_on_cpu_with_the_search_server_and_nli_judge(retrieval_server_url, tmp_path):
+    run = run_smoke("evinote_grpo.sh", tmp_path, env={"RETRIEVAL_URL": retrieval_server_url}).check_finished()
     metrics = run.step(2)
     assert metrics["num_turns/max"] >= 4  # user, the search turn, its observation, the answer turn
     # Rewards differ within a group: some samples close an annotated <summary> and an <answer> (gate + EQR from the
@@ -127,19 +84,21 @@ def test_evinote_recipe_trains_on_cpu_with_the_search_server_and_nli_judge(retri
         assert metrics["rollout/searches/mean"] == pytest.approx(rollout_mean(rows, "num_searches"))
         assert metrics["rollout/note_rate"] == pytest.approx(rollout_mean(rows, "summary_count", lambda n: n > 0))
         assert metrics["rollout/search_errors/mean"] == pytest.approx(rollout_mean(rows, "search_errors"))
-        assert metrics["rollout/answer_rate"] == pytest.approx(rollout_mean(rows, "termination",
-                                                                            lambda t: t == "answer"))
+        assert metrics["rollout/answer_rate"] == pytest.approx(
+            rollout_mean(rows, "termination", lambda t: t == "answer")
+        )
         # the searches' observations are in the response, and none of their tokens is trained
         assert metrics["masking/retrieved_token_share"] > 0
         assert metrics["masking/retrieved_tokens_trained"] == 0
 
 
 def test_grace_dapo_recipe_trains_on_cpu_through_verls_dapo_manager(tmp_path):
-    run = run_smoke("grace_dapo.sh", tmp_path)
+    run = run_smoke("grace_dapo.sh", tmp_path).check_finished()
     # verl pprints its resolved config: the reward manager is verl's own dapo, GRACE's score its custom function
     assert "'name': 'dapo'," in run.output, "not verl's DAPO reward manager"
     assert "'path': 'pkg://verl_evidence.rewards.grace'" in run.output
     assert_learning_signal(run.step(2))
     # logged under GRACE's name (the scoring function of verl's dapo manager)
-    assert_step_metrics_match_the_dump(run, "grace", {"score", "format", "path", "content", "evidence_rouge",
-                                                      "answer_rouge"})
+    assert_step_metrics_match_the_dump(
+        run, "grace", {"score", "format", "path", "content", "evidence_rouge", "answer_rouge"}
+    )
