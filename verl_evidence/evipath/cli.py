@@ -167,12 +167,11 @@ def synthesize(
     try:
         records = load_records(input_path, fmt, corpus_path=corpus, limit=limit, report=read_report)
     except (FileNotFoundError, ValueError) as err:
-        console.print(f"[red]cannot read the input: {err}")
+        typer.echo(f"error: cannot read the input: {err}", err=True)  # one line, like every user error
         raise typer.Exit(2) from err
     if not records:
-        console.print(
-            f"[red]no usable records in {input_path or 'the bundled set'} (skipped: {dict(read_report.skipped)})"
-        )
+        where = input_path or "the bundled set"
+        typer.echo(f"error: no usable records in {where} (skipped: {dict(read_report.skipped)})", err=True)
         raise typer.Exit(2)
     prompts = Prompts(planner_synth_prompt, executor_answer_prompt, executor_synth_prompt)
     config = SynthesisConfig(max_steps=max_steps, max_searches=max_searches, min_f1=min_f1, seed=seed, prompts=prompts)
