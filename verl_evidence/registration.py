@@ -12,6 +12,9 @@ pays for it. Measured on 2 vCPUs: ``import verl`` 14 s with eager registration,
 
 Standard Python only (a ``sys.meta_path`` finder that wraps the module's loader),
 no verl internals: a registry that is already imported is filled at once.
+Hand-written rather than ``wrapt.register_post_import_hook``: wrapt fires a hook
+at once for a module that is in ``sys.modules`` but still executing, which would
+register into a half-built registry; this one waits for the module to finish.
 """
 
 from __future__ import annotations
