@@ -31,7 +31,8 @@ MODEL_PATH, NNODES, GPUS_PER_NODE, TP, TRAIN_FILES, VAL_FILES, CHECKPOINT_DIR, R
 the last checkpoint in CHECKPOINT_DIR), RETRIEVAL_URL, START_SERVER,
 SERVER_ARGS, SERVER_WAIT (600 s), SERVER_FIRST (1: start the trainer only once the server answers),
 ALLOW_DEMO_CORPUS (1: train on the bundled demo corpus when neither RETRIEVAL_URL nor SERVER_ARGS="--index-dir ..."
-names an index) and every hyperparameter named at the top of the recipe. See docs/recipes.md.
+names an index), MASK_CHECK (false: log the per-step masking shares without stopping on a trained retrieved
+token; docs/training-metrics.md) and every hyperparameter named at the top of the recipe. See docs/recipes.md.
 EOF
 }
 
