@@ -222,7 +222,6 @@ def eviomni_smoke_run(tmp_path_factory) -> SmokeRun:
         if record.is_file():
             run = SmokeRun(int(record.read_text()), (run_dir / "training.log").read_text(), *smoke_paths(run_dir))
         else:
-            run_dir.mkdir(parents=True, exist_ok=True)
             env = {"SAVE_FREQ": "1", "SMOKE_STEPS": "2", "EXPERIMENT": "shared-smoke"}
             run = run_smoke("eviomni_grpo.sh", run_dir, env=env)
             record.write_text(str(run.returncode))

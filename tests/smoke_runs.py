@@ -58,6 +58,7 @@ def smoke_paths(run_dir: Path) -> tuple[Path, Path, Path]:
 
 def run_smoke(recipe: str, run_dir: Path, *overrides: str, env: dict[str, str] | None = None) -> SmokeRun:
     """Run ``recipes/<recipe> --smoke`` with everything it writes under ``run_dir``; the console in training.log."""
+    run_dir.mkdir(parents=True, exist_ok=True)
     run = SmokeRun(0, "", *smoke_paths(run_dir))
     environment = {
         **os.environ,
