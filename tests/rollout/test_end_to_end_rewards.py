@@ -115,7 +115,10 @@ def test_eviomni_loop_scored_by_eviomni(base_config, tokenizer, ray_session):
             return "<answer> Nile </answer>"
         if prompt.endswith("</extract>"):
             return " <answer> Nile </answer>"
-        return "<reason> The first passage names the river. </reason><extract> The Nile flows north into the Mediterranean Sea. </extract>"
+        return (
+            "<reason> The first passage names the river. </reason>"
+            "<extract> The Nile flows north into the Mediterranean Sea. </extract>"
+        )
 
     backend = ScriptedBackend(tokenizer, responder=respond)
     out, score, info = run_scored(

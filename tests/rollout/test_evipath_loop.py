@@ -183,7 +183,10 @@ def test_executor_without_an_answer_falls_back_to_the_passages(base_config, sear
 
 def test_executor_behind_an_openai_compatible_endpoint(base_config, search_url, tokenizer):
     server = OpenAICompatibleServer(tokenizer)
-    server.chat_reply = "<think> [0] says so </think>\n<select>[0]</select>\n<answer> The Nile is the longest river in Africa. </answer> extra"
+    server.chat_reply = (
+        "<think> [0] says so </think>\n<select>[0]</select>\n"
+        "<answer> The Nile is the longest river in Africa. </answer> extra"
+    )
     try:
         config = loop_config(
             base_config,

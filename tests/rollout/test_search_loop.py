@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import socketserver
 import threading
@@ -149,10 +150,8 @@ class _Proxy:
                         pass
                     finally:
                         for s in (src, dst):
-                            try:
+                            with contextlib.suppress(OSError):
                                 s.shutdown(socket.SHUT_RDWR)
-                            except OSError:
-                                pass
 
                 t = threading.Thread(target=pipe, args=(remote, self.request), daemon=True)
                 t.start()
@@ -209,7 +208,10 @@ def test_policy_evidence_extractor_replaces_passages(base_config, search_url, to
     def responder(prompt: str) -> str:
         if "You help a search agent" in prompt:
             extractor_prompts.append(prompt)
-            return "<reason> the query asks for the longest river </reason><extract> The Nile is the longest river. </extract> trailing"
+            return (
+                "<reason> the query asks for the longest river </reason>"
+                "<extract> The Nile is the longest river. </extract> trailing"
+            )
         return next(policy_turns)
 
     backend = ScriptedBackend(tokenizer, responder=responder)
@@ -330,7 +332,8 @@ def test_per_turn_cap_without_action_is_corrected_not_fatal(base_config, search_
 def test_smoke_warm_up_lays_out_tokens_as_the_loop_does(
     base_config, search_url, tokenizer, model_dir, tmp_path, monkeypatch
 ):
-    """The smoke policy's search warm-up (verl_evidence.local.smoke) is the token sequence this loop builds and continues."""
+    """The smoke policy's search warm-up (verl_evidence.local.smoke) is the token sequence this loop builds and
+    continues."""
     from verl_evidence.agent_loops.search_loop import SearchLoopSettings
     from verl_evidence.local.smoke import settings as smoke_settings
     from verl_evidence.local.smoke.training import example_ids
