@@ -87,8 +87,9 @@ def read_trajectories(keys: list[str], partition_id: str) -> list[Trajectory]:
     # TensorDict refuses `key in td`: its keys() it is
     loss_masks = _rows(data["loss_mask"]) if "loss_mask" in data.keys() else [None] * len(keys)  # noqa: SIM118
     return [
-        Trajectory(extra_fields=fields if isinstance(fields, Mapping) else {}, response_mask=mask,
-                   loss_mask=loss, key=key)
+        Trajectory(
+            extra_fields=fields if isinstance(fields, Mapping) else {}, response_mask=mask, loss_mask=loss, key=key
+        )
         for key, fields, mask, loss in zip(keys, extra_fields, response_masks, loss_masks, strict=True)
     ]
 
@@ -106,12 +107,15 @@ class EvidenceReplayBuffer:
         self.mask_check = _flag(own.get("mask_check", True))
         buffer_cls = ReplayBuffer if trainer_mode == "sync" else ReplayBufferAsync
         self.buffer = buffer_cls(trainer_mode=trainer_mode, sampler_kwargs=options, **verl_kwargs, **builtin)
-        logger.info("per-step metrics reward/%s/..., rollout/..., masking/... (mask check %s) on verl's %s",
-                    self.label, "on" if self.mask_check else "off", buffer_cls.__name__)
+        logger.info(
+            "per-step metrics reward/%s/..., rollout/..., masking/... (mask check %s) on verl's %s",
+            self.label,
+            "on" if self.mask_check else "off",
+            buffer_cls.__name__,
+        )
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int):
-        batch, metrics = self.buffer.sample(global_steps=global_steps, partition_id=partition_id,
-                                            batch_size=batch_size)
+        batch, metrics = self.buffer.sample(global_steps=global_steps, partition_id=partition_id, batch_size=batch_size)
         if partition_id == TRAIN_PARTITION and batch.keys:
             trajectories = read_trajectories(list(batch.keys), partition_id)
             metrics = {**metrics, **step_metrics(trajectories, self.label, mask_check=self.mask_check)}

@@ -16,21 +16,55 @@ from verl_evidence import step_metrics as sm
 from verl_evidence.step_metrics import MaskingError, Trajectory
 
 
-def search_trajectory(key: str, *, score: float, em: float, searches: int, notes: int, termination: str,
-                      mask: list[int], spans: list[list[int]], search_errors: int = 0) -> Trajectory:
+def search_trajectory(
+    key: str,
+    *,
+    score: float,
+    em: float,
+    searches: int,
+    notes: int,
+    termination: str,
+    mask: list[int],
+    spans: list[list[int]],
+    search_errors: int = 0,
+) -> Trajectory:
     info = {"score": score, "em": em, "format_ok": 1.0, "num_searches": float(searches), "reward_error": 0.0}
-    fields = {"reward_extra_info": info, "num_searches": searches, "summary_count": notes,
-              "search_errors": search_errors, "termination": termination, "retrieved_spans": spans,
-              "question": "q", "searches": ["x"] * searches}
+    fields = {
+        "reward_extra_info": info,
+        "num_searches": searches,
+        "summary_count": notes,
+        "search_errors": search_errors,
+        "termination": termination,
+        "retrieved_spans": spans,
+        "question": "q",
+        "searches": ["x"] * searches,
+    }
     return Trajectory(extra_fields=fields, response_mask=mask, loss_mask=list(mask), key=key)
 
 
 def two_trajectories() -> list[Trajectory]:
     return [
-        search_trajectory("u_0_0", score=1.0, em=1.0, searches=1, notes=1, termination="answer",
-                          mask=[1, 1, 0, 0, 0, 1], spans=[[2, 5]]),
-        search_trajectory("u_1_0", score=0.0, em=0.0, searches=2, notes=0, termination="max_turns",
-                          mask=[1, 0, 0, 1], spans=[[1, 3]], search_errors=1),
+        search_trajectory(
+            "u_0_0",
+            score=1.0,
+            em=1.0,
+            searches=1,
+            notes=1,
+            termination="answer",
+            mask=[1, 1, 0, 0, 0, 1],
+            spans=[[2, 5]],
+        ),
+        search_trajectory(
+            "u_1_0",
+            score=0.0,
+            em=0.0,
+            searches=2,
+            notes=0,
+            termination="max_turns",
+            mask=[1, 0, 0, 1],
+            spans=[[1, 3]],
+            search_errors=1,
+        ),
     ]
 
 
@@ -68,8 +102,12 @@ def test_a_trained_retrieved_token_raises_unless_the_check_is_off():
 
 
 def test_loss_mask_is_checked_too_and_spans_are_cut_at_the_response():
-    trajectory = Trajectory(extra_fields={"masked_answer_spans": [[3, 50]]}, response_mask=[1, 1, 1, 0, 0],
-                            loss_mask=[1, 1, 1, 0, 1], key="k")
+    trajectory = Trajectory(
+        extra_fields={"masked_answer_spans": [[3, 50]]},
+        response_mask=[1, 1, 1, 0, 0],
+        loss_mask=[1, 1, 1, 0, 1],
+        key="k",
+    )
     with pytest.raises(MaskingError, match="1 masked_answer token"):
         sm.step_metrics([trajectory], "eviomni")
     metrics = sm.step_metrics([trajectory], "eviomni", mask_check=False)
@@ -77,19 +115,36 @@ def test_loss_mask_is_checked_too_and_spans_are_cut_at_the_response():
 
 
 def test_composite_parts_and_weights_and_non_numbers():
-    info = {"score": 2.0, "eviomni.score": 1.0, "eviomni.weight": 0.5, "grace.weight": 2.0, "note": "text",
-            "flag": True, "nan": float("nan")}
+    info = {
+        "score": 2.0,
+        "eviomni.score": 1.0,
+        "eviomni.weight": 0.5,
+        "grace.weight": 2.0,
+        "note": "text",
+        "flag": True,
+        "nan": float("nan"),
+    }
     metrics = sm.reward_metrics([Trajectory(extra_fields={"reward_extra_info": info}, response_mask=[1])], "composite")
-    assert metrics == {"reward/composite/score/mean": 2.0, "reward/composite/eviomni.score/mean": 1.0,
-                       "reward/composite/eviomni.weight/mean": 0.5, "reward/composite/grace.weight/mean": 2.0,
-                       "reward/composite/flag/mean": 1.0}
+    assert metrics == {
+        "reward/composite/score/mean": 2.0,
+        "reward/composite/eviomni.score/mean": 1.0,
+        "reward/composite/eviomni.weight/mean": 0.5,
+        "reward/composite/grace.weight/mean": 2.0,
+        "reward/composite/flag/mean": 1.0,
+    }
 
 
 @pytest.mark.parametrize(
     ("manager", "function", "label"),
-    [("eviomni", None, "eviomni"), ("composite", "pkg://verl_evidence.rewards.grace", "composite"),
-     ("dapo", "pkg://verl_evidence.rewards.grace", "grace"), ("naive", "/x/my_reward.py", "my_reward"),
-     ("dapo", None, "dapo"), (None, None, "reward"), ("naive", "pkg://a.b:compute", "b")],
+    [
+        ("eviomni", None, "eviomni"),
+        ("composite", "pkg://verl_evidence.rewards.grace", "composite"),
+        ("dapo", "pkg://verl_evidence.rewards.grace", "grace"),
+        ("naive", "/x/my_reward.py", "my_reward"),
+        ("dapo", None, "dapo"),
+        (None, None, "reward"),
+        ("naive", "pkg://a.b:compute", "b"),
+    ],
 )
 def test_reward_label(manager, function, label):
     assert sm.reward_label(manager, function) == label
@@ -107,8 +162,9 @@ def build_sampler(make_config, *overrides: str):
         "trainer.v1.sampler.custom_sampler.name=EvidenceReplayBuffer",
         *overrides,
     )
-    trainer = SimpleNamespace(config=config, trainer_mode=config.trainer.v1.trainer_mode,
-                              _add_prompts_to_generate=lambda n: None)
+    trainer = SimpleNamespace(
+        config=config, trainer_mode=config.trainer.v1.trainer_mode, _add_prompts_to_generate=lambda n: None
+    )
     trainer._resolve_filter_groups_metric = lambda: PPOTrainer._resolve_filter_groups_metric(trainer)
     return PPOTrainer._build_replay_buffer(trainer)
 
@@ -120,7 +176,9 @@ def test_verl_builds_our_sampler_around_its_own_buffer(make_config):
     assert type(sampler.buffer) is ReplayBuffer and sampler.label == "evinote" and sampler.mask_check is True
     assert sampler.trainer_mode == "sync" and sampler.max_off_policy_strategy == "drop"  # verl's, through the wrap
     sampler = build_sampler(
-        make_config, "trainer.v1.trainer_mode=colocate_async", "++trainer.v1.sampler.sampler_kwargs.mask_check=false",
+        make_config,
+        "trainer.v1.trainer_mode=colocate_async",
+        "++trainer.v1.sampler.sampler_kwargs.mask_check=false",
         "++trainer.v1.sampler.sampler_kwargs.reward_manager=dapo",
         "++trainer.v1.sampler.sampler_kwargs.reward_function=pkg://verl_evidence.rewards.grace",
     )
@@ -128,8 +186,11 @@ def test_verl_builds_our_sampler_around_its_own_buffer(make_config):
 
 
 def test_options_verl_keeps_from_custom_samplers_pass_through_sampler_kwargs(make_config):
-    sampler = build_sampler(make_config, "++trainer.v1.sampler.sampler_kwargs.sync_refill_failed_groups=true",
-                            "++trainer.v1.sampler.sampler_kwargs.gen_batch_size=1")
+    sampler = build_sampler(
+        make_config,
+        "++trainer.v1.sampler.sampler_kwargs.sync_refill_failed_groups=true",
+        "++trainer.v1.sampler.sampler_kwargs.gen_batch_size=1",
+    )
     assert sampler.buffer.sync_refill_failed_groups is True and sampler.buffer.sampler_kwargs == {}
     with pytest.raises(ValueError, match="mask_check"):
         build_sampler(make_config, "++trainer.v1.sampler.sampler_kwargs.mask_check=maybe")
@@ -146,8 +207,7 @@ def test_the_trainer_logs_what_sample_returns_before_it_trains_on_the_batch():
     build = inspect.getsource(PPOTrainer._build_replay_buffer)
     assert "custom_sampler" in build and "sampler_kwargs=sampler_config.sampler_kwargs" in build
     for cls in (ReplayBuffer, ReplayBufferAsync):
-        assert tuple(inspect.signature(cls.sample).parameters) == ("self", "global_steps", "partition_id",
-                                                                   "batch_size")
+        assert tuple(inspect.signature(cls.sample).parameters) == ("self", "global_steps", "partition_id", "batch_size")
 
 
 # -- the version-gated rollout-dump columns -------------------------------------------------------------------------
@@ -161,9 +221,13 @@ def test_rollout_dump_patch_pins_verls_training_dump():
     assert trainer_patches.verl_supported()
     source = inspect.getsource(PPOTrainer._log_rollout_data)
     assert 'reward_extra_infos_dict = {"uid": [batch.keys[i] for i in sorted_indices]}' in source
-    assert tuple(inspect.signature(PPOTrainer._dump_generations.__wrapped__ if hasattr(
-        PPOTrainer._dump_generations, "__wrapped__") else PPOTrainer._dump_generations).parameters) == (
-        trainer_patches.DUMP_PARAMETERS)
+    assert tuple(
+        inspect.signature(
+            PPOTrainer._dump_generations.__wrapped__
+            if hasattr(PPOTrainer._dump_generations, "__wrapped__")
+            else PPOTrainer._dump_generations
+        ).parameters
+    ) == (trainer_patches.DUMP_PARAMETERS)
     write = inspect.getsource(PPOTrainer._write_generations)
     assert "for k, v in reward_extra_infos_dict.items():" in write and "base_data[k] = v" in write
 
@@ -180,10 +244,20 @@ def test_rollout_dump_patch_adds_columns_only_to_the_training_dump(monkeypatch, 
     calls = []
     Trainer._dump_generations = lambda self, *args: calls.append(args)
     Trainer._dump_generations.__signature__ = inspect.signature(PPOTrainer._dump_generations)
-    fields = {"a_0_0": {"reward_extra_info": {"score": 1.0, "em": 1.0}, "num_searches": 1, "termination": "answer",
-                        "searches": ["q"]},
-              "a_1_0": {"reward_extra_info": {"score": 0.0, "em": 0.0}, "num_searches": np.int64(2),
-                        "termination": "max_turns", "searches": ["q", "r"]}}
+    fields = {
+        "a_0_0": {
+            "reward_extra_info": {"score": 1.0, "em": 1.0},
+            "num_searches": 1,
+            "termination": "answer",
+            "searches": ["q"],
+        },
+        "a_1_0": {
+            "reward_extra_info": {"score": 0.0, "em": 0.0},
+            "num_searches": np.int64(2),
+            "termination": "max_turns",
+            "searches": ["q", "r"],
+        },
+    }
     requested = []
 
     def kv_batch_get(keys, partition_id, select_fields):

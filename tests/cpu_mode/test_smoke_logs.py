@@ -17,13 +17,27 @@ def test_every_step_as_verl_logged_it_numbers_only(tmp_path, monkeypatch):
     path = tmp_path / "metrics.jsonl"
     logger = file_logger(path, monkeypatch)
     logger.log({"val-core/nq/reward/mean@2": np.float64(0.25)}, step=0)
-    logger.log({"critic/score/mean": np.float32(0.5), "num_turns/max": np.int32(3), "flag": True,
-                "reward/eviomni/format/mean": 0.125, "note": "text", "training/global_step": 1}, step=1)
+    logger.log(
+        {
+            "critic/score/mean": np.float32(0.5),
+            "num_turns/max": np.int32(3),
+            "flag": True,
+            "reward/eviomni/format/mean": 0.125,
+            "note": "text",
+            "training/global_step": 1,
+        },
+        step=1,
+    )
     logger.finish()
     assert read_metrics(path) == {
         0: {"val-core/nq/reward/mean@2": 0.25},
-        1: {"critic/score/mean": 0.5, "num_turns/max": 3.0, "flag": 1.0, "reward/eviomni/format/mean": 0.125,
-            "training/global_step": 1.0},
+        1: {
+            "critic/score/mean": 0.5,
+            "num_turns/max": 3.0,
+            "flag": 1.0,
+            "reward/eviomni/format/mean": 0.125,
+            "training/global_step": 1.0,
+        },
     }
 
 

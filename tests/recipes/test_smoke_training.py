@@ -127,8 +127,12 @@ def test_a_loop_that_trains_retrieved_tokens_stops_the_run_before_any_update(ret
     loops.write_text("- name: evidence_search\n  _target_: mis_masking_loop.MisMaskingSearchLoop\n")
     pythonpath = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
     override = f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}"
-    run = run_smoke("evinote_grpo.sh", tmp_path / "run", override,
-                    env={"RETRIEVAL_URL": retrieval_server_url, "PYTHONPATH": pythonpath})
+    run = run_smoke(
+        "evinote_grpo.sh",
+        tmp_path / "run",
+        override,
+        env={"RETRIEVAL_URL": retrieval_server_url, "PYTHONPATH": pythonpath},
+    )
     assert run.returncode != 0, run.output[-4000:]
     assert "MaskingError" in run.output and "retrieved token(s) with loss mask 1" in run.output, run.output[-6000:]
     assert "nothing was trained on them" in run.output

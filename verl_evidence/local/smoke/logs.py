@@ -86,5 +86,5 @@ def metrics_path(output: str) -> Path | None:
     """The file-logger path a smoke run printed (``# metrics (verl's file logger): PATH``), if any."""
     for line in output.splitlines():
         if line.startswith(METRICS_LINE):
-            return Path(line[len(METRICS_LINE):].strip())
+            return Path(line[len(METRICS_LINE) :].strip())
     return None
