@@ -431,6 +431,12 @@ def main() -> None:
     parser.add_argument("--seconds-per-level", type=float, default=20.0)
     parser.add_argument("--json", type=Path, default=None, help="Also write the report here")
     parser.add_argument(
+        "--serve-arg",
+        action="append",
+        default=[],
+        help="Extra flag for `serve`, repeatable (e.g. --serve-arg=--ingress=proxy)",
+    )
+    parser.add_argument(
         "--reuse", action="store_true", help="Serve and measure an index a --keep run left in --work-dir (no rebuild)"
     )
     args = parser.parse_args()
@@ -468,7 +474,7 @@ def main() -> None:
         with open(work / "serve.log", "w") as serve_log:  # the child keeps its own descriptor
             server = subprocess.Popen(
                 [str(bin_dir / "retrieval-server"), "serve", "--index-dir", str(adopted), "--mmap-index", "--port",
-                 str(port)],
+                 str(port), *args.serve_arg],
                 stdout=serve_log, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         try:
