@@ -69,10 +69,20 @@ def check_good_beats_bad(out: Path, report: str) -> None:
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     for (manager, rollout), cells in rows.items():
         assert cells[7] == "yes", cells  # every good case scores above every bad case
-        good = [r["rewards"][manager]["score"] for r in records if r["rollout"] == rollout and manager in r["rewards"]
-                and r["case"] in ("well_grounded", "note_taking", "correct_refusal")]
-        bad = [r["rewards"][manager]["score"] for r in records if r["rollout"] == rollout and manager in r["rewards"]
-               and r["case"] in ("unsupported", "wrong_refusal", "bad_format")]
+        good = [
+            r["rewards"][manager]["score"]
+            for r in records
+            if r["rollout"] == rollout
+            and manager in r["rewards"]
+            and r["case"] in ("well_grounded", "note_taking", "correct_refusal")
+        ]
+        bad = [
+            r["rewards"][manager]["score"]
+            for r in records
+            if r["rollout"] == rollout
+            and manager in r["rewards"]
+            and r["case"] in ("unsupported", "wrong_refusal", "bad_format")
+        ]
         assert good and bad and min(good) > max(bad), (manager, rollout)
 
 
@@ -80,8 +90,12 @@ def check_good_beats_bad(out: Path, report: str) -> None:
 def test_demo_on_a_small_reference_set(retrieval_server_url, tmp_path) -> None:
     out = tmp_path / "demo"
     result = run_demo(
-        out, retrieval_server_url,
-        "--trajectories", str(EVAL_DATA / "trajectories.jsonl"), "--qa", str(EVAL_DATA / "qa.jsonl"),
+        out,
+        retrieval_server_url,
+        "--trajectories",
+        str(EVAL_DATA / "trajectories.jsonl"),
+        "--qa",
+        str(EVAL_DATA / "qa.jsonl"),
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert re.search(r"done in \d+s \(9 rollouts\)", result.stdout)
@@ -102,7 +116,9 @@ def _bundled_trajectories_exist() -> bool:
 
 
 @pytest.mark.timeout(960)  # the demo subprocess has 900 s
-@pytest.mark.skipif(not _bundled_trajectories_exist(), reason="verl_evidence/bundled/trajectories.jsonl not shipped yet")
+@pytest.mark.skipif(
+    not _bundled_trajectories_exist(), reason="verl_evidence/bundled/trajectories.jsonl not shipped yet"
+)
 def test_quick_demo_on_the_bundled_reference_trajectories(retrieval_server_url, tmp_path) -> None:
     out = tmp_path / "demo"
     result = run_demo(out, retrieval_server_url, "--quick")

@@ -65,17 +65,31 @@ def validation_metrics(step: int, n: int = 2, source: str = "bundled") -> dict:
 def train_metrics(step: int) -> dict:
     mean, low, high, adv_min, adv_max, grad, seconds = TRAIN[step]
     return {
-        "actor/entropy": 6.18, "actor/grad_norm": grad, "actor/lr": 1e-4,
-        "critic/score/mean": mean, "critic/score/max": high, "critic/score/min": low,
-        "critic/advantages/mean": 0.0, "critic/advantages/max": adv_max, "critic/advantages/min": adv_min,
-        "response_length/mean": 123.5, "num_turns/min": np.int32(2), "timing_s/step": seconds,
-        "timing_s/testing": 7.5, "training/global_step": step,
+        "actor/entropy": 6.18,
+        "actor/grad_norm": grad,
+        "actor/lr": 1e-4,
+        "critic/score/mean": mean,
+        "critic/score/max": high,
+        "critic/score/min": low,
+        "critic/advantages/mean": 0.0,
+        "critic/advantages/max": adv_max,
+        "critic/advantages/min": adv_min,
+        "response_length/mean": 123.5,
+        "num_turns/min": np.int32(2),
+        "timing_s/step": seconds,
+        "timing_s/testing": 7.5,
+        "training/global_step": step,
         # verl-evidence's sampler: the training rollouts' reward components, behaviour and masking
-        "reward/eviomni/score/mean": mean, "reward/eviomni/ans/mean": ROLLOUT_ANS[step],
-        "reward/eviomni/ans_f/mean": ROLLOUT_ANS[step], "reward/eviomni/len/mean": 0.5,
-        "reward/eviomni/format/mean": ROLLOUT_FORMAT[step], "reward/eviomni/len_p/mean": 900.0,
-        "reward/eviomni/reward_error/mean": 0.0, "rollout/answer_rate": 0.75,
-        "masking/retrieved_token_share": 0.0, "masking/masked_answer_tokens_trained": 0.0,
+        "reward/eviomni/score/mean": mean,
+        "reward/eviomni/ans/mean": ROLLOUT_ANS[step],
+        "reward/eviomni/ans_f/mean": ROLLOUT_ANS[step],
+        "reward/eviomni/len/mean": 0.5,
+        "reward/eviomni/format/mean": ROLLOUT_FORMAT[step],
+        "reward/eviomni/len_p/mean": 900.0,
+        "reward/eviomni/reward_error/mean": 0.0,
+        "rollout/answer_rate": 0.75,
+        "masking/retrieved_token_share": 0.0,
+        "masking/masked_answer_tokens_trained": 0.0,
     }
 
 
@@ -133,18 +147,51 @@ def test_verls_logged_metrics_become_a_plot_and_a_per_step_table(tmp_path: Path)
     assert markdown.startswith("# Training: 3 GRPO steps on CPU")
     assert "](training.png)" in markdown
     header, rows = table_rows(markdown)
-    assert header[:8] == ["step", "train reward mean", "min", "max", "advantage min", "advantage max", "grad norm",
-                          "step s"]
+    assert header[:8] == [
+        "step",
+        "train reward mean",
+        "min",
+        "max",
+        "advantage min",
+        "advantage max",
+        "grad norm",
+        "step s",
+    ]
     # the EviOmni components that were logged, in display order (training rollouts, then validation); raw lengths
     # and the error flag are not shown
-    assert header[8:] == ["train ans", "train ans_f", "train len", "train format",
-                          "val reward", "val ans", "val ans_f", "val len", "val format"]
+    assert header[8:] == [
+        "train ans",
+        "train ans_f",
+        "train len",
+        "train format",
+        "val reward",
+        "val ans",
+        "val ans_f",
+        "val len",
+        "val format",
+    ]
     assert sorted(rows) == ["0", "1", "2", "3"]
     assert rows["0"][1:12] == ["-"] * 11  # before training: validation only
     assert rows["0"][12:] == ["0.050", "0.020", "0.020", "0.400", "0.000"]
-    assert rows["2"] == ["2", "0.250", "0.000", "0.900", "-0.900", "1.100", "0.520", "19.500",
-                         "0.200", "0.200", "0.500", "0.500",
-                         "0.200", "0.150", "0.150", "0.500", "0.500"]
+    assert rows["2"] == [
+        "2",
+        "0.250",
+        "0.000",
+        "0.900",
+        "-0.900",
+        "1.100",
+        "0.520",
+        "19.500",
+        "0.200",
+        "0.200",
+        "0.500",
+        "0.500",
+        "0.200",
+        "0.150",
+        "0.150",
+        "0.500",
+        "0.500",
+    ]
     assert rows["3"][8:12] == ["0.400", "0.400", "0.500", "0.625"]
     assert rows["3"][12:] == ["0.350", "0.300", "0.300", "0.550", "0.750"]
     assert report.curves.reward_name == "eviomni"
@@ -153,9 +200,16 @@ def test_verls_logged_metrics_become_a_plot_and_a_per_step_table(tmp_path: Path)
 
 def test_curves_keep_the_mean_over_all_validation_samples_and_every_source() -> None:
     metrics = {
-        0: {**validation_metrics(0, n=1, source="nq"), **validation_metrics(0, n=4, source="nq"),
-            **validation_metrics(0, n=4, source="hotpotqa")},
-        1: {**train_metrics(1), **validation_metrics(1, n=4, source="nq"), **validation_metrics(1, n=4, source="hotpotqa")},
+        0: {
+            **validation_metrics(0, n=1, source="nq"),
+            **validation_metrics(0, n=4, source="nq"),
+            **validation_metrics(0, n=4, source="hotpotqa"),
+        },
+        1: {
+            **train_metrics(1),
+            **validation_metrics(1, n=4, source="nq"),
+            **validation_metrics(1, n=4, source="hotpotqa"),
+        },
     }
     curves = training_curves({s: {k: float(v) for k, v in m.items()} for s, m in metrics.items()})
     assert curves.samples_per_validation == 4
@@ -275,7 +329,9 @@ def test_run_training_streams_the_log_and_links_the_plot_from_the_report(tmp_pat
     assert "](training.md)" in report and "![reward components per training step](training.png)" in report
     check_png(out / "training.png")
     training_md = (out / "training.md").read_text()
-    assert "SMOKE_STEPS=3 EPOCHS=3 TEST_FREQ=1 VAL_BEFORE_TRAIN=true bash recipes/eviomni_grpo.sh --smoke" in training_md
+    assert (
+        "SMOKE_STEPS=3 EPOCHS=3 TEST_FREQ=1 VAL_BEFORE_TRAIN=true bash recipes/eviomni_grpo.sh --smoke" in training_md
+    )
     assert table_rows(training_md)[1]["2"][1] == "0.250"
     printed = capsys.readouterr().out
     assert "step 2/3, train reward 0.250" in printed and "before training, val reward 0.050" in printed
@@ -303,10 +359,11 @@ def test_the_recipe_accepts_the_demo_overrides() -> None:
     command, env = demo.training_invocation(REPO / "recipes" / demo.TRAIN_RECIPE, steps=4)
     command = [part for part in command if part != "--smoke"]  # --smoke would build the tiny policy first
     command[2:2] = ["--cfg", "job", "--resolve"]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env={**env, **{"PATH": os.environ["PATH"]}},
-                            timeout=280)
+    result = subprocess.run(
+        command, capture_output=True, text=True, cwd=REPO, env={**env, "PATH": os.environ["PATH"]}, timeout=280
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    config = yaml.safe_load(result.stdout[result.stdout.index("\nactor_rollout_ref:") + 1:])
+    config = yaml.safe_load(result.stdout[result.stdout.index("\nactor_rollout_ref:") + 1 :])
     assert config["data"]["val_max_samples"] == demo.TRAIN_VALIDATION_PROMPTS
     val_kwargs = config["actor_rollout_ref"]["rollout"]["val_kwargs"]
     assert val_kwargs["n"] == demo.TRAIN_VALIDATION_SAMPLES and val_kwargs["do_sample"] is True

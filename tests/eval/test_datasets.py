@@ -37,7 +37,9 @@ def test_bad_row_files_fail_clearly(tmp_path) -> None:
     path.write_text("{not json\n")
     with pytest.raises(ValueError, match=r"rows.jsonl:1: not valid JSON"):
         load_rows(path)
-    path.write_text(json.dumps({"prompt": [], "reward_model": {}, "data_source": "x", "extra_info": {"method": "?"}}) + "\n")
+    path.write_text(
+        json.dumps({"prompt": [], "reward_model": {}, "data_source": "x", "extra_info": {"method": "?"}}) + "\n"
+    )
     with pytest.raises(ValueError, match="cannot tell its rollout"):
         examples_from_rows(load_rows(path))
 

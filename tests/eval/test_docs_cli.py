@@ -22,7 +22,9 @@ def _doc_command_lines() -> list[str]:
     text = DOC.read_text()
     blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
     joined = [b.replace("\\\n", " ") for b in blocks]
-    return [line.strip() for block in joined for line in block.splitlines() if line.strip().startswith("verl-evidence ")]
+    return [
+        line.strip() for block in joined for line in block.splitlines() if line.strip().startswith("verl-evidence ")
+    ]
 
 
 def test_every_documented_command_line_uses_existing_options() -> None:

@@ -20,8 +20,17 @@ def test_eval_command_writes_report_and_resumes_from_its_cache(retrieval_server_
 
     out = tmp_path / "eval"
     args = [
-        "eval", "--trajectories", str(DATA / "trajectories.jsonl"), "--qa", str(DATA / "qa.jsonl"),
-        "--rollouts", "search,grace", "--retrieval-url", retrieval_server_url, "--out", str(out),
+        "eval",
+        "--trajectories",
+        str(DATA / "trajectories.jsonl"),
+        "--qa",
+        str(DATA / "qa.jsonl"),
+        "--rollouts",
+        "search,grace",
+        "--retrieval-url",
+        retrieval_server_url,
+        "--out",
+        str(out),
     ]
     first = CliRunner().invoke(app, args)
     assert first.exit_code == 0, first.output
@@ -43,7 +52,8 @@ def test_eval_command_rejects_two_policies(tmp_path) -> None:
     from verl_evidence.cli import app
 
     result = CliRunner().invoke(
-        app, ["eval", "--trajectories", str(DATA / "trajectories.jsonl"), "--model", str(tmp_path), "--out", str(tmp_path)]
+        app,
+        ["eval", "--trajectories", str(DATA / "trajectories.jsonl"), "--model", str(tmp_path), "--out", str(tmp_path)],
     )
     assert result.exit_code != 0
     assert "at most one policy" in result.output
@@ -59,8 +69,11 @@ def test_a_local_hf_model_directory_runs_as_the_policy(verl_event_loop, retrieva
     model_dir = tmp_path / "tiny-model"
     tiny_causal_lm(seed=0, directory=model_dir)
     with open_session(
-        tmp_path / "work", tokenizer_dir=model_dir, retrieval_url=retrieval_server_url,
-        response_length=96, max_tokens_per_turn=32,
+        tmp_path / "work",
+        tokenizer_dir=model_dir,
+        retrieval_url=retrieval_server_url,
+        response_length=96,
+        max_tokens_per_turn=32,
     ) as session:
         rows = bundled_rows(["search"], session.retrieval_url, session.tokenizer, limit=1)
         examples = examples_from_rows(rows)
@@ -87,8 +100,21 @@ def test_eval_command_with_an_openai_compatible_endpoint(retrieval_server_url, t
         result = CliRunner().invoke(
             app,
             [
-                "eval", "--endpoint", server.url, "--served-model", "policy-7b", "--tokenizer", str(tokenizer_dir),
-                "--rollouts", "grace", "--limit", "1", "--retrieval-url", retrieval_server_url, "--out", str(out),
+                "eval",
+                "--endpoint",
+                server.url,
+                "--served-model",
+                "policy-7b",
+                "--tokenizer",
+                str(tokenizer_dir),
+                "--rollouts",
+                "grace",
+                "--limit",
+                "1",
+                "--retrieval-url",
+                retrieval_server_url,
+                "--out",
+                str(out),
             ],
         )
     finally:
@@ -106,8 +132,8 @@ def test_eval_command_with_an_openai_compatible_endpoint(retrieval_server_url, t
 def test_evipath_planner_evaluated_as_trained_through_an_endpoint(retrieval_server_url, tmp_path) -> None:
     """`--evipath paper`: the EviPath system prompt, Search("…") actions, executor calls and user-turn observations."""
     from verl_evidence.cli import app
-    from verl_evidence.prompts import load_prompt
     from verl_evidence.local.tiny_models import save_tiny_tokenizer, tiny_tokenizer
+    from verl_evidence.prompts import load_prompt
 
     tokenizer = tiny_tokenizer()
     tokenizer_dir = save_tiny_tokenizer(tmp_path / "tok")
@@ -120,9 +146,27 @@ def test_evipath_planner_evaluated_as_trained_through_an_endpoint(retrieval_serv
         result = CliRunner().invoke(
             app,
             [
-                "eval", "--endpoint", server.url, "--served-model", "planner", "--tokenizer", str(tokenizer_dir),
-                "--rollouts", "search", "--limit", "1", "--retrieval-url", retrieval_server_url, "--out", str(out),
-                "--evipath", "paper", "--search-setting", "max_turns=3", "--search-setting", "final_turn_notice=",
+                "eval",
+                "--endpoint",
+                server.url,
+                "--served-model",
+                "planner",
+                "--tokenizer",
+                str(tokenizer_dir),
+                "--rollouts",
+                "search",
+                "--limit",
+                "1",
+                "--retrieval-url",
+                retrieval_server_url,
+                "--out",
+                str(out),
+                "--evipath",
+                "paper",
+                "--search-setting",
+                "max_turns=3",
+                "--search-setting",
+                "final_turn_notice=",
             ],
         )
         bad = CliRunner().invoke(app, ["eval", "--evipath", "paper", "--search-setting", "max_turn=3"])
@@ -136,7 +180,7 @@ def test_evipath_planner_evaluated_as_trained_through_an_endpoint(retrieval_serv
     assert "<|im_start|>user\nQuestion: " in planner[0]
     assert "<|im_start|>user\nQuestion: Who wrote the report?\nSupporting evidence:\n[0] " in executor[0]
     # the executor wrote no <answer>: the passages are the observation, in a user turn after the closed turn
-    assert '</action><|im_end|>\n<|im_start|>user\nObservation:\nDoc 1 (Title: ' in planner[1]
+    assert "</action><|im_end|>\n<|im_start|>user\nObservation:\nDoc 1 (Title: " in planner[1]
     (record,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert record["policy"].startswith(f"endpoint:{server.url}#planner|evidence_search:")
     assert record["num_searches"] == 2

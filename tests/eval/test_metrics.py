@@ -26,7 +26,9 @@ def test_em_and_f1_use_squad_normalisation_and_max_over_golds() -> None:
         rec("a", "The Eiffel Tower!", ["eiffel tower"]),  # EM 1, F1 1
         rec("b", "paris france", ["Paris", "Lyon"]),  # EM 0; F1 vs "paris": P=1/2 R=1 -> 2/3
         rec("c", None, ["x"]),  # no answer: 0, 0
-        rec("d", "blue whale calf", ["a blue whale"]),  # EM 0; tokens {blue, whale, calf} vs {blue, whale}: P=2/3 R=1 -> 0.8
+        rec(
+            "d", "blue whale calf", ["a blue whale"]
+        ),  # EM 0; tokens {blue, whale, calf} vs {blue, whale}: P=2/3 R=1 -> 0.8
     ]
     assert metrics.exact_match_rate(records) == pytest.approx(1 / 4)
     assert metrics.f1_mean(records) == pytest.approx((1 + 2 / 3 + 0 + 0.8) / 4)

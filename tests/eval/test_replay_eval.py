@@ -127,7 +127,9 @@ def test_a_failing_example_is_recorded_and_the_run_goes_on(module_event_loop, se
 
 def test_bad_trajectory_files_fail_naming_the_line(tmp_path, session) -> None:
     path = tmp_path / "t.jsonl"
-    path.write_text(json.dumps({"question_id": "t1", "rollout": "search", "turns": ["<answer>x</answer>"]}) + "\n{oops\n")
+    path.write_text(
+        json.dumps({"question_id": "t1", "rollout": "search", "turns": ["<answer>x</answer>"]}) + "\n{oops\n"
+    )
     with pytest.raises(ValueError, match=r"t.jsonl:2: not valid JSON"):
         load_trajectories(path)
     path.write_text(json.dumps({"question_id": "t1", "rollout": "planning", "turns": ["x"]}) + "\n")

@@ -99,8 +99,14 @@ def test_report_has_metric_and_reward_tables_and_valid_pngs(tmp_path) -> None:
 def test_report_without_rewards_or_tokens_skips_those_plots(tmp_path) -> None:
     bare = [
         EvalRecord(
-            policy="p", example_id="a", data_source="nq", rollout="search", question="q", golden_answers=["x"],
-            prediction="x", error="server unreachable",
+            policy="p",
+            example_id="a",
+            data_source="nq",
+            rollout="search",
+            question="q",
+            golden_answers=["x"],
+            prediction="x",
+            error="server unreachable",
         )
     ]
     result = report.write_report(bare, tmp_path)

@@ -100,15 +100,18 @@ def _check_same_vocabulary(tokenizer_dir: Path, model_dirs: list[Path]) -> None:
         if AutoTokenizer.from_pretrained(str(model_dir)).get_vocab() != vocabulary:
             typer.echo(
                 f"error: the tokenizer of {model_dir} differs from {tokenizer_dir}'s: evaluate checkpoints of one "
-                "base model together (or run eval once per model)", err=True,
+                "base model together (or run eval once per model)",
+                err=True,
             )
             raise typer.Exit(2)
 
 
 def eval_command(
     data: list[Path] = typer.Option(
-        None, "--data", help="verl rows to evaluate (parquet from `verl-evidence data`, or JSONL); repeatable. "
-        "Default: the bundled QA set."
+        None,
+        "--data",
+        help="verl rows to evaluate (parquet from `verl-evidence data`, or JSONL); repeatable. "
+        "Default: the bundled QA set.",
     ),
     rollouts: str = typer.Option("search,eviomni,grace", help="rollout families for the bundled set"),
     qa: options.QA = None,
@@ -127,23 +130,29 @@ def eval_command(
     limit: int = typer.Option(None, help="only the first N questions (bundled) or rows (--data)"),
     concurrency: int = typer.Option(4, help="examples in flight at once"),
     evipath: str = typer.Option(
-        None, help="run the search rollouts as an EviPath SFT'd planner, exactly as trained: 'paper' or 'search' "
+        None,
+        help="run the search rollouts as an EviPath SFT'd planner, exactly as trained: 'paper' or 'search' "
         "(its --planner-format); observations are user turns answered by the executor (the policy itself, or "
-        "an endpoint via --search-setting extractor=openai ...)"
+        "an endpoint via --search-setting extractor=openai ...)",
     ),
     search_setting: list[str] = typer.Option(
-        None, "--search-setting", help="an evidence_search loop setting KEY=VALUE (docs/rollouts.md), e.g. "
-        "observation_role=user; repeatable; applied after --evipath"
+        None,
+        "--search-setting",
+        help="an evidence_search loop setting KEY=VALUE (docs/rollouts.md), e.g. "
+        "observation_role=user; repeatable; applied after --evipath",
     ),
     fresh: bool = typer.Option(False, help="ignore the results cache and start over"),
     checkpoint: list[Path] = typer.Option(
-        None, "--checkpoint", help="a verl checkpoint (global_step_N directory) as the policy: its actor's FSDP "
+        None,
+        "--checkpoint",
+        help="a verl checkpoint (global_step_N directory) as the policy: its actor's FSDP "
         "shards are merged with verl's model merger (once, cached) and generate with HF; repeatable: one table row "
-        "each"
+        "each",
     ),
     merged_dir: Path = typer.Option(
-        None, help="cache of merged --checkpoint models (default: OUT/merged); a checkpoint is merged again only "
-        "when its shard files change"
+        None,
+        help="cache of merged --checkpoint models (default: OUT/merged); a checkpoint is merged again only "
+        "when its shard files change",
     ),
 ) -> None:
     """Evaluate a policy (replayed trajectories, HF model dir or endpoint) and write a Markdown report.
@@ -182,8 +191,10 @@ def eval_command(
         policies, labels = [policy], {policy.policy_id: policy_label(policy)}
     policy = policies[0]
     if search_settings and policy.kind == "replay":
-        raise typer.BadParameter("--evipath / --search-setting need a live policy (--model or --endpoint); "
-                                 "replayed trajectories follow the default search protocol")
+        raise typer.BadParameter(
+            "--evipath / --search-setting need a live policy (--model or --endpoint); "
+            "replayed trajectories follow the default search protocol"
+        )
     if nli_model is None:
         from verl_evidence.eval.session import RANDOM_JUDGE_NOTE
 
@@ -195,13 +206,24 @@ def eval_command(
     cache = ResultsCache(cache_path)
 
     with open_session(
-        out / "work", tokenizer_dir=tokenizer, retrieval_url=retrieval_url, nli_model=nli_model, nli_device=nli_device,
-        response_length=max_response_tokens, max_tokens_per_turn=max_turn_tokens, search_settings=search_settings,
+        out / "work",
+        tokenizer_dir=tokenizer,
+        retrieval_url=retrieval_url,
+        nli_model=nli_model,
+        nli_device=nli_device,
+        response_length=max_response_tokens,
+        max_tokens_per_turn=max_turn_tokens,
+        search_settings=search_settings,
     ) as session:
         if policy.kind == "replay":
             examples = replay.replay_examples(
-                replay.load_trajectories(policy.target), session, rollouts=wanted, limit=limit, data=data,
-                qa_path=qa, corpus_path=corpus,
+                replay.load_trajectories(policy.target),
+                session,
+                rollouts=wanted,
+                limit=limit,
+                data=data,
+                qa_path=qa,
+                corpus_path=corpus,
             )
         elif data:
             rows = [row for path in data for row in load_rows(path)]
@@ -227,7 +249,11 @@ def eval_command(
             del runner  # one merged checkpoint in memory at a time
         title = f"Evaluation of {', '.join(labels.values())}" if checkpoint else f"Evaluation of {policy.policy_id}"
         report = write_report(
-            records, out, title=title, notes=session.notes, policy_labels=labels,
+            records,
+            out,
+            title=title,
+            notes=session.notes,
+            policy_labels=labels,
             row_header="checkpoint" if checkpoint else "policy",
         )
     if checkpoint:

@@ -56,7 +56,9 @@ QUICK_PER_CASE = 1
 # only for validation), so 8 steps take ~3-6 min.
 TRAIN_RECIPE = "eviomni_grpo.sh"
 TRAIN_STEPS = 8
-TRAIN_VALIDATION_PROMPTS = 4  # rows of the smoke validation set (its warmed-up questions), validated before training and after each step
+TRAIN_VALIDATION_PROMPTS = (
+    4  # rows of the smoke validation set (its warmed-up questions), validated before training and after each step
+)
 TRAIN_VALIDATION_SAMPLES = 2  # samples per row, at the training temperature
 TRAIN_LOG = "training.log"
 TRAIN_METRICS = "training_metrics.jsonl"  # verl's file logger: every step's metrics, as verl computed them
@@ -78,7 +80,8 @@ def case_quality(case: str | None) -> str | None:
 
 
 def separation(records: Sequence[EvalRecord]) -> list[dict]:
-    """Per (manager, rollout): mean score of good and bad cases, the gap, and whether every good case beats every bad one."""
+    """Per (manager, rollout): mean score of good and bad cases, the gap, and whether every good case beats every
+    bad one."""
     out = []
     groups: dict[tuple[str, str], list[EvalRecord]] = {}
     for r in records:
@@ -108,7 +111,17 @@ def separation(records: Sequence[EvalRecord]) -> list[dict]:
 
 
 def separation_markdown(rows: list[dict]) -> str:
-    header = ["manager", "rollout", "good mean", "bad mean", "gap", "min good", "max bad", "all good > all bad", "mean by case"]
+    header = [
+        "manager",
+        "rollout",
+        "good mean",
+        "bad mean",
+        "gap",
+        "min good",
+        "max bad",
+        "all good > all bad",
+        "mean by case",
+    ]
     body = [
         [
             f"`{s['manager']}`",
@@ -156,8 +169,12 @@ def rewards_rich_tables(records: Sequence[EvalRecord]) -> list[Table]:
             quality = case_quality(case) or "-"
             style = {"good": "green", "bad": "red"}.get(quality, "")
             table.add_row(
-                rollout, case, f"[{style}]{quality}[/]" if style else quality, str(len(group)),
-                format_value(means.get("score")), *[format_value(means.get(c)) for c in components],
+                rollout,
+                case,
+                f"[{style}]{quality}[/]" if style else quality,
+                str(len(group)),
+                format_value(means.get("score")),
+                *[format_value(means.get(c)) for c in components],
             )
         tables.append(table)
     return tables
@@ -175,11 +192,14 @@ def demo_command(
     max_turn_tokens: options.MaxTurnTokens = 512,
     retrieval_url: options.RetrievalUrl = None,
     out: Path = typer.Option(Path("outputs/demo"), help="where report.md, the PNGs and results.jsonl go"),
-    quick: bool = typer.Option(False, help=f"CI size: {QUICK_PER_CASE} trajectory per (rollout, case), 2 questions for a model"),
+    quick: bool = typer.Option(
+        False, help=f"CI size: {QUICK_PER_CASE} trajectory per (rollout, case), 2 questions for a model"
+    ),
     per_case: int = typer.Option(None, help="at most N reference trajectories per (rollout, case)"),
     questions: int = typer.Option(None, help="with --model/--endpoint: number of bundled questions (default 10)"),
     train: bool = typer.Option(
-        False, "--train",
+        False,
+        "--train",
         help="then run a short real GRPO training on this CPU (EviOmni recipe --smoke, verl's trainer, a tiny "
         f"policy) and plot its reward components per step ({TRAIN_STEPS} steps: ~3-6 min on 2 cores; the first "
         "run on a machine also warms the tiny policy up once, about a minute)",
@@ -219,15 +239,17 @@ def demo_command(
         cache_path.unlink()  # a demo shows a fresh run; `verl-evidence eval` is the resumable one
 
     with open_session(
-        out / "work", tokenizer_dir=tokenizer, retrieval_url=retrieval_url, nli_model=nli_model,
-        response_length=max_response_tokens, max_tokens_per_turn=max_turn_tokens,
+        out / "work",
+        tokenizer_dir=tokenizer,
+        retrieval_url=retrieval_url,
+        nli_model=nli_model,
+        response_length=max_response_tokens,
+        max_tokens_per_turn=max_turn_tokens,
     ) as session:
         console.print(f"retrieval server ready at {session.retrieval_url} ({time.monotonic() - started:.0f}s)")
         if policy.kind == "replay":
             limit = QUICK_PER_CASE if quick and per_case is None else per_case
-            examples = replay.replay_examples(
-                replay.load_trajectories(policy.target), session, limit=limit, qa_path=qa
-            )
+            examples = replay.replay_examples(replay.load_trajectories(policy.target), session, limit=limit, qa_path=qa)
         else:
             n = questions or (2 if quick else 10)
             rows = bundled_rows(list(ROLLOUTS), session.retrieval_url, session.tokenizer, limit=n, qa_path=qa)
@@ -253,15 +275,21 @@ def demo_command(
             table.add_column(col)
         for s in sep:
             table.add_row(
-                s["manager"], s["rollout"], format_value(s["good_mean"]), format_value(s["bad_mean"]),
-                format_value(s["gap"]), "[green]yes[/]" if s["separates"] else "[red]no[/]",
+                s["manager"],
+                s["rollout"],
+                format_value(s["good_mean"]),
+                format_value(s["bad_mean"]),
+                format_value(s["gap"]),
+                "[green]yes[/]" if s["separates"] else "[red]no[/]",
             )
         console.print(table)
     for note in notes:
         console.print(f"[yellow]note:[/] {note}")
     failed = [r for r in records if r.error]
     if failed:
-        console.print(f"[red]{len(failed)} example(s) failed:[/] " + "; ".join(f"{r.example_id}: {r.error}" for r in failed[:5]))
+        console.print(
+            f"[red]{len(failed)} example(s) failed:[/] " + "; ".join(f"{r.example_id}: {r.error}" for r in failed[:5])
+        )
     console.print(f"report: {report.markdown}")
     for png in report.images:
         console.print(f"plot:   {png}")
@@ -301,9 +329,7 @@ def training_recipe() -> Path:
     )
 
 
-def training_invocation(
-    recipe: Path, steps: int, metrics_path: Path | None = None
-) -> tuple[list[str], dict[str, str]]:
+def training_invocation(recipe: Path, steps: int, metrics_path: Path | None = None) -> tuple[list[str], dict[str, str]]:
     """The recipe's smoke run for ``steps`` steps, validating before training and after every step;
     verl's file logger writes the metrics to ``metrics_path`` (the smoke runs' default path when None)."""
     settings = {
@@ -315,7 +341,9 @@ def training_invocation(
         "EXPERIMENT": "verl-evidence-demo",
     }
     command = [
-        "bash", str(recipe), "--smoke",
+        "bash",
+        str(recipe),
+        "--smoke",
         f"data.val_max_samples={TRAIN_VALIDATION_PROMPTS}",
         f"actor_rollout_ref.rollout.val_kwargs.n={TRAIN_VALIDATION_SAMPLES}",
         # sampled like the training rollouts (verl validates greedily by default)
@@ -353,8 +381,14 @@ def _stream(
     trainer_started = None
     lines: list[str] = []
     process = subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-        bufsize=1, start_new_session=True,  # its own process group: Ctrl-C stops the recipe, Ray and the trainer
+        command,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        bufsize=1,
+        start_new_session=True,  # its own process group: Ctrl-C stops the recipe, Ray and the trainer
     )
     try:
         with open(log_path, "w", encoding="utf-8") as log:
@@ -365,8 +399,10 @@ def _stream(
                 lines.append(line)
                 elapsed = time.monotonic() - started
                 if line.startswith("# smoke run on CPU"):
-                    console.print(f"  [{elapsed:4.0f}s] preparing the tiny policy and the EviOmni data (the first run "
-                                  "on a machine warms it up: about a minute, then cached)")
+                    console.print(
+                        f"  [{elapsed:4.0f}s] preparing the tiny policy and the EviOmni data (the first run "
+                        "on a machine warms it up: about a minute, then cached)"
+                    )
                 elif line.startswith("# trainer:"):
                     trainer_started = elapsed
                     console.print(f"  [{elapsed:4.0f}s] starting verl's trainer (Ray start-up, workers, model load)")
@@ -406,11 +442,13 @@ def run_training(recipe: Path, out: Path, steps: int, report_path: Path) -> bool
     command, env = training_invocation(recipe, steps, metrics_path)
     printable = _printable(command, env, recipe)
     log_path = out / TRAIN_LOG
-    console.print(Panel.fit(
-        f"training: {steps} GRPO steps of the EviOmni recipe on CPU with verl's trainer (docs/debug-on-cpu.md)\n"
-        f"{printable}\nlog: {log_path}",
-        title="demo --train",
-    ))
+    console.print(
+        Panel.fit(
+            f"training: {steps} GRPO steps of the EviOmni recipe on CPU with verl's trainer (docs/debug-on-cpu.md)\n"
+            f"{printable}\nlog: {log_path}",
+            title="demo --train",
+        )
+    )
     started = time.monotonic()
     code, output, trainer_started = _stream(command, env, log_path, steps, metrics_path)
     elapsed = time.monotonic() - started
@@ -434,7 +472,8 @@ def run_training(recipe: Path, out: Path, steps: int, report_path: Path) -> bool
         "",
         "verl's own trainer (`python -m verl.trainer.main_ppo`) in the CPU training mode (docs/debug-on-cpu.md): "
         "a 2-layer tiny policy warmed up on the methods' output formats, the bundled EviOmni rows it was warmed up "
-        f"on, 2 prompts x 8 samples per step, the `eviomni` reward manager; validation on {TRAIN_VALIDATION_PROMPTS} rows x "
+        "on, 2 prompts x 8 samples per step, the `eviomni` reward manager; "
+        f"validation on {TRAIN_VALIDATION_PROMPTS} rows x "
         f"{TRAIN_VALIDATION_SAMPLES} samples before training and after every step. The trainer's command and "
         f"output: [{TRAIN_LOG}]({TRAIN_LOG}); its per-step metrics (verl's file logger): "
         f"[{TRAIN_METRICS}]({TRAIN_METRICS}).",

@@ -8,34 +8,32 @@ same judge and token budgets; the options and their checks live here once.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 Trajectories = Annotated[
-    Optional[Path], typer.Option(help="replay these recorded trajectories (JSONL) instead of the bundled ones")
+    Path | None, typer.Option(help="replay these recorded trajectories (JSONL) instead of the bundled ones")
 ]
-Model = Annotated[Optional[Path], typer.Option(help="a local Hugging Face causal LM directory as the policy (CPU or GPU)")]
-Endpoint = Annotated[Optional[str], typer.Option(help="an OpenAI-compatible server (e.g. vLLM) as the policy")]
-ServedModel = Annotated[Optional[str], typer.Option(help="model name at --endpoint")]
+Model = Annotated[Path | None, typer.Option(help="a local Hugging Face causal LM directory as the policy (CPU or GPU)")]
+Endpoint = Annotated[str | None, typer.Option(help="an OpenAI-compatible server (e.g. vLLM) as the policy")]
+ServedModel = Annotated[str | None, typer.Option(help="model name at --endpoint")]
 Tokenizer = Annotated[
-    Optional[Path],
+    Path | None,
     typer.Option(help="policy tokenizer dir (default: --model, or the offline test tokenizer; needed with --endpoint)"),
 ]
-QA = Annotated[Optional[Path], typer.Option(help="FlashRAG QA JSONL with gold annotations instead of the bundled QA set")]
+QA = Annotated[Path | None, typer.Option(help="FlashRAG QA JSONL with gold annotations instead of the bundled QA set")]
 RetrievalUrl = Annotated[
-    Optional[str], typer.Option(help="use this retrieval server instead of starting the embedded one")
+    str | None, typer.Option(help="use this retrieval server instead of starting the embedded one")
 ]
 NliModel = Annotated[
-    Optional[str], typer.Option(help="NLI judge for EviNote's EQR (default: a tiny RANDOM model, flagged)")
+    str | None, typer.Option(help="NLI judge for EviNote's EQR (default: a tiny RANDOM model, flagged)")
 ]
 MaxResponseTokens = Annotated[int, typer.Option(help="token budget of one trajectory (all turns and observations)")]
 MaxTurnTokens = Annotated[int, typer.Option(help="token budget of one search-loop generation")]
 
 
-def policy_from_options(
-    trajectories: Path | None, model: Path | None, endpoint: str | None, served_model: str | None
-):
+def policy_from_options(trajectories: Path | None, model: Path | None, endpoint: str | None, served_model: str | None):
     """Exactly one policy; the bundled reference trajectories when none is given."""
     from verl_evidence.eval.runner import PolicySpec
 

@@ -49,7 +49,9 @@ def metrics_rich_table(records: Sequence[EvalRecord], title: str = "metrics") ->
     """Metrics (rows) per rollout family over all data sources (columns); the report splits by source."""
     from verl_evidence.eval.report import METRIC_LABELS
 
-    groups = {rollout: metrics.summarize(group) for rollout, group in metrics.group_by(records, lambda r: r.rollout).items()}
+    groups = {
+        rollout: metrics.summarize(group) for rollout, group in metrics.group_by(records, lambda r: r.rollout).items()
+    }
     table = Table(title=title)
     table.add_column("metric")
     for rollout in groups:

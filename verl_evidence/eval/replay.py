@@ -6,7 +6,8 @@ loop with a scripted backend that emits the recorded texts, so retrieval,
 masking, token accounting and scoring are real. One JSON object per line::
 
     {"id": "search-q001-well_grounded", "question_id": "q001", "rollout": "search",
-     "case": "well_grounded", "turns": ["<think>..</think><search>..</search>", "<summary>..</summary><answer>..</answer>"]}
+     "case": "well_grounded",
+     "turns": ["<think>..</think><search>..</search>", "<summary>..</summary><answer>..</answer>"]}
     {"id": ..., "question_id": "q001", "rollout": "eviomni", "case": ...,
      "response": "<reason>..</reason><extract>..</extract><answer>..</answer>",
      "answer_r": "<answer>..</answer>", "answer_e": "<answer>..</answer>"}
@@ -145,11 +146,17 @@ def replay_examples(
         rows = [row for path in data for row in load_rows(path)]
     else:
         # GRACE rows with an explicit context are built below; only the others need construction.
-        constructed = [r for r in needed if r != "grace" or any("passage_ids" not in t for t in chosen if t["rollout"] == "grace")]
+        constructed = [
+            r for r in needed if r != "grace" or any("passage_ids" not in t for t in chosen if t["rollout"] == "grace")
+        ]
         rows = (
             bundled_rows(
-                constructed, session.retrieval_url, session.tokenizer, question_ids=qids,
-                qa_path=qa_path, corpus_path=corpus_path,
+                constructed,
+                session.retrieval_url,
+                session.tokenizer,
+                question_ids=qids,
+                qa_path=qa_path,
+                corpus_path=corpus_path,
             )
             if constructed
             else []
@@ -165,7 +172,11 @@ def replay_examples(
         else:
             candidates = by_key.get((t["rollout"], t["question_id"]), [])
             if t["rollout"] == "grace" and "answerable" in t:
-                candidates = [r for r in candidates if bool((r.get("extra_info") or {}).get("answerable")) == bool(t["answerable"])]
+                candidates = [
+                    r
+                    for r in candidates
+                    if bool((r.get("extra_info") or {}).get("answerable")) == bool(t["answerable"])
+                ]
             if not candidates:
                 raise ValueError(
                     f"trajectory {t['id']}: no {t['rollout']} row for question {t['question_id']!r}"
@@ -199,6 +210,7 @@ def _grace_row(traj: Trajectory, qa_path: str | Path | None, corpus_path: str | 
         raise ValueError(f"trajectory {traj['id']}: passage ids {missing} are not in the bundled corpus")
     gold = set(record.gold_passage_ids)
     answerable = bool(traj["answerable"]) if "answerable" in traj else gold <= set(traj["passage_ids"])
-    example = GraceExample(record=record, retriever="reference", passage_ids=tuple(traj["passage_ids"]), answerable=answerable)
+    example = GraceExample(
+        record=record, retriever="reference", passage_ids=tuple(traj["passage_ids"]), answerable=answerable
+    )
     return rows_mod.grace_rows([example], corpus, load_template("grace"), SPLIT)[0]
-

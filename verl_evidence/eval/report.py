@@ -169,8 +169,7 @@ def plot_reward_components(records: Sequence[EvalRecord], path: Path) -> Path | 
     for ax, manager in zip(axes[:, 0], managers):
         columns = _plotted_components(records, manager)
         data = [
-            [r.rewards[manager][c] for r in records if r.rewards.get(manager, {}).get(c) is not None]
-            for c in columns
+            [r.rewards[manager][c] for r in records if r.rewards.get(manager, {}).get(c) is not None] for c in columns
         ]
         kept = [(c, d) for c, d in zip(columns, data) if d]
         ax.boxplot([d for _, d in kept], showmeans=True)
@@ -251,9 +250,7 @@ def plot_context_tokens(records: Sequence[EvalRecord], path: Path) -> Path | Non
     """Context tokens per question (retrieved or extracted evidence the policy saw), by rollout."""
     plt = _pyplot()
     several = len({r.policy for r in records}) > 1
-    groups = metrics.group_by(
-        [r for r in records if r.context_tokens is not None], lambda r: _group_label(r, several)
-    )
+    groups = metrics.group_by([r for r in records if r.context_tokens is not None], lambda r: _group_label(r, several))
     if not groups:
         return None
     fig, ax = plt.subplots(figsize=(11, 3.8))

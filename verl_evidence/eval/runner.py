@@ -74,7 +74,7 @@ def rollout_kind(row: Mapping[str, Any]) -> str:
 
 
 def loop_kwargs_from_row(row: Mapping[str, Any]) -> dict[str, Any]:
-    """The keyword arguments an agent loop's ``run`` receives for ``row`` (as ``RLHFDataset.__getitem__`` builds them)."""
+    """Keyword arguments an agent loop's ``run`` receives for ``row`` (as ``RLHFDataset.__getitem__`` builds them)."""
     kwargs = dict(row)
     extra = dict(kwargs.get("extra_info") or {})
     kwargs["extra_info"] = extra
@@ -139,21 +139,19 @@ class EvalRunner:
     policy_id: str
     backend_for: BackendFactory
     scorer: RewardScorer | None = None
-    managers_by_rollout: Mapping[str, Sequence[str]] = field(
-        default_factory=lambda: dict(DEFAULT_MANAGERS_BY_ROLLOUT)
-    )
+    managers_by_rollout: Mapping[str, Sequence[str]] = field(default_factory=lambda: dict(DEFAULT_MANAGERS_BY_ROLLOUT))
     concurrency: int = 4
 
     def sampling_params(self) -> dict[str, Any]:
         """Validation sampling, as ``AgentLoopWorker.generate_sequences`` sets it when ``validate``."""
         rollout = self.config.actor_rollout_ref.rollout
-        return dict(
-            temperature=rollout.val_kwargs.temperature,
-            top_p=rollout.val_kwargs.top_p,
-            top_k=rollout.val_kwargs.top_k,
-            repetition_penalty=1.0,
-            logprobs=False,
-        )
+        return {
+            "temperature": rollout.val_kwargs.temperature,
+            "top_p": rollout.val_kwargs.top_p,
+            "top_k": rollout.val_kwargs.top_k,
+            "repetition_penalty": 1.0,
+            "logprobs": False,
+        }
 
     def _make_loop(self, agent_name: str, backend: Any):
         import hydra
@@ -189,7 +187,7 @@ class EvalRunner:
         record = base_record(self.policy_id, example)
         try:
             output = await self.rollout(example)
-        except Exception as err:  # noqa: BLE001  (one broken example must not end the run: record why, go on)
+        except Exception as err:  # one broken example must not end the run: record why, go on
             logger.warning("example %s failed during rollout: %s: %s", example.example_id, type(err).__name__, err)
             record.error = f"rollout failed: {type(err).__name__}: {err}"
             return record

@@ -144,7 +144,9 @@ def open_session(
 
         handle = start_server(default_server_config(bundled.corpus_path(), port=0))
         retrieval_url = handle.url
-        notes.append(f"Retrieval: embedded default server (bundled corpus, packaged MiniLM, Flat index) at {retrieval_url}.")
+        notes.append(
+            f"Retrieval: embedded default server (bundled corpus, packaged MiniLM, Flat index) at {retrieval_url}."
+        )
     else:
         notes.append(f"Retrieval: server at {retrieval_url}.")
     try:
@@ -219,13 +221,19 @@ def make_runner(
         from verl_evidence.local.backends import HFGenerationBackend
 
         backend = HFGenerationBackend.from_pretrained(policy.target)
-        backend_for = lambda example: backend
+
+        def backend_for(example: EvalExample):
+            return backend
+
         concurrency = 1  # HF generate is not re-entrant; the backend serialises anyway
     else:
         from verl_evidence.local.backends import OpenAIBackend
 
         backend = OpenAIBackend(policy.target, policy.model_name, tokenizer=session.tokenizer)
-        backend_for = lambda example: backend
+
+        def backend_for(example: EvalExample):
+            return backend
+
     return EvalRunner(
         config=session.config,
         tokenizer=session.tokenizer,

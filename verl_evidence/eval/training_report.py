@@ -167,8 +167,15 @@ def plot_training(
     for index, key in enumerate(curves.rollout_components(components)):
         cxs, ys = _series(curves.rollout[key], steps)
         if cxs:
-            ax_train.plot(cxs, ys, marker=".", linewidth=1.2, color=f"C{index + 1}",
-                          linestyle="--" if key.startswith("ans_") else "-", label=key)
+            ax_train.plot(
+                cxs,
+                ys,
+                marker=".",
+                linewidth=1.2,
+                color=f"C{index + 1}",
+                linestyle="--" if key.startswith("ans_") else "-",
+                label=key,
+            )
     if ax_train.get_legend_handles_labels()[0]:
         ax_train.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
     source = f"reward/{curves.reward_name}/…" if curves.reward_name else "critic/score"
@@ -185,12 +192,22 @@ def plot_training(
             xs, ys = _series(comps[key], steps)
             label = key if not several_sources else f"{source}: {key}"
             total = key == "reward"
-            ax_val.plot(xs, ys, marker="o", linewidth=2.5 if total else 1.2, color="black" if total else f"C{index}",
-                        linestyle="-" if total or not key.startswith("ans_") else "--", label=label)
+            ax_val.plot(
+                xs,
+                ys,
+                marker="o",
+                linewidth=2.5 if total else 1.2,
+                color="black" if total else f"C{index}",
+                linestyle="-" if total or not key.startswith("ans_") else "--",
+                label=label,
+            )
             plotted += 1
     n = curves.samples_per_validation
-    ax_val.set_title(f"validation: reward components (mean@{n}) before training (step 0) and after each step"
-                     if n else "validation: reward components")
+    ax_val.set_title(
+        f"validation: reward components (mean@{n}) before training (step 0) and after each step"
+        if n
+        else "validation: reward components"
+    )
     ax_val.set_ylabel("component")
     if plotted:
         ax_val.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
