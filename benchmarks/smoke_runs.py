@@ -32,8 +32,12 @@ from verl_evidence.local.smoke.logs import MetricsTail, read_metrics  # noqa: E4
 BUDGET_S = 90.0
 # verl's metrics of the last step (its file logger): the learning signal each GRPO run must show (docs/debug-on-cpu.md)
 SIGNAL = (
-    "critic/score/min", "critic/score/max", "critic/advantages/min", "critic/advantages/max",
-    "actor/grad_norm", "training/rollout_probs_diff_mean",
+    "critic/score/min",
+    "critic/score/max",
+    "critic/advantages/min",
+    "critic/advantages/max",
+    "actor/grad_norm",
+    "training/rollout_probs_diff_mean",
 )
 # name: (script, extra arguments, smoke method)
 RUNS = {
@@ -49,7 +53,12 @@ RUNS = {
 
 def prepare(method: str) -> float:
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "verl_evidence.cli", "smoke", "prepare", method], check=True, capture_output=True, cwd=REPO)
+    subprocess.run(
+        [sys.executable, "-m", "verl_evidence.cli", "smoke", "prepare", method],
+        check=True,
+        capture_output=True,
+        cwd=REPO,
+    )
     return time.perf_counter() - started
 
 
@@ -119,8 +128,14 @@ def main() -> None:
         report["runs"][name] = failed_rows[0] if failed_rows else by_wall[len(rows) // 2]
     report["wall_s_all"] = {name: [round(row["wall_s"], 1) for row in rows] for name, rows in all_runs.items()}
 
-    print("\nsmoke prepare (cached after the first run on a machine), s:", json.dumps({k: round(v, 1) for k, v in report["prepare_s"].items()}))
-    print(f"\n{'run':20} {'wall s':>7} {'to command s':>12} {'start-up s':>10} {'step 1 s':>8} {'step 2 s':>8} {'shut-down s':>11} {'wall/budget':>11}")
+    print(
+        "\nsmoke prepare (cached after the first run on a machine), s:",
+        json.dumps({k: round(v, 1) for k, v in report["prepare_s"].items()}),
+    )
+    print(
+        f"\n{'run':20} {'wall s':>7} {'to command s':>12} {'start-up s':>10} {'step 1 s':>8} {'step 2 s':>8}"
+        f" {'shut-down s':>11} {'wall/budget':>11}"
+    )
     failed = []
     for name, row in report["runs"].items():
         seen = row["step_seen_s"]
@@ -130,21 +145,31 @@ def main() -> None:
         startup = first - step1 if seen else float("nan")
         ratio = row["wall_s"] / BUDGET_S
         to_command = row["trainer_command_s"] if row["trainer_command_s"] is not None else float("nan")
-        print(f"{name:20} {row['wall_s']:7.1f} {to_command:12.1f} {startup:10.1f} {step1:8.1f} {step2:8.1f} {row['wall_s'] - last:11.1f} {ratio:10.2f}x")
+        print(
+            f"{name:20} {row['wall_s']:7.1f} {to_command:12.1f} {startup:10.1f} {step1:8.1f} {step2:8.1f}"
+            f" {row['wall_s'] - last:11.1f} {ratio:10.2f}x"
+        )
         if row["returncode"] or ratio > 1:
             failed.append(name)
-    print(f"\nlast step's learning signal (GRPO runs): {'score min/max':>15} {'advantage min/max':>19} {'grad_norm':>9} {'probs diff':>10}")
+    print(
+        f"\nlast step's learning signal (GRPO runs): {'score min/max':>15} {'advantage min/max':>19}"
+        f" {'grad_norm':>9} {'probs diff':>10}"
+    )
     for name, row in report["runs"].items():
         m = row["last_step"]
         if m.get("critic/advantages/max") is None:
             continue
         print(
-            f"  {name:20} {m['critic/score/min']:7.3f}/{m['critic/score/max']:<7.3f} {m['critic/advantages/min']:9.3f}/{m['critic/advantages/max']:<9.3f}"
+            f"  {name:20} {m['critic/score/min']:7.3f}/{m['critic/score/max']:<7.3f}"
+            f" {m['critic/advantages/min']:9.3f}/{m['critic/advantages/max']:<9.3f}"
             f" {m['actor/grad_norm']:9.3f} {m['training/rollout_probs_diff_mean']:10.1e}"
         )
     if args.repeats > 1:
         print(f"\nwall s of every run (median shown above): {json.dumps(report['wall_s_all'])}")
-    print(f"\nwithin the {BUDGET_S:.0f} s budget: {len(report['runs']) - len(failed)}/{len(report['runs'])}" + (f" (over or failed: {', '.join(failed)})" if failed else ""))
+    print(
+        f"\nwithin the {BUDGET_S:.0f} s budget: {len(report['runs']) - len(failed)}/{len(report['runs'])}"
+        + (f" (over or failed: {', '.join(failed)})" if failed else "")
+    )
     print(f"load average at end: {[round(x, 2) for x in os.getloadavg()]}")
     if args.json_out:
         args.json_out.write_text(json.dumps(report, indent=2, default=str))

@@ -127,7 +127,8 @@ POLL_PROBE = r"""
 import json, verl
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 args = dict(
-    trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None, max_off_policy_strategy="drop", sampler_kwargs={}
+    trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None, max_off_policy_strategy="drop",
+    sampler_kwargs={},
 )
 print("PROBE" + json.dumps({
     "default": ReplayBuffer(**args).poll_interval,
@@ -145,7 +146,9 @@ def test_selected_mode_polls_the_replay_buffer_often_unless_the_caller_chose_an_
         "caller_keyword": 3.0, "caller_positional": 4.0,
     }  # fmt: skip
     assert _probe({"VERL_PLATFORM": "cpu", "VERL_EVIDENCE_CPU_POLL_S": "0.25"}, POLL_PROBE)["default"] == 0.25
-    assert _probe({}, POLL_PROBE)["default"] == verl_patches.VERL_REPLAY_BUFFER_POLL_DEFAULT  # untouched when not selected
+    assert (
+        _probe({}, POLL_PROBE)["default"] == verl_patches.VERL_REPLAY_BUFFER_POLL_DEFAULT
+    )  # untouched when not selected
 
 
 @pytest.mark.slow
@@ -189,7 +192,9 @@ def test_rollout_server_generates_with_its_weight_version_and_takes_new_weights(
         await server.set_global_steps(3)
         after = await server.generate(prompt, dict(greedy), "r2")
         assert after.extra_fields == {"global_steps": 3}
-        assert torch.equal(server.backend.model.state_dict()["model.embed_tokens.weight"], state["model.embed_tokens.weight"])
+        assert torch.equal(
+            server.backend.model.state_dict()["model.embed_tokens.weight"], state["model.embed_tokens.weight"]
+        )
         return before, after
 
     before, after = asyncio.run(scenario())

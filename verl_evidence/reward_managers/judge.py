@@ -25,8 +25,9 @@ import concurrent.futures
 import hashlib
 import logging
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 logger = logging.getLogger(__name__)
 
@@ -275,7 +276,7 @@ class JudgeConfig:
     PREFIX = "nli_"
 
     @classmethod
-    def from_reward_kwargs(cls, reward_kwargs: Mapping[str, Any]) -> "JudgeConfig":
+    def from_reward_kwargs(cls, reward_kwargs: Mapping[str, Any]) -> JudgeConfig:
         known = {f.name for f in fields(cls)}
         values = {
             key[len(cls.PREFIX) :]: value

@@ -120,8 +120,12 @@ class EvidenceRewardManager(RewardManagerBase):
         try:
             sample = await decode_sample(data, self.tokenizer)
         except Exception as error:
-            logger.warning("%s reward: could not read the trajectory (%s: %s); scoring 0",
-                           self.reward_name, type(error).__name__, error)
+            logger.warning(
+                "%s reward: could not read the trajectory (%s: %s); scoring 0",
+                self.reward_name,
+                type(error).__name__,
+                error,
+            )
             result = self.scorer.failure()
             stats = dict.fromkeys(ROLLOUT_STAT_KEYS, 0.0)
         else:
@@ -174,5 +178,6 @@ class CompositeRewardManager(EvidenceRewardManager):
                 "[{reward: eviomni, weight: 0.5}, {reward: grace, weight: 0.5}]"
             )
         custom = self.compute_score if custom_function_configured(self.config) else None
-        return build_composite(self.reward_kwargs["components"], judge_kwargs=self.reward_kwargs,
-                               custom_function=custom)
+        return build_composite(
+            self.reward_kwargs["components"], judge_kwargs=self.reward_kwargs, custom_function=custom
+        )

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from verl import DataProto
 
@@ -83,9 +84,7 @@ async def decode_sample(data: DataProto, tokenizer: Any) -> Sample:
 
     loop = asyncio.get_running_loop()
 
-    response_text = await loop.run_in_executor(
-        None, lambda: tokenizer.decode(response_ids, skip_special_tokens=True)
-    )
+    response_text = await loop.run_in_executor(None, lambda: tokenizer.decode(response_ids, skip_special_tokens=True))
     return Sample(
         data_source=non_tensor.get("data_source"),
         solution_str=response_text,

@@ -14,7 +14,8 @@ import math
 import os
 import re
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from verl_evidence.reward_managers.judge import JudgeClient, JudgeConfig, connect_judge
 from verl_evidence.reward_managers.sample import Sample
@@ -297,16 +298,13 @@ def build_composite(
     """
     if isinstance(components, Mapping) or not isinstance(components, Sequence) or isinstance(components, str):
         raise ValueError(
-            "reward_kwargs.components must be a list like [{reward: eviomni, weight: 0.5}, ...], "
-            f"got {components!r}"
+            f"reward_kwargs.components must be a list like [{{reward: eviomni, weight: 0.5}}, ...], got {components!r}"
         )
     built: list[tuple[str, float, Scorer]] = []
     used: dict[str, int] = {}
     for position, component in enumerate(components):
         if not isinstance(component, Mapping) or "reward" not in component:
-            raise ValueError(
-                f"composite component {position} must be a mapping with a 'reward' key, got {component!r}"
-            )
+            raise ValueError(f"composite component {position} must be a mapping with a 'reward' key, got {component!r}")
         unknown = sorted(set(component) - _COMPONENT_FIELDS)
         if unknown:
             raise ValueError(

@@ -26,8 +26,23 @@ def method_data(kind: str, tokenizer_dir: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp.parquet")
     if kind in ("eviomni", "lear"):
-        _cli("data", "eviomni", "bundled", "-o", str(tmp), "--method", kind, "--tokenizer", str(tokenizer_dir),
-             "--retriever", "bm25", "--corpus", "bundled", "--topk", str(SMOKE_TOPK))
+        _cli(
+            "data",
+            "eviomni",
+            "bundled",
+            "-o",
+            str(tmp),
+            "--method",
+            kind,
+            "--tokenizer",
+            str(tokenizer_dir),
+            "--retriever",
+            "bm25",
+            "--corpus",
+            "bundled",
+            "--topk",
+            str(SMOKE_TOPK),
+        )
     elif kind in ("evinote", "search_r1"):
         _cli("data", "qa", "bundled", "-o", str(tmp), "--method", kind)
     else:

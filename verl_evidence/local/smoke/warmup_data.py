@@ -176,7 +176,8 @@ def warmup_data(tokenizer_dir: Path) -> Path:
         return out
     examples = [
         {"messages": e["messages"]}  # verl's SFT data: chat messages only
-        for family in sorted(FAMILIES) for e in warmup_examples(family, tokenizer_dir)
+        for family in sorted(FAMILIES)
+        for e in warmup_examples(family, tokenizer_dir)
     ]
     pq.write_table(pa.Table.from_pylist(examples), out.with_suffix(".tmp.parquet"))
     out.with_suffix(".tmp.parquet").replace(out)
