@@ -62,7 +62,8 @@ echo "RAY_ADDRESS=${RAY_ADDRESS:-unset} args=$*" > "$FAKE_STATE/server-env"
 port=""
 while [ $# -gt 0 ]; do if [ "$1" = --port ]; then port="$2"; fi; shift; done
 case "$FAKE_SERVER" in
-  fail) echo "IndexMismatchError: /shared/index/wiki18/index.faiss holds 10 vectors but docstore.arrow holds 12 passages" >&2; exit 1 ;;
+  fail) echo "IndexMismatchError: /shared/index/wiki18/index.faiss holds 10 vectors" \
+          "but docstore.arrow holds 12 passages" >&2; exit 1 ;;
   hang) echo "loading the index..."; exec sleep 600 ;;
   up) mkdir -p "$FAKE_STATE/www" && echo ok > "$FAKE_STATE/www/health"
       exec python -m http.server --bind 127.0.0.1 --directory "$FAKE_STATE/www" "$port" ;;
@@ -124,7 +125,14 @@ def run_job(tmp_path: Path, ray: str, server: str = "hang", **env: str) -> tuple
             job_env.pop(name, None)
     try:
         # No deadline is set below 2 s: a job that ignores its deadline would hit this 120 s limit instead.
-        result = subprocess.run(["bash", str(SBATCH), "trainer.total_epochs=1"], capture_output=True, text=True, env=job_env, cwd=tmp_path, timeout=120)
+        result = subprocess.run(
+            ["bash", str(SBATCH), "trainer.total_epochs=1"],
+            capture_output=True,
+            text=True,
+            env=job_env,
+            cwd=tmp_path,
+            timeout=120,
+        )
     finally:
         pids_file = state / "pids"
         pids = [int(p) for p in pids_file.read_text().split()] if pids_file.exists() else []
@@ -161,7 +169,10 @@ def test_ray_that_never_becomes_ready_ends_the_job_at_its_deadline(tmp_path):
 def test_retrieval_server_that_fails_to_start_ends_the_job_with_its_log(tmp_path):
     result, logs = run_job(tmp_path, ray="up", server="fail")  # default RETRIEVAL_START_TIMEOUT (1800 s)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert f"ERROR: waiting for the retrieval server: step '{logs}/retrieval-server.log' exited with status 1" in result.stderr
+    assert (
+        f"ERROR: waiting for the retrieval server: step '{logs}/retrieval-server.log' exited with status 1"
+        in result.stderr
+    )
     assert "IndexMismatchError: /shared/index/wiki18/index.faiss holds 10 vectors" in result.stderr
     assert "trainer ran" not in result.stdout
 
@@ -170,7 +181,10 @@ def test_retrieval_server_that_never_answers_ends_the_job_at_its_deadline(tmp_pa
     result, logs = run_job(tmp_path, ray="up", server="hang", RETRIEVAL_START_TIMEOUT="2")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "ERROR: the retrieval server not ready after 2s; giving up" in result.stderr
-    assert f"---- last lines of {logs}/retrieval-server.log ----" in result.stderr and "loading the index..." in result.stderr
+    assert (
+        f"---- last lines of {logs}/retrieval-server.log ----" in result.stderr
+        and "loading the index..." in result.stderr
+    )
     assert "ray-head" not in result.stderr  # only the step this wait was for
     assert "trainer ran" not in result.stdout
 
@@ -178,7 +192,11 @@ def test_retrieval_server_that_never_answers_ends_the_job_at_its_deadline(tmp_pa
 def test_job_whose_steps_come_up_runs_the_trainer_and_stops_the_steps(tmp_path):
     result, _ = run_job(tmp_path, ray="up", server="up")
     assert result.returncode == 0, result.stdout + result.stderr
-    port = next(line for line in result.stdout.splitlines() if "verl-evidence serve" in line).split("--port ")[1].split()[0]
+    port = (
+        next(line for line in result.stdout.splitlines() if "verl-evidence serve" in line)
+        .split("--port ")[1]
+        .split()[0]
+    )
     assert f"RETRIEVAL_URL=http://127.0.0.1:{port} NNODES=2 args=trainer.total_epochs=1" in result.stdout
     assert "trainer ran: RAY_ADDRESS=127.0.0.1:" in result.stdout
     assert "ERROR" not in result.stderr
@@ -193,7 +211,9 @@ def test_deadlines_are_in_the_dry_run_free_of_side_effects(tmp_path):
     assert not (tmp_path / "logs").exists()  # a dry run creates nothing
 
 
-@pytest.mark.parametrize("variable", ["RAY_START_TIMEOUT", "RETRIEVAL_START_TIMEOUT", "CHECK_INTERVAL", "CHECK_TIMEOUT", "LOG_DIR"])
+@pytest.mark.parametrize(
+    "variable", ["RAY_START_TIMEOUT", "RETRIEVAL_START_TIMEOUT", "CHECK_INTERVAL", "CHECK_TIMEOUT", "LOG_DIR"]
+)
 def test_wait_settings_are_documented(variable):
     assert f"`{variable}`" in (REPO / "recipes" / "slurm" / "README.md").read_text()
 
@@ -244,8 +264,13 @@ def test_a_users_token_is_used_as_given(tmp_path):
 
 def test_dry_run_shows_the_same_token_for_server_and_trainer_without_its_value(tmp_path):
     env = {
-        **os.environ, "DRY_RUN": "1", "NODES": "n1 n2", "REPO": str(REPO), "SETUP": "true",
-        "SERVER_ARGS": "--index-dir /shared/index", "RETRIEVAL_SERVER_TOKEN": "tok-123456",
+        **os.environ,
+        "DRY_RUN": "1",
+        "NODES": "n1 n2",
+        "REPO": str(REPO),
+        "SETUP": "true",
+        "SERVER_ARGS": "--index-dir /shared/index",
+        "RETRIEVAL_SERVER_TOKEN": "tok-123456",
     }
     env.pop("VERL_EVIDENCE_RETRIEVAL_TOKEN", None)
     result = subprocess.run(["bash", str(SBATCH)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
