@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast smoke demo bench clean
+.PHONY: install lint test test-fast smoke demo bench clean
 
 install: $(VENV)/.installed
 
@@ -22,16 +22,21 @@ $(VENV)/.installed: pyproject.toml
 # verl-import probe: tests/conftest.py) on one worker. TEST_WORKERS=0 runs in this process.
 TEST_WORKERS ?= 2
 # pytest exits 5 when it collected nothing: that is a broken suite, not a pass.
-test: install
+test: install lint
 	@HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadgroup \
 	$(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing on purpose"; exit 1; fi; exit $$rc
 
 # The fast tier: tests not marked slow (no Ray or Serve, no CLI/trainer subprocesses, no heavy model work;
 # tests/conftest.py refuses a Ray fixture in an unmarked test). `make test` (CI) runs both tiers.
-test-fast: install
+test-fast: install lint
 	@HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest selected no fast tests: failing on purpose"; exit 1; fi; exit $$rc
+
+# Ruff's rules and format as pyproject.toml sets them; test and test-fast run it first, so a lint failure fails them.
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 # Every recipe, 2 real training steps on this machine's CPU (verl's own trainer; docs/debug-on-cpu.md).
 SMOKE_RECIPES ?= eviomni_grpo lear_grpo evinote_grpo search_r1_baseline grace_dapo evipath_sft
