@@ -20,7 +20,9 @@ logger = logging.getLogger(__name__)
 
 
 class DenseSearcher:
-    def __init__(self, index_path: Path, search_params: str = "", use_gpu: bool = True, fp16: bool = True, mmap: bool = False) -> None:
+    def __init__(
+        self, index_path: Path, search_params: str = "", use_gpu: bool = True, fp16: bool = True, mmap: bool = False
+    ) -> None:
         import faiss
 
         from retrieval_server.index import read_dense_index
@@ -104,7 +106,9 @@ class CrossEncoderReranker:
 
         self.model = CrossEncoder(model, device=resolve_device(device))
 
-    def rerank(self, queries: list[str], rows: np.ndarray, texts: list[list[str]], k: int) -> tuple[np.ndarray, np.ndarray]:
+    def rerank(
+        self, queries: list[str], rows: np.ndarray, texts: list[list[str]], k: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Re-order each query's candidates (rows[q], texts[q]) by cross-encoder score; keep the best k."""
         pairs = [(query, text) for query, candidates in zip(queries, texts) for text in candidates]
         flat = np.asarray(self.model.predict(pairs, show_progress_bar=False, convert_to_numpy=True), dtype=np.float32)
@@ -133,7 +137,9 @@ def check_server_config(config: ServerConfig) -> tuple[dict, EncoderConfig]:
     """Verify index files, corpus and (requested or recorded) encoder; return the manifest and the encoder to use."""
     requested = None
     if config.encoder_model is not None:
-        requested = recorded_encoder(read_manifest(Path(config.index_dir))).model_copy(update={"model": config.encoder_model})
+        requested = recorded_encoder(read_manifest(Path(config.index_dir))).model_copy(
+            update={"model": config.encoder_model}
+        )
     manifest = verify_index(Path(config.index_dir), corpus=config.corpus, encoder=requested)
     return manifest, recorded_encoder(manifest)  # the model location that passed the check
 
@@ -156,7 +162,10 @@ class Retriever:
                 encoder_config, config.encoder_backend, config.device, index_dir, config.effective_encode_threads
             )
             self.dense = DenseSearcher(
-                index_dir / self.manifest["index"]["file"], config.search_params, config.use_gpu_index, mmap=config.mmap_index
+                index_dir / self.manifest["index"]["file"],
+                config.search_params,
+                config.use_gpu_index,
+                mmap=config.mmap_index,
             )
             if self.encoder.dim != self.dense.dim or self.dense.dim != self.manifest["dim"]:
                 raise IndexMismatchError(
@@ -171,10 +180,16 @@ class Retriever:
                 )
         if config.method in ("bm25", "hybrid"):
             if not self.manifest.get("bm25"):
-                raise IndexMismatchError(f"method {config.method!r} needs a BM25 index, but {index_dir / 'manifest.json'} has none (build with --bm25)")
+                raise IndexMismatchError(
+                    f"method {config.method!r} needs a BM25 index, but {index_dir / 'manifest.json'} has none "
+                    "(build with --bm25)"
+                )
             self.bm25 = BM25Searcher(index_dir / self.manifest["bm25"]["dir"])
             if self.bm25.ntotal != len(self.docstore):
-                raise IndexMismatchError(f"{index_dir / 'bm25'} indexes {self.bm25.ntotal} passages, {self.docstore.path} holds {len(self.docstore)}")
+                raise IndexMismatchError(
+                    f"{index_dir / 'bm25'} indexes {self.bm25.ntotal} passages, {self.docstore.path} holds "
+                    f"{len(self.docstore)}"
+                )
         self.reranker = CrossEncoderReranker(config.rerank_model, device=config.device) if config.rerank_model else None
 
     @property
@@ -184,7 +199,9 @@ class Retriever:
     def encode(self, queries: list[str]) -> np.ndarray | None:
         return self.encoder.encode_queries(queries) if self.encoder is not None else None
 
-    def search(self, queries: list[str], query_vectors: np.ndarray | None, k: int | Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    def search(
+        self, queries: list[str], query_vectors: np.ndarray | None, k: int | Sequence[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Top-k rows and scores for a batch of queries, by the configured method (+ optional rerank).
 
         ``k`` is one cut-off for every query or one per query (a server batch mixes requests). The arrays
