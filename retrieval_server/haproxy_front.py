@@ -164,15 +164,32 @@ def haproxy_binary() -> str | None:
         return shutil.which("haproxy")
 
 
-def haproxy_environment(workdir: Path, stats_port: int, metrics_port: int, launcher: Path) -> dict[str, str]:
+def haproxy_environment(
+    workdir: Path,
+    stats_port: int,
+    metrics_port: int,
+    launcher: Path,
+    fallback_http_port: int | None = None,
+    fallback_grpc_port: int | None = None,
+) -> dict[str, str]:
     """Ray Serve settings for its HAProxy ingress, private to one server.
 
     Ray's defaults put HAProxy's files under /tmp/haproxy-serve and its stats and
     metrics on fixed ports, so two servers on one node would collide; each server
-    gets its own directory and ports instead. ``launcher`` (:func:`write_launcher`)
-    runs HAProxy bound to the server's host and tied to the life of the actor that starts it.
+    gets its own directory and ports instead. The same holds for Serve's fallback
+    proxy (default 127.0.0.1:8500), which HAProxy lists as every backend's backup:
+    on a shared port, a server whose replica is marked down (starting, busy) would
+    hand its requests to *another* server's proxy, its index and its token.
+    ``launcher`` (:func:`write_launcher`) runs HAProxy bound to the server's host and
+    tied to the life of the actor that starts it.
     """
+    fallback = {}
+    if fallback_http_port is not None:
+        fallback["RAY_SERVE_FALLBACK_PROXY_HTTP_PORT"] = str(fallback_http_port)
+    if fallback_grpc_port is not None:
+        fallback["RAY_SERVE_FALLBACK_PROXY_GRPC_PORT"] = str(fallback_grpc_port)
     return {
+        **fallback,
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
         "RAY_SERVE_HAPROXY_BINARY_PATH": str(launcher),
         "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(workdir / "haproxy.cfg"),

@@ -280,16 +280,19 @@ def _start_once(config: ServerConfig, address: str | None, ray_num_cpus: int | N
                     port, claim = take_port(config.host, config.port)
                     claims.append(claim)
                     chosen_here |= set() if config.port else {port}
-                    for _ in ("stats", "metrics"):  # HAProxy's pages
+                    # HAProxy's pages and Serve's fallback proxy (HAProxy's backup server): ports of this server's own.
+                    for _ in ("stats", "metrics", "fallback-http", "fallback-grpc"):
                         claims.append(take_port(config.host, 0)[1])
                         chosen_here.add(claims[-1].port)
-                    stats_port, metrics_port = claims[-2].port, claims[-1].port
+                    stats_port, metrics_port, fallback_http, fallback_grpc = (c.port for c in claims[-4:])
                     config = config.model_copy(update={"port": port})
                     workdir = haproxy_workdir(port)
                     shutil.rmtree(workdir, ignore_errors=True)  # files of a killed server on this port: ours now
                     workdir.mkdir(mode=0o700, parents=True)
                     launcher = write_launcher(workdir / "haproxy", config.host, haproxy_binary())
-                    env_vars = haproxy_environment(workdir, stats_port, metrics_port, launcher)
+                    env_vars = haproxy_environment(
+                        workdir, stats_port, metrics_port, launcher, fallback_http, fallback_grpc
+                    )
                 ray.init(
                     num_cpus=ray_num_cpus,
                     include_dashboard=False,

@@ -38,8 +38,8 @@ HAPROXY_SOCKET_PATH_LIMIT = 97
 
 def test_haproxy_environment_is_private_to_one_server(tmp_path):
     first_dir, second_dir = haproxy_workdir(65535), haproxy_workdir(65534)
-    first = haproxy_environment(first_dir, 40001, 40002, first_dir / "haproxy")
-    second = haproxy_environment(second_dir, 40003, 40004, second_dir / "haproxy")
+    first = haproxy_environment(first_dir, 40001, 40002, first_dir / "haproxy", 40005, 40006)
+    second = haproxy_environment(second_dir, 40003, 40004, second_dir / "haproxy", 40007, 40008)
     assert first["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
     for key in (
         "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC",
@@ -50,6 +50,13 @@ def test_haproxy_environment_is_private_to_one_server(tmp_path):
         assert first[key].startswith("/tmp/rs-haproxy-65535/") or first[key] == "/tmp/rs-haproxy-65535"
         assert first[key] != second[key]
     assert (first["RAY_SERVE_HAPROXY_STATS_PORT"], first["RAY_SERVE_HAPROXY_METRICS_PORT"]) == ("40001", "40002")
+    # Serve's fallback proxy is HAProxy's backup server: on Ray's fixed default (8500) a server whose replica is
+    # down would forward to another server's proxy.
+    assert (first["RAY_SERVE_FALLBACK_PROXY_HTTP_PORT"], first["RAY_SERVE_FALLBACK_PROXY_GRPC_PORT"]) == (
+        "40005",
+        "40006",
+    )
+    assert second["RAY_SERVE_FALLBACK_PROXY_HTTP_PORT"] == "40007"
     nested_socket = Path(first["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"]) / RAY_HASH_DIR / "admin.sock"
     assert len(str(nested_socket)) <= HAPROXY_SOCKET_PATH_LIMIT
 
