@@ -41,7 +41,7 @@ REWARD_PREFIX = "reward"
 ROLLOUT_PREFIX = "rollout"
 MASKING_PREFIX = "masking"
 # The loops' statistics that the reward managers also copy into reward_extra_info (for validation's val-aux/...):
-# logged once, under rollout/ (verl_evidence.reward_managers.managers.ROLLOUT_STAT_KEYS).
+# logged once, under rollout/ (the managers import this tuple as ROLLOUT_STAT_KEYS).
 ROLLOUT_STATS = (
     "num_searches",
     "summary_count",

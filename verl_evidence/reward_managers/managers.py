@@ -17,6 +17,7 @@ from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 
 from verl_evidence.reward_managers.sample import decode_sample
 from verl_evidence.reward_managers.scorers import Scorer, build_composite, build_scorer
+from verl_evidence.step_metrics import ROLLOUT_STATS
 
 logger = logging.getLogger(__name__)
 
@@ -24,17 +25,7 @@ logger = logging.getLogger(__name__)
 # AgentLoopMetrics drops custom keys, but its validation metrics aggregate every key of
 # ``reward_extra_info`` per data source (``val-aux/<data_source>/<key>/mean@N``). verl takes
 # the key list from the first sample, so every sample carries all of them (0.0 when absent).
-ROLLOUT_STAT_KEYS: tuple[str, ...] = (
-    "num_searches",
-    "summary_count",
-    "context_tokens",
-    "raw_context_tokens",
-    "compression_ratio",
-    "invalid_actions",
-    "search_errors",
-    "extractor_failures",
-    "retrieval_failed",
-)
+ROLLOUT_STAT_KEYS: tuple[str, ...] = ROLLOUT_STATS  # defined once, beside the per-step metrics that skip them
 
 
 def rollout_stats(tool_extra_fields: Any) -> dict[str, float]:
