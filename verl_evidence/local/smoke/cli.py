@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import logging
 
-from verl_evidence.local.smoke.settings import METHODS, locked, smoke_dir, smoke_method
+from verl_evidence.local.smoke.settings import METHODS, WARMUP_ENV, locked, smoke_dir, smoke_method, warmup_family
 
 
-def prepare(method: str) -> dict[str, str]:
-    """What ``recipes/<method>.sh --smoke`` needs: policy, data, and (EviNote) the judge, as shell variables."""
+def prepare(method: str, warmup: str | None = None) -> dict[str, str]:
+    """What ``recipes/<method>.sh --smoke`` needs: policy, data, and (EviNote) the judge, as shell variables.
+
+    ``warmup``: a warm-up variant of the method's family (settings.WARMUP_VARIANTS) instead of the family's own.
+    """
     spec = smoke_method(method)
+    family = warmup_family(method, warmup)
     from verl_evidence.local.smoke.models import nli_judge, random_policy, warmed_up_policy
     from verl_evidence.local.smoke.warmup_data import warmed_up_rows, warmup_data
 
@@ -23,19 +27,19 @@ def prepare(method: str) -> dict[str, str]:
             random_policy(base)
         if spec.family is None:  # verl's SFT trainer from the random policy on every family's format
             return {"MODEL_PATH": str(base), "TRAIN_FILES": str(warmup_data(base)), **spec.settings}
-        policy = warmed_up_policy(spec.family)
-        data = warmed_up_rows(method, policy)
+        policy = warmed_up_policy(family)
+        data = warmed_up_rows(method, policy, warmup=family)
         variables = {"MODEL_PATH": str(policy), "TRAIN_FILES": str(data), "VAL_FILES": str(data), **spec.settings}
         if spec.nli_judge:
             variables["NLI_MODEL"] = str(nli_judge())
         return variables
 
 
-def shell_assignments(method: str) -> list[str]:
-    """``prepare(method)`` as ``NAME=value`` lines a recipe reads (values shell-quoted)."""
+def shell_assignments(method: str, warmup: str | None = None) -> list[str]:
+    """``prepare(method, warmup)`` as ``NAME=value`` lines a recipe reads (values shell-quoted)."""
     import shlex
 
-    return [f"{name}={shlex.quote(value)}" for name, value in prepare(method).items()]
+    return [f"{name}={shlex.quote(value)}" for name, value in prepare(method, warmup).items()]
 
 
 def register(root) -> None:
@@ -46,11 +50,24 @@ def register(root) -> None:
     )
 
     @smoke_app.command("prepare")
-    def prepare_command(method: str = typer.Argument(..., help=" | ".join(METHODS))) -> None:
+    def prepare_command(
+        method: str = typer.Argument(..., help=" | ".join(METHODS)),
+        warmup: str | None = typer.Option(
+            None,
+            "--warmup",
+            envvar=WARMUP_ENV,
+            help="a warm-up variant of the method's family instead of its own (search_neutral: notes in half the "
+            "warm-up examples)",
+        ),
+    ) -> None:
         """Build (or reuse) the smoke policy, data and judge; print them as shell assignments for the recipes."""
         if method not in METHODS:
             raise typer.BadParameter(f"{method!r} is not one of {', '.join(METHODS)}", param_hint="METHOD")
-        for line in shell_assignments(method):
+        try:
+            lines = shell_assignments(method, warmup)
+        except ValueError as err:
+            raise typer.BadParameter(str(err), param_hint="--warmup") from err
+        for line in lines:
             typer.echo(line)
 
     root.add_typer(smoke_app, name="smoke")
@@ -58,7 +75,10 @@ def register(root) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m verl_evidence.local.smoke prepare METHOD``: what the recipes call (``verl-evidence smoke prepare``
-    without importing every command of the CLI, which costs seconds on a small machine)."""
+    without importing every command of the CLI, which costs seconds on a small machine). The warm-up variant comes
+    from ``$VERL_EVIDENCE_SMOKE_WARMUP``, so ``VERL_EVIDENCE_SMOKE_WARMUP=search_neutral bash recipes/... --smoke``
+    works without a recipe flag."""
+    import os
     import sys
 
     args = sys.argv[1:] if argv is None else argv
@@ -67,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
-        lines = shell_assignments(args[1])
+        lines = shell_assignments(args[1], os.environ.get(WARMUP_ENV) or None)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -15,7 +15,16 @@ POLICY_LAYERS = 2
 WARMUP_ROWS_PER_FORMAT = 8
 # Single-example AdamW steps per warm-up family (~0.09 CPU-s each for a ~950-token example). The search format
 # (query, observation, note, answer) takes longer to pick up than the other two.
-WARMUP_STEPS = {"eviomni": 500, "search": 800, "grace": 500}
+WARMUP_STEPS = {"eviomni": 500, "search": 800, "grace": 500, "search_neutral": 800}
+# The recipes' own families: each SMOKE_METHODS entry warms up on one, and evipath_sft trains on all three.
+FAMILIES = ("eviomni", "search", "grace")
+# Warm-ups a smoke run may choose instead of its method's family (``VERL_EVIDENCE_SMOKE_WARMUP``, or
+# ``smoke prepare METHOD --warmup NAME``), each with the family whose prompt format it shares. ``search_neutral``:
+# every warm-up question once with a note and once without, so the policy writes a note about half the time and a
+# reward can move the note rate either way (the ``search`` warm-up notes in nearly every sample). Used by
+# benchmarks/learning.py to compare EviNote's reward with Search-R1's from one policy.
+WARMUP_VARIANTS = {"search_neutral": "search"}
+WARMUP_ENV = "VERL_EVIDENCE_SMOKE_WARMUP"
 WARMUP_LR = 3e-3
 SMOKE_TOPK = 2  # passages per EviOmni prompt: ~900 tokens with the byte-level tokenizer
 # Search recipes: one passage per search cut at this many tokens, and a response budget that holds a query, that
@@ -57,13 +66,27 @@ SMOKE_METHODS: dict[str, SmokeMethod] = {
     "evipath_sft": SmokeMethod(data=None, family=None),
 }
 METHODS = tuple(SMOKE_METHODS)
-FAMILIES = tuple(WARMUP_STEPS)
 
 
 def smoke_method(method: str) -> SmokeMethod:
     if method not in SMOKE_METHODS:
         raise ValueError(f"unknown smoke method {method!r}; one of {', '.join(METHODS)}")
     return SMOKE_METHODS[method]
+
+
+def warmup_family(method: str, warmup: str | None = None) -> str | None:
+    """The warm-up family a smoke run of ``method`` uses: its own, or ``warmup`` (its own or a variant of it)."""
+    family = smoke_method(method).family
+    if not warmup or warmup == family:
+        return family
+    if warmup not in WARMUP_VARIANTS:
+        raise ValueError(f"unknown warm-up {warmup!r}; one of {', '.join(sorted(WARMUP_STEPS))}")
+    if WARMUP_VARIANTS[warmup] != family:
+        raise ValueError(
+            f"warm-up {warmup!r} writes the {WARMUP_VARIANTS[warmup]!r} family's format; "
+            f"{method} trains the {family!r} family's format"
+        )
+    return warmup
 
 
 def smoke_dir() -> Path:

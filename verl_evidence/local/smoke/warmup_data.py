@@ -1,11 +1,13 @@
 """The warm-up examples: each family's output format, built from the bundled questions' gold answers and evidence.
 
 A family is the recipes that share a prompt format (and so a warmed-up policy):
-``eviomni`` (EviOmni, LEAR, composite), ``search`` (EviNote, Search-R1), ``grace``.
+``eviomni`` (EviOmni, LEAR, composite), ``search`` (EviNote, Search-R1), ``grace``;
+``search_neutral`` is a variant of ``search`` (notes in half the examples).
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -15,8 +17,10 @@ from verl_evidence.local.smoke.settings import (
     FAMILIES,
     SMOKE_MAX_OBS_TOKENS,
     WARMUP_ROWS_PER_FORMAT,
+    WARMUP_STEPS,
     smoke_dir,
     smoke_method,
+    warmup_family,
 )
 
 
@@ -156,6 +160,17 @@ def warmup_examples(family: str, tokenizer_dir: Path) -> list[dict]:
         search_r1_rows = read_rows(method_data("search_r1", tokenizer_dir))
         search_r1 = [r for r in search_r1_rows if r["extra_info"]["question"] in questions]
         return with_note + _warmup_examples(search_r1, _search_target(False, tokenizer), n // 4, seed=3)
+    if family == "search_neutral":
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        evinote = read_rows(method_data("evinote", tokenizer_dir))
+        # The same questions (same rows, same seed) twice: once ending in a note, once answering straight after the
+        # observation. A 2-layer policy learns per question, so each question must show both continuations for the
+        # policy to write a note about half the time on every question rather than always on some and never on others.
+        with_note = _warmup_examples(evinote, _search_target(True, tokenizer), n, seed=2)
+        without_note = _warmup_examples(evinote, _search_target(False, tokenizer), n, seed=2)
+        return with_note + without_note
     if family == "grace":
         rows = read_rows(method_data("grace", tokenizer_dir))
         examples = []
@@ -184,8 +199,9 @@ def warmup_data(tokenizer_dir: Path) -> Path:
     return out
 
 
-def warmed_up_rows(method: str, tokenizer_dir: Path) -> Path:
-    """``method``'s prepared rows restricted to the questions its family was warmed up on (cached).
+def warmed_up_rows(method: str, tokenizer_dir: Path, warmup: str | None = None) -> Path:
+    """``method``'s prepared rows restricted to the questions its family (or the ``warmup`` variant of it) was
+    warmed up on (cached).
 
     A 2-layer policy learns the format on the prompts it saw: sampled at temperature
     1, the EviOmni policy closed reason/extract/answer in 13 of 48 samples on its
@@ -194,15 +210,79 @@ def warmed_up_rows(method: str, tokenizer_dir: Path) -> Path:
     which such a policy only knows by heart. Training on those questions is what gives
     every smoke run's GRPO groups a spread at step 2.
     """
-    out = smoke_dir() / "data" / f"{method}-warmed.parquet"
+    spec = smoke_method(method)
+    family = warmup_family(method, warmup)
+    suffix = "" if family == spec.family else f"-{family}"  # the recipes' own warm-ups keep their cache names
+    out = smoke_dir() / "data" / f"{method}{suffix}-warmed.parquet"
     if out.exists():
         return out
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    spec = smoke_method(method)
-    questions = {e["question"] for e in warmup_examples(spec.family, tokenizer_dir) if "question" in e}
+    questions = {e["question"] for e in warmup_examples(family, tokenizer_dir) if "question" in e}
     kept = [r for r in read_rows(method_data(spec.data, tokenizer_dir)) if r["extra_info"]["question"] in questions]
+    tmp = out.with_suffix(".tmp.parquet")
+    pq.write_table(pa.Table.from_pylist(kept), tmp)
+    tmp.replace(out)
+    return out
+
+
+def question_hash(question: str) -> str:
+    """A fixed order of the bundled questions, independent of the machine and of Python's hash seed."""
+    return hashlib.sha256(question.strip().encode("utf-8")).hexdigest()
+
+
+def heldout_split(rows: list[dict], seen_texts: list[str], count: int, balance_key: str | None = None) -> list[dict]:
+    """Up to ``count`` rows whose question occurs in none of ``seen_texts``, first by :func:`question_hash`.
+
+    ``seen_texts``: everything a policy trained on (the warm-up examples' messages); a question found in any of
+    them is not held out, whichever prompt it came in. ``balance_key``: a ground-truth field (GRACE's
+    ``answerable``) whose values share the rows equally. One row per question.
+    """
+    seen = "\n".join(seen_texts)
+    candidates: dict[str, dict] = {}
+    for row in sorted(rows, key=lambda r: question_hash(r["extra_info"]["question"])):
+        question = row["extra_info"]["question"]
+        if question not in candidates and question not in seen:
+            candidates[question] = row
+    if balance_key is None:
+        return list(candidates.values())[:count]
+    groups: dict[str, list[dict]] = {}
+    for row in candidates.values():
+        groups.setdefault(str(row["reward_model"]["ground_truth"].get(balance_key)), []).append(row)
+    per_group = count // max(1, len(groups))
+    chosen = [row for key in sorted(groups) for row in groups[key][:per_group]]
+    return sorted(chosen, key=lambda r: question_hash(r["extra_info"]["question"]))
+
+
+def trained_texts(tokenizer_dir: Path) -> list[str]:
+    """The text of every warm-up example of every family: what no held-out question may appear in."""
+    return [
+        "\n".join(str(message.get("content", "")) for message in example["messages"])
+        for family in sorted(WARMUP_STEPS)
+        for example in warmup_examples(family, tokenizer_dir)
+    ]
+
+
+def heldout_rows(method: str, tokenizer_dir: Path, count: int) -> Path:
+    """``count`` of ``method``'s prepared rows on questions no warm-up (of any family) and so no smoke run trained
+    on, chosen by a fixed hash of the question (cached). GRACE's are half answerable, half not.
+
+    The tiny policy knows answers only by heart, so on these questions its exact match and F1 stay near 0;
+    what can carry over is behaviour: the format, notes, evidence length, the evidence-or-recall choice.
+    """
+    spec = smoke_method(method)
+    if spec.data is None:
+        raise ValueError(f"{method} trains on the warm-up data itself: it has no held-out rows")
+    out = smoke_dir() / "data" / f"{method}-heldout{count}.parquet"
+    if out.exists():
+        return out
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = read_rows(method_data(spec.data, tokenizer_dir))
+    balance = "answerable" if spec.data == "grace" else None
+    kept = heldout_split(rows, trained_texts(tokenizer_dir), count, balance_key=balance)
     tmp = out.with_suffix(".tmp.parquet")
     pq.write_table(pa.Table.from_pylist(kept), tmp)
     tmp.replace(out)

@@ -1,0 +1,543 @@
+"""What each reward teaches in a few steps: every method's smoke recipe trained N steps from one warm-up, two seeds.
+
+Arms (each ``bash recipes/<recipe>.sh --smoke``, verl's own trainer on CPU):
+
+- ``eviomni``, ``lear``: the EviOmni-family warm-up, their own rows and rewards;
+- ``grace``: the GRACE warm-up and rows, verl's DAPO manager with the GRACE score;
+- ``evinote`` and ``search_r1``: ONE policy, the neutral search warm-up (``search_neutral``: every warm-up
+  question once with a ``<summary>`` note and once without, so the policy notes about half the time), the SAME
+  EviNote rows and prompt; only the reward differs. ``evinote`` is EviNote's reward; ``search_r1`` is Search-R1's
+  exact-match reward (``verl_evidence.rewards.answer:compute_score``) through the composite manager, with EviNote's
+  scorer beside it at weight 0 so its EQR and note flags are logged but do not count.
+
+Each run trains on the questions its policy was warmed up on and validates (verl's validation,
+``trainer.val_before_train`` and the last step) on held-out rows: questions no warm-up of any family contains,
+chosen by a fixed hash (:func:`verl_evidence.local.smoke.warmup_data.heldout_rows`).
+
+Read back: verl's file logger (every ``reward/...``, ``rollout/...``, ``critic/score/mean``), and the per-sample
+rollout and validation dumps for what needs samples (compression ratio, GRACE's balanced accuracy, the note rate
+and EQR on held-out questions). Written to ``--out``: ``curves.csv`` (arm, seed, step, split, metric, value),
+``curves.png``, ``summary.json``; printed: the first-steps vs last-steps table and the papers' directions.
+
+    nice -n 5 python benchmarks/learning.py --steps 6 --seeds 1 2 --out /tmp/learning
+    python benchmarks/learning.py --analyse /tmp/learning     # re-read finished runs, train nothing
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import fmean
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from verl_evidence.local.smoke.logs import read_metrics  # noqa: E402
+from verl_evidence.local.smoke.settings import WARMUP_ENV  # noqa: E402
+
+TRAIN, HELDOUT = "train", "heldout"
+# Search-R1's reward (exact match) scores; EviNote's scorer runs beside it at weight 0: its EQR and note flags are
+# logged (reward/composite/evinote.*) without counting.
+SEARCH_R1_COMPONENTS = (
+    "[{name:search_r1,reward:'verl_evidence.rewards.answer:compute_score',weight:1.0,keys:[em,has_answer]},"
+    "{name:evinote,reward:evinote,weight:0.0}]"
+)
+# A window of the first and last training steps (the table's "first" and "last"), as a share of N
+WINDOW_SHARE = 1 / 3
+# "F1 does not fall": the last window's F1 at most this far below the first's (a 16-sample step's F1 moves by
+# more than this between steps from sampling alone, so a smaller drop is no drop)
+F1_TOLERANCE = 0.02
+
+
+@dataclass(frozen=True)
+class Arm:
+    recipe: str
+    method: str  # the smoke method whose data (and judge) it uses
+    kind: str  # which measures apply: search | eviomni | grace
+    warmup: str | None = None  # a warm-up variant (verl_evidence.local.smoke.settings.WARMUP_VARIANTS)
+    overrides: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+ARMS: dict[str, Arm] = {
+    "eviomni": Arm("eviomni_grpo.sh", "eviomni", "eviomni"),
+    "lear": Arm("lear_grpo.sh", "lear", "eviomni"),
+    "grace": Arm("grace_dapo.sh", "grace", "grace"),
+    "evinote": Arm("evinote_grpo.sh", "evinote", "search", warmup="search_neutral"),
+    "search_r1": Arm(
+        "evinote_grpo.sh",
+        "evinote",
+        "search",
+        warmup="search_neutral",
+        overrides=("reward_preset=composite", f"++reward.reward_kwargs.components={SEARCH_R1_COMPONENTS}"),
+        # The composite preset's pre-flight block describes its EviOmni+GRACE example (the EviOmni loop); this run
+        # composes a search reward on EviNote's rows and loop, checked here instead (same rows as the evinote arm).
+        env={"PREFLIGHT": "0"},
+    ),
+}
+# The measures shown per kind of arm (table and plot), in order
+KEY_MEASURES = {
+    "search": ("note_rate", "eqr", "em", "score"),
+    "eviomni": ("compression_ratio", "f1", "format", "score"),
+    "grace": ("balanced_accuracy", "path_accuracy", "format", "score"),
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Per-sample measures (pure): a dumped trajectory in, numbers out
+
+
+def sample_values(entry: Mapping) -> dict[str, float]:
+    """Every numeric field of one dumped trajectory: the training dump's ``rollout`` and ``reward_extra_info``
+    columns (verl_evidence.trainer_patches) and the validation dump's flat reward keys, one namespace."""
+    values: dict[str, float] = {}
+    nested = [entry.get("rollout"), entry.get("reward_extra_info")]
+    for source in [entry, *[n for n in nested if isinstance(n, Mapping)]]:
+        for key, value in source.items():
+            if isinstance(value, (bool, int, float)) and math.isfinite(value):
+                values[key] = float(value)
+    return values
+
+
+def _first_of(values: Mapping[str, float], *names: str) -> float | None:
+    for name in names:
+        if name in values:
+            return values[name]
+    return None
+
+
+def _mean(numbers: Iterable[float | None]) -> float | None:
+    kept = [n for n in numbers if n is not None]
+    return fmean(kept) if kept else None
+
+
+def note_taken(values: Mapping[str, float]) -> float | None:
+    count = _first_of(values, "summary_count", "num_summaries", "evinote.num_summaries")
+    if count is not None:
+        return float(count > 0)
+    flag = _first_of(values, "has_summary", "evinote.has_summary")
+    return None if flag is None else float(flag > 0)
+
+
+def compression_ratio(values: Mapping[str, float]) -> float | None:
+    """EviOmni's ``L_P / L_e`` of one sample; None without evidence tokens (as verl_evidence.eval.metrics)."""
+    passages, evidence = values.get("len_p"), values.get("len_e")
+    if passages is None or not evidence:
+        return None
+    return passages / evidence
+
+
+def grace_path_correct(values: Mapping[str, float]) -> tuple[bool, float] | None:
+    """(answerable, 1.0 if the structure is valid and the path fits: evidence when answerable, recall when not)."""
+    answerable, chose_evidence, fmt = (values.get(k) for k in ("answerable", "chose_evidence", "format"))
+    if answerable is None or chose_evidence is None or fmt is None:
+        return None
+    right = fmt > 0 and bool(chose_evidence) == bool(answerable)
+    return bool(answerable), float(right)
+
+
+def aggregate(entries: Sequence[Mapping], kind: str) -> dict[str, float]:
+    """One step's (or one validation's) measures of an arm of ``kind`` from its dumped trajectories."""
+    samples = [sample_values(e) for e in entries]
+    out: dict[str, float | None] = {"samples": float(len(samples)), "score": _mean(s.get("score") for s in samples)}
+    if kind == "search":
+        out["note_rate"] = _mean(note_taken(s) for s in samples)
+        out["eqr"] = _mean(_first_of(s, "eqr", "evinote.eqr") for s in samples)
+        out["em"] = _mean(_first_of(s, "em", "search_r1.em", "evinote.em") for s in samples)
+        out["format"] = _mean(_first_of(s, "format_ok", "evinote.format_ok") for s in samples)
+        out["searches"] = _mean(s.get("num_searches") for s in samples)
+    elif kind == "eviomni":
+        out["compression_ratio"] = _mean(compression_ratio(s) for s in samples)
+        out["f1"] = _mean(s.get("ans_f") for s in samples)
+        out["answer_f1_mean"] = _mean(s.get("ans") for s in samples)
+        out["format"] = _mean(s.get("format") for s in samples)
+        out["evidence_tokens"] = _mean(s.get("len_e") for s in samples)
+    elif kind == "grace":
+        paths = [p for p in (grace_path_correct(s) for s in samples) if p is not None]
+        answerable = _mean(right for ans, right in paths if ans)
+        unanswerable = _mean(right for ans, right in paths if not ans)
+        out["path_accuracy"] = _mean(right for _, right in paths)
+        out["answerable_accuracy"] = answerable
+        out["unanswerable_accuracy"] = unanswerable
+        out["balanced_accuracy"] = (
+            (answerable + unanswerable) / 2 if answerable is not None and unanswerable is not None else None
+        )
+        out["format"] = _mean(float(s["format"] > 0) if "format" in s else None for s in samples)
+    else:
+        raise ValueError(f"unknown arm kind {kind!r}")
+    return {key: value for key, value in out.items() if value is not None}
+
+
+def read_dump(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Curves, windows, table and directions (pure)
+
+
+@dataclass(frozen=True)
+class Point:
+    arm: str
+    seed: int
+    step: int
+    split: str
+    metric: str
+    value: float
+
+
+def run_points(arm: str, seed: int, kind: str, run_dir: Path) -> list[Point]:
+    """Every curve point of one finished run: verl's logged metrics (training steps) and the dumps' measures."""
+    points: list[Point] = []
+    metrics_file = run_dir / "metrics.jsonl"
+    if metrics_file.exists():
+        for step, metrics in sorted(read_metrics(metrics_file).items()):
+            for key, value in sorted(metrics.items()):
+                if key.startswith(("reward/", "rollout/", "critic/score/mean", "actor/grad_norm")):
+                    points.append(Point(arm, seed, step, TRAIN, key, value))
+    for split, directory in ((TRAIN, run_dir / "rollouts"), (HELDOUT, run_dir / "validation")):
+        for dump in sorted(directory.glob("*.jsonl")) if directory.is_dir() else []:
+            step = int(dump.stem)
+            for metric, value in sorted(aggregate(read_dump(dump), kind).items()):
+                points.append(Point(arm, seed, step, split, metric, value))
+    return points
+
+
+def write_csv(points: Sequence[Point], path: Path) -> None:
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["arm", "seed", "step", "split", "metric", "value"])
+        for p in points:
+            writer.writerow([p.arm, p.seed, p.step, p.split, p.metric, f"{p.value:.6g}"])
+
+
+def read_csv(path: Path) -> list[Point]:
+    with open(path, newline="") as handle:
+        return [
+            Point(r["arm"], int(r["seed"]), int(r["step"]), r["split"], r["metric"], float(r["value"]))
+            for r in csv.DictReader(handle)
+        ]
+
+
+def series(points: Sequence[Point], arm: str, split: str, metric: str) -> dict[int, dict[int, float]]:
+    """seed -> step -> value."""
+    out: dict[int, dict[int, float]] = {}
+    for p in points:
+        if p.arm == arm and p.split == split and p.metric == metric:
+            out.setdefault(p.seed, {})[p.step] = p.value
+    return out
+
+
+@dataclass(frozen=True)
+class Change:
+    """A measure's first and last value (train: mean of the first / last window of steps; held-out: step 0 and the
+    last validation), per seed and averaged over seeds."""
+
+    per_seed: dict[int, tuple[float, float]]
+
+    @property
+    def first(self) -> float:
+        return fmean(f for f, _ in self.per_seed.values())
+
+    @property
+    def last(self) -> float:
+        return fmean(last for _, last in self.per_seed.values())
+
+    @property
+    def delta(self) -> float:
+        return self.last - self.first
+
+    def seed_deltas(self) -> list[float]:
+        return [last - first for _, (first, last) in sorted(self.per_seed.items())]
+
+
+def window(steps: Sequence[int], share: float = WINDOW_SHARE) -> tuple[list[int], list[int]]:
+    """The first and last ``max(1, round(share * len))`` training steps (step 0, a validation, excluded)."""
+    ordered = sorted(s for s in steps if s > 0)
+    if not ordered:
+        return [], []
+    size = max(1, round(share * len(ordered)))
+    return ordered[:size], ordered[-size:]
+
+
+def change(points: Sequence[Point], arm: str, split: str, metric: str) -> Change | None:
+    per_seed = {}
+    for seed, by_step in series(points, arm, split, metric).items():
+        if split == HELDOUT:
+            if 0 in by_step and len(by_step) > 1:
+                per_seed[seed] = (by_step[0], by_step[max(by_step)])
+            continue
+        first, last = window(list(by_step))
+        if first and last:
+            per_seed[seed] = (fmean(by_step[s] for s in first), fmean(by_step[s] for s in last))
+    return Change(per_seed) if per_seed else None
+
+
+def summary_table(points: Sequence[Point], arms: Sequence[str]) -> list[dict]:
+    """One row per arm, split and key measure: first, last, change (mean over seeds) and each seed's change."""
+    rows = []
+    for arm in arms:
+        for split in (TRAIN, HELDOUT):
+            for metric in KEY_MEASURES[ARMS[arm].kind]:
+                found = change(points, arm, split, metric)
+                if found is None:
+                    continue
+                rows.append(
+                    {
+                        "arm": arm,
+                        "split": split,
+                        "metric": metric,
+                        "first": found.first,
+                        "last": found.last,
+                        "change": found.delta,
+                        "seed_changes": found.seed_deltas(),
+                    }
+                )
+    return rows
+
+
+def format_table(rows: Sequence[dict]) -> str:
+    lines = [
+        f"{'arm':10} {'split':8} {'measure':19} {'first':>8} {'last':>8} {'change':>8}  per seed",
+        "-" * 80,
+    ]
+    for r in rows:
+        seeds = ", ".join(f"{d:+.3f}" for d in r["seed_changes"])
+        lines.append(
+            f"{r['arm']:10} {r['split']:8} {r['metric']:19} {r['first']:8.3f} {r['last']:8.3f} {r['change']:+8.3f}"
+            f"  {seeds}"
+        )
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Direction:
+    claim: str
+    split: str
+    holds: bool | None  # None: not measured in this run
+    evidence: str
+    consistent: bool | None = None  # every seed points the same way as the mean
+
+
+def _describe(name: str, found: Change) -> str:
+    seeds = ", ".join(f"{d:+.3f}" for d in found.seed_deltas())
+    return f"{name} {found.first:.3f} -> {found.last:.3f} ({found.delta:+.3f}; seeds {seeds})"
+
+
+def directions(points: Sequence[Point]) -> list[Direction]:
+    """For each direction the papers claim, whether this run shows it, with the numbers."""
+    out = []
+    for split in (TRAIN, HELDOUT):
+        for metric, label in (("note_rate", "note rate"), ("eqr", "EQR")):
+            claim = f"EviNote vs Search-R1: {label} rises more under EviNote's reward"
+            note, base = change(points, "evinote", split, metric), change(points, "search_r1", split, metric)
+            if note is None or base is None:
+                out.append(Direction(claim, split, None, "not measured"))
+                continue
+            holds = note.delta > base.delta
+            pairs = list(zip(note.seed_deltas(), base.seed_deltas()))
+            consistent = all((a > b) == holds for a, b in pairs) if pairs else None
+            evidence = f"{_describe('EviNote', note)}; {_describe('Search-R1', base)}"
+            out.append(Direction(claim, split, holds, evidence, consistent))
+        for arm, name in (("eviomni", "EviOmni"), ("lear", "LEAR")):
+            claim = f"{name}: compression ratio rises while F1 does not fall (by more than {F1_TOLERANCE})"
+            cr, f1 = change(points, arm, split, "compression_ratio"), change(points, arm, split, "f1")
+            if cr is None or f1 is None:
+                out.append(Direction(claim, split, None, "not measured"))
+                continue
+            holds = cr.delta > 0 and f1.delta >= -F1_TOLERANCE
+            per_seed = [c > 0 and f >= -F1_TOLERANCE for c, f in zip(cr.seed_deltas(), f1.seed_deltas())]
+            evidence = f"{_describe('CR', cr)}; {_describe('F1', f1)}"
+            out.append(Direction(claim, split, holds, evidence, all(p == holds for p in per_seed)))
+        claim = "GRACE: balanced accuracy (answerable -> evidence, unanswerable -> recall) rises"
+        bacc = change(points, "grace", split, "balanced_accuracy")
+        if bacc is None:
+            out.append(Direction(claim, split, None, "not measured"))
+        else:
+            holds = bacc.delta > 0
+            consistent = all((d > 0) == holds for d in bacc.seed_deltas())
+            out.append(Direction(claim, split, holds, _describe("B.Acc", bacc), consistent))
+    return out
+
+
+def format_directions(found: Sequence[Direction]) -> str:
+    lines = []
+    for d in found:
+        verdict = {True: "HOLDS", False: "does not hold", None: "not measured"}[d.holds]
+        seeds = "" if d.consistent is None else (" (both seeds agree)" if d.consistent else " (seeds disagree)")
+        lines.append(f"[{d.split}] {d.claim}: {verdict}{seeds}\n    {d.evidence}")
+    return "\n".join(lines)
+
+
+def plot(points: Sequence[Point], arms: Sequence[str], path: Path) -> None:
+    """Per-step curves: one row per kind of arm, one panel per key measure; training steps (solid, mean over seeds,
+    thin per seed) and the held-out validations at step 0 and N (markers)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = [k for k in KEY_MEASURES if any(ARMS[a].kind == k for a in arms)]
+    columns = max(len(KEY_MEASURES[k]) for k in kinds)
+    figure, axes = plt.subplots(len(kinds), columns, figsize=(3.2 * columns, 2.6 * len(kinds)), squeeze=False)
+    colours = dict(zip(ARMS, ("tab:blue", "tab:cyan", "tab:green", "tab:red", "tab:gray")))
+    for row, kind in enumerate(kinds):
+        for column, metric in enumerate(KEY_MEASURES[kind]):
+            axis = axes[row][column]
+            for arm in (a for a in arms if ARMS[a].kind == kind):
+                for split, style in ((TRAIN, "-"), (HELDOUT, "o--")):
+                    by_seed = series(points, arm, split, metric)
+                    if not by_seed:
+                        continue
+                    steps = sorted({s for values in by_seed.values() for s in values})
+                    means = [fmean(v[s] for v in by_seed.values() if s in v) for s in steps]
+                    label = f"{arm} ({'held-out' if split == HELDOUT else 'train'})"
+                    axis.plot(steps, means, style, color=colours[arm], label=label, linewidth=1.6, markersize=4)
+                    if split == TRAIN:
+                        for values in by_seed.values():
+                            ordered = sorted(values)
+                            axis.plot(ordered, [values[s] for s in ordered], "-", color=colours[arm], alpha=0.25)
+            axis.set_title(f"{kind}: {metric}", fontsize=9)
+            axis.set_xlabel("step", fontsize=8)
+            axis.tick_params(labelsize=7)
+            if column == 0:
+                axis.legend(fontsize=6)
+        for column in range(len(KEY_MEASURES[kind]), columns):
+            axes[row][column].axis("off")
+    figure.tight_layout()
+    figure.savefig(path, dpi=72)
+    plt.close(figure)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Running the arms
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def prepare(arm: Arm, heldout: int) -> dict[str, str]:
+    """The arm's smoke policy, rows and judge (cached), and its held-out rows."""
+    from verl_evidence.local.smoke.cli import prepare as smoke_prepare
+    from verl_evidence.local.smoke.warmup_data import heldout_rows
+
+    variables = smoke_prepare(arm.method, arm.warmup)
+    variables["VAL_FILES"] = str(heldout_rows(arm.method, Path(variables["MODEL_PATH"]), heldout))
+    return variables
+
+
+def run_arm(name: str, seed: int, steps: int, heldout: int, val_n: int, run_dir: Path) -> dict:
+    arm = ARMS[name]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    variables = prepare(arm, heldout)
+    env = {
+        **os.environ,
+        **variables,
+        **arm.env,
+        "PYTHON": sys.executable,
+        "VERL_FILE_LOGGER_PATH": str(run_dir / "metrics.jsonl"),
+        "CHECKPOINT_DIR": str(run_dir / "checkpoints"),
+        "SMOKE_STEPS": str(steps),
+        "EPOCHS": str(steps),  # an upper bound: 8 rows of 2 prompts are 4 steps an epoch
+        "VAL_BEFORE_TRAIN": "true",
+        "TEST_FREQ": str(steps),
+        "RETRIEVAL_PORT": str(free_port()),  # never another run's (or another user's) server
+    }
+    if arm.warmup:
+        env[WARMUP_ENV] = arm.warmup
+    env.pop("RAY_ADDRESS", None)
+    overrides = [
+        f"trainer.rollout_data_dir={run_dir / 'rollouts'}",
+        f"trainer.validation_data_dir={run_dir / 'validation'}",
+        f"actor_rollout_ref.rollout.seed={seed}",
+        f"data.seed={seed}",
+        # held-out behaviour as sampled, as in training (verl validates greedily by default)
+        f"actor_rollout_ref.rollout.val_kwargs.n={val_n}",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+        "actor_rollout_ref.rollout.val_kwargs.top_p=1.0",
+        *arm.overrides,
+    ]
+    started = time.perf_counter()
+    result = subprocess.run(
+        ["bash", str(REPO / "recipes" / arm.recipe), "--smoke", *overrides],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    wall = time.perf_counter() - started
+    (run_dir / "training.log").write_text(result.stdout + result.stderr)
+    record = {"arm": name, "seed": seed, "returncode": result.returncode, "wall_s": round(wall, 1)}
+    (run_dir / "run.json").write_text(json.dumps(record))
+    return record
+
+
+def analyse(out: Path, arms: Sequence[str]) -> tuple[list[Point], list[dict], list[Direction]]:
+    points: list[Point] = []
+    for run_dir in sorted(out.glob("*-seed*")):
+        arm, _, seed = run_dir.name.rpartition("-seed")
+        if arm in arms and (run_dir / "metrics.jsonl").exists():
+            points += run_points(arm, int(seed), ARMS[arm].kind, run_dir)
+    write_csv(points, out / "curves.csv")
+    plot(points, [a for a in arms if any(p.arm == a for p in points)], out / "curves.png")
+    rows = summary_table(points, arms)
+    found = directions(points)
+    (out / "summary.json").write_text(
+        json.dumps({"table": rows, "directions": [d.__dict__ for d in found]}, indent=2, default=str)
+    )
+    return points, rows, found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=6, help="training steps per run (N)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
+    parser.add_argument("--heldout", type=int, default=8, help="held-out questions per arm")
+    parser.add_argument("--val-n", type=int, default=4, help="samples per held-out question per validation")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/verl-evidence-learning"))
+    parser.add_argument("--analyse", type=Path, help="read the runs already in this directory; train nothing")
+    args = parser.parse_args()
+
+    out = args.analyse or args.out
+    out.mkdir(parents=True, exist_ok=True)
+    if not args.analyse:
+        load = [round(x, 2) for x in os.getloadavg()]
+        print(f"load average at start: {load}; N={args.steps}, seeds {args.seeds}, arms {args.arms}", flush=True)
+        started = time.perf_counter()
+        for arm in args.arms:  # warm-ups and data first, so no run's wall time includes them
+            prepare(ARMS[arm], args.heldout)
+        print(f"prepared in {time.perf_counter() - started:.0f} s", flush=True)
+        for seed in args.seeds:  # seed by seed: a stopped benchmark still has every arm of the first seed
+            for arm in args.arms:
+                record = run_arm(arm, seed, args.steps, args.heldout, args.val_n, out / f"{arm}-seed{seed}")
+                print(json.dumps(record), flush=True)
+                if record["returncode"]:
+                    print((out / f"{arm}-seed{seed}" / "training.log").read_text()[-3000:], file=sys.stderr)
+        wall = time.perf_counter() - started
+        print(f"wall time {wall / 60:.1f} min; load average at end: {[round(x, 2) for x in os.getloadavg()]}")
+    _, rows, found = analyse(out, args.arms)
+    print("\nfirst vs last (train: mean of the first and last third of the steps; held-out: step 0 and step N)")
+    print(format_table(rows))
+    print("\ndirections the papers claim:")
+    print(format_directions(found))
+    print(f"\ncurves: {out / 'curves.csv'}, {out / 'curves.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,307 @@
+"""benchmarks/learning.py's pure parts: per-sample measures, windows, the table, the CSV, the direction verdicts,
+the Search-R1 arm's composed reward; and the smoke package's held-out split and neutral warm-up.
+
+The directions themselves are the benchmark's output (docs/learning-benchmark.md): never asserted here. The verdict
+logic is checked on made-up numbers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load_benchmark():
+    spec = importlib.util.spec_from_file_location("learning_benchmark", REPO / "benchmarks" / "learning.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module
+    spec.loader.exec_module(module)
+    return module
+
+
+learning = _load_benchmark()
+Point = learning.Point
+
+
+# --- per-sample measures -------------------------------------------------------------------------------------
+
+
+def test_search_measures_read_the_training_dump_and_the_composite_keys_alike() -> None:
+    evinote_train = [  # training dump: nested columns
+        {"score": 1.4, "reward_extra_info": {"em": 1.0, "eqr": 0.4, "format_ok": 1.0}, "rollout": {"summary_count": 1}},
+        {"score": 0.0, "reward_extra_info": {"em": 0.0, "eqr": 0.0, "format_ok": 0.0}, "rollout": {"summary_count": 0}},
+    ]
+    search_r1_validation = [  # validation dump of the composite manager: flat keys, EviNote's scored at weight 0
+        {"score": 1.0, "search_r1.em": 1.0, "evinote.eqr": 0.8, "evinote.em": 1.0, "summary_count": 2.0},
+        {"score": 0.0, "search_r1.em": 0.0, "evinote.eqr": 0.0, "evinote.em": 0.0, "summary_count": 0.0},
+        {"score": 0.0, "search_r1.em": 0.0, "evinote.eqr": 0.2, "evinote.em": 0.0, "summary_count": 1.0},
+    ]
+    a = learning.aggregate(evinote_train, "search")
+    assert a["note_rate"] == 0.5 and a["eqr"] == pytest.approx(0.2) and a["em"] == 0.5 and a["format"] == 0.5
+    assert a["score"] == pytest.approx(0.7)
+    b = learning.aggregate(search_r1_validation, "search")
+    assert (
+        b["note_rate"] == pytest.approx(2 / 3) and b["eqr"] == pytest.approx(1 / 3) and b["em"] == pytest.approx(1 / 3)
+    )
+
+
+def test_compression_ratio_is_the_mean_of_per_sample_ratios_skipping_samples_without_evidence() -> None:
+    entries = [
+        {"reward_extra_info": {"len_p": 900.0, "len_e": 30.0, "ans_f": 0.5, "format": 1.0}},
+        {"reward_extra_info": {"len_p": 900.0, "len_e": 90.0, "ans_f": 0.0, "format": 1.0}},
+        {"reward_extra_info": {"len_p": 900.0, "len_e": 0.0, "ans_f": 1.0, "format": 0.0}},
+    ]
+    measures = learning.aggregate(entries, "eviomni")
+    assert measures["compression_ratio"] == pytest.approx((30 + 10) / 2)  # not 2700 / 120
+    assert measures["f1"] == pytest.approx(0.5) and measures["format"] == pytest.approx(2 / 3)
+
+
+def test_grace_balanced_accuracy_weighs_both_classes_equally_and_an_invalid_structure_is_wrong() -> None:
+    def sample(answerable: bool, evidence: bool, fmt: float = 0.5) -> dict:
+        return {"answerable": float(answerable), "chose_evidence": float(evidence), "format": fmt}
+
+    entries = [
+        sample(True, True),
+        sample(True, True),
+        sample(True, True, fmt=0.0),  # right path but no valid structure: wrong
+        sample(False, False),
+        sample(False, True),  # quoted evidence for an unanswerable context: wrong
+    ]
+    measures = learning.aggregate(entries, "grace")
+    assert measures["answerable_accuracy"] == pytest.approx(2 / 3)
+    assert measures["unanswerable_accuracy"] == pytest.approx(1 / 2)
+    assert measures["balanced_accuracy"] == pytest.approx((2 / 3 + 1 / 2) / 2)
+    assert measures["path_accuracy"] == pytest.approx(3 / 5)
+    only_answerable = learning.aggregate(entries[:3], "grace")
+    assert "balanced_accuracy" not in only_answerable  # undefined without both classes, not 0
+
+
+def test_an_unknown_arm_kind_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown arm kind"):
+        learning.aggregate([], "nope")
+
+
+# --- windows, changes, table, CSV ----------------------------------------------------------------------------
+
+
+def _curve(arm: str, seed: int, metric: str, values: dict[int, float], split: str = "train") -> list:
+    return [Point(arm, seed, step, split, metric, value) for step, value in values.items()]
+
+
+def test_windows_are_the_first_and_last_third_of_the_training_steps() -> None:
+    assert learning.window([0, 1, 2, 3, 4, 5, 6]) == ([1, 2], [5, 6])
+    assert learning.window([1, 2]) == ([1], [2])
+    assert learning.window([0]) == ([], [])
+
+
+def test_a_change_averages_windows_per_seed_and_held_out_compares_step_0_with_the_last_validation() -> None:
+    points = _curve("evinote", 1, "note_rate", {1: 0.4, 2: 0.6, 3: 0.5, 4: 0.7, 5: 0.8, 6: 0.9})
+    points += _curve("evinote", 2, "note_rate", {1: 0.5, 2: 0.5, 3: 0.5, 4: 0.5, 5: 0.4, 6: 0.4})
+    points += _curve("evinote", 1, "note_rate", {0: 0.3, 6: 0.6}, split="heldout")
+    train = learning.change(points, "evinote", "train", "note_rate")
+    assert train.per_seed == {1: (pytest.approx(0.5), pytest.approx(0.85)), 2: (0.5, 0.4)}
+    assert train.delta == pytest.approx(((0.85 - 0.5) + (0.4 - 0.5)) / 2)
+    assert train.seed_deltas() == [pytest.approx(0.35), pytest.approx(-0.1)]
+    held = learning.change(points, "evinote", "heldout", "note_rate")
+    assert held.per_seed == {1: (0.3, 0.6)}
+    assert learning.change(points, "search_r1", "train", "note_rate") is None
+
+
+def test_the_table_has_a_row_per_arm_split_and_measure_found(tmp_path: Path) -> None:
+    points = _curve("grace", 1, "balanced_accuracy", {1: 0.5, 2: 0.5, 3: 0.75})
+    points += _curve("grace", 1, "format", {1: 1.0, 2: 1.0, 3: 1.0})
+    rows = learning.summary_table(points, ["grace", "eviomni"])
+    assert [(r["arm"], r["metric"]) for r in rows] == [("grace", "balanced_accuracy"), ("grace", "format")]
+    assert rows[0]["change"] == pytest.approx(0.25)
+    text = learning.format_table(rows)
+    assert "balanced_accuracy" in text and "+0.250" in text
+    learning.write_csv(points, tmp_path / "curves.csv")
+    assert learning.read_csv(tmp_path / "curves.csv") == points
+
+
+def test_run_points_reads_verls_file_logger_and_both_dumps(tmp_path: Path) -> None:
+    import json
+
+    (tmp_path / "metrics.jsonl").write_text(
+        json.dumps({"step": 1, "data": {"reward/evinote/eqr/mean": 0.25, "rollout/note_rate": 0.5, "perf/x": 3}}) + "\n"
+    )
+    (tmp_path / "rollouts").mkdir()
+    (tmp_path / "rollouts" / "1.jsonl").write_text(
+        json.dumps({"score": 1.0, "reward_extra_info": {"eqr": 0.5}, "rollout": {"summary_count": 1}}) + "\n"
+    )
+    (tmp_path / "validation").mkdir()
+    (tmp_path / "validation" / "0.jsonl").write_text(json.dumps({"score": 0.0, "summary_count": 0}) + "\n")
+    points = learning.run_points("evinote", 1, "search", tmp_path)
+    found = {(p.split, p.step, p.metric): p.value for p in points}
+    assert found[("train", 1, "reward/evinote/eqr/mean")] == 0.25
+    assert ("train", 1, "perf/x") not in found  # only rewards, rollout behaviour, score and grad norm
+    assert found[("train", 1, "note_rate")] == 1.0 and found[("train", 1, "eqr")] == 0.5
+    assert found[("heldout", 0, "note_rate")] == 0.0
+
+
+# --- direction verdicts (on made-up numbers) -----------------------------------------------------------------
+
+
+def _verdict(found: list, start: str, split: str = "train"):
+    return next(d for d in found if d.claim.startswith(start) and d.split == split)
+
+
+def test_evinote_direction_compares_the_rise_under_each_reward() -> None:
+    points = _curve("evinote", 1, "note_rate", {1: 0.5, 2: 0.5, 3: 0.7})
+    points += _curve("search_r1", 1, "note_rate", {1: 0.5, 2: 0.5, 3: 0.6})
+    found = learning.directions(points)
+    note = _verdict(found, "EviNote vs Search-R1: note rate")
+    assert note.holds is True and note.consistent is True and "+0.200" in note.evidence and "+0.100" in note.evidence
+    assert _verdict(found, "EviNote vs Search-R1: EQR").holds is None  # not measured: not a failure
+    points = _curve("evinote", 1, "eqr", {1: 0.5, 2: 0.5, 3: 0.5}) + _curve("search_r1", 1, "eqr", {1: 0.1, 3: 0.4})
+    assert _verdict(learning.directions(points), "EviNote vs Search-R1: EQR").holds is False
+
+
+def test_eviomni_direction_needs_compression_up_and_f1_not_down() -> None:
+    def verdict(cr: tuple[float, float], f1: tuple[float, float]):
+        points = _curve("eviomni", 1, "compression_ratio", {1: cr[0], 2: cr[1]})
+        points += _curve("eviomni", 1, "f1", {1: f1[0], 2: f1[1]})
+        return _verdict(learning.directions(points), "EviOmni").holds
+
+    assert verdict((10, 12), (0.30, 0.30)) is True
+    assert verdict((10, 12), (0.30, 0.30 - learning.F1_TOLERANCE / 2)) is True  # within the tolerance
+    assert verdict((10, 12), (0.30, 0.20)) is False  # compression bought with F1
+    assert verdict((12, 10), (0.30, 0.40)) is False
+
+
+def test_grace_direction_and_seed_agreement() -> None:
+    points = _curve("grace", 1, "balanced_accuracy", {1: 0.5, 2: 0.7}) + _curve(
+        "grace", 2, "balanced_accuracy", {1: 0.5, 2: 0.45}
+    )
+    grace = _verdict(learning.directions(points), "GRACE")
+    assert grace.holds is True and grace.consistent is False  # the mean rises, one seed falls
+    assert "seeds disagree" in learning.format_directions([grace])
+
+
+# --- the Search-R1 arm's reward, as Hydra composes it --------------------------------------------------------
+
+
+def test_the_search_r1_arm_scores_exact_match_and_logs_evinote_at_weight_zero() -> None:
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from verl_evidence.reward_managers.scorers import load_function
+
+    arm = learning.ARMS["search_r1"]
+    assert arm.recipe == learning.ARMS["evinote"].recipe and arm.method == learning.ARMS["evinote"].method
+    assert arm.warmup == learning.ARMS["evinote"].warmup == "search_neutral"
+    with initialize_config_dir(config_dir=str(REPO / "recipes" / "presets"), version_base=None):
+        cfg = compose(config_name="evinote_grpo", overrides=list(arm.overrides))
+    assert cfg.reward.reward_manager.name == "composite"
+    components = OmegaConf.to_container(cfg.reward.reward_kwargs.components)
+    assert [(c["name"], c["reward"], c["weight"]) for c in components] == [
+        ("search_r1", "verl_evidence.rewards.answer:compute_score", 1.0),
+        ("evinote", "evinote", 0.0),
+    ]
+    scored = load_function(components[0]["reward"])(solution_str="<answer>Paris</answer>", ground_truth="Paris")
+    assert set(components[0]["keys"]) <= set(scored) and scored["score"] == 1.0
+
+
+# --- the smoke package: held-out split and the neutral warm-up -----------------------------------------------
+
+
+def _row(question: str, answerable: bool | None = None) -> dict:
+    truth = {"target": ["x"]} if answerable is None else {"target": ["x"], "answerable": answerable}
+    return {"extra_info": {"question": question}, "reward_model": {"ground_truth": truth}}
+
+
+def test_heldout_split_skips_every_question_a_warm_up_contains_and_is_fixed_by_hash() -> None:
+    from verl_evidence.local.smoke.warmup_data import heldout_split, question_hash
+
+    rows = [_row(f"question number {i}?") for i in range(30)] + [_row("question number 3?")]
+    seen = ["user: question number 3?\nassistant: <answer>x</answer>", "question number 7? and question number 11?"]
+    held = heldout_split(rows, seen, 10)
+    questions = [r["extra_info"]["question"] for r in held]
+    assert len(questions) == 10 == len(set(questions))  # one row per question
+    assert not {"question number 3?", "question number 7?", "question number 11?"} & set(questions)
+    assert questions == sorted(questions, key=question_hash)
+    assert heldout_split(list(reversed(rows)), seen, 10) == held  # the order of the rows does not matter
+
+
+def test_heldout_split_balances_answerable_and_unanswerable() -> None:
+    from verl_evidence.local.smoke.warmup_data import heldout_split
+
+    rows = [_row(f"a{i}?", True) for i in range(10)] + [_row(f"u{i}?", False) for i in range(3)]
+    held = heldout_split(rows, [], 6, balance_key="answerable")
+    flags = [r["reward_model"]["ground_truth"]["answerable"] for r in held]
+    assert flags.count(True) == 3 and flags.count(False) == 3
+
+
+@pytest.fixture(scope="module")
+def smoke_cache(tmp_path_factory: pytest.TempPathFactory):
+    """A fresh smoke cache with the random policy's tokenizer (the warm-up examples need no trained policy)."""
+    import os
+
+    from verl_evidence.local.smoke.models import random_policy
+
+    root = tmp_path_factory.mktemp("smoke")
+    previous = os.environ.get("VERL_EVIDENCE_SMOKE_DIR")
+    os.environ["VERL_EVIDENCE_SMOKE_DIR"] = str(root)
+    try:
+        from verl_evidence.local.smoke.settings import smoke_dir
+
+        yield random_policy(smoke_dir() / "random_policy")
+    finally:
+        if previous is None:
+            os.environ.pop("VERL_EVIDENCE_SMOKE_DIR", None)
+        else:
+            os.environ["VERL_EVIDENCE_SMOKE_DIR"] = previous
+
+
+def test_the_neutral_warm_up_shows_every_question_once_with_a_note_and_once_without(smoke_cache: Path) -> None:
+    from verl_evidence.local.smoke.warmup_data import warmup_examples
+
+    examples = warmup_examples("search_neutral", smoke_cache)
+    noted = [e for e in examples if "<summary>" in e["messages"][-1]["content"]]
+    assert len(examples) == 16 and len(noted) == 8  # half the examples
+    with_note = sorted(e["question"] for e in noted)
+    without = sorted(e["question"] for e in examples if e not in noted)
+    assert with_note == without  # the same questions both ways, so no question maps to one continuation
+    # the same observation and prompt in both: only the note differs
+    by_question = {}
+    for e in examples:
+        by_question.setdefault(e["question"], []).append(e["messages"][-1]["content"])
+    for replies in by_question.values():
+        plain = [r for r in replies if "<summary>" not in r][0]
+        noted_reply = [r for r in replies if "<summary>" in r][0]
+        assert noted_reply.split("<summary>")[0] == plain.split("<answer>")[0]
+
+
+def test_held_out_rows_share_no_question_with_any_warm_up_or_training_rows(smoke_cache: Path) -> None:
+    from verl_evidence.local.smoke.data import read_rows
+    from verl_evidence.local.smoke.settings import WARMUP_STEPS
+    from verl_evidence.local.smoke.warmup_data import heldout_rows, warmed_up_rows, warmup_examples
+
+    trained = {
+        e["question"] for family in WARMUP_STEPS for e in warmup_examples(family, smoke_cache) if "question" in e
+    }
+    for method, warmup in (("evinote", "search_neutral"), ("eviomni", None), ("grace", None)):
+        held = read_rows(heldout_rows(method, smoke_cache, 8))
+        train = read_rows(warmed_up_rows(method, smoke_cache, warmup=warmup))
+        held_questions = {r["extra_info"]["question"] for r in held}
+        assert len(held) == 8 == len(held_questions), method
+        assert not held_questions & {r["extra_info"]["question"] for r in train}, method
+        assert not held_questions & trained, method
+    grace = read_rows(heldout_rows("grace", smoke_cache, 8))
+    assert sorted(r["reward_model"]["ground_truth"]["answerable"] for r in grace) == [False] * 4 + [True] * 4
+
+
+def test_a_warm_up_variant_must_share_the_methods_format() -> None:
+    from verl_evidence.local.smoke.settings import warmup_family
+
+    assert warmup_family("evinote", "search_neutral") == "search_neutral"
+    assert warmup_family("search_r1", None) == "search"
+    with pytest.raises(ValueError, match="trains the 'eviomni' family's format"):
+        warmup_family("eviomni", "search_neutral")
+    with pytest.raises(ValueError, match="unknown warm-up 'nope'"):
+        warmup_family("evinote", "nope")
