@@ -1,7 +1,8 @@
 """A stopped run continues from its last checkpoint: the recipes pass trainer.resume_mode=auto (Slurm: --requeue).
 
 On CPU: a smoke run saving every step is stopped (SIGTERM to its process group, as Slurm preempts) once step 2's
-checkpoint exists, then started again with the same command; verl must report step 3 next, never step 1.
+checkpoint exists, then started again with the same command; verl must report step 3 next, never step 1, and
+finish the run there (3 steps: the resumed run trains one step, enough to show where it resumed).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def stop_session(process: subprocess.Popen, grace_s: float = 60) -> None:
     os.killpg(process.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while session_processes(process.pid) and time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.1)
     for pid in session_processes(process.pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -57,8 +58,8 @@ def test_a_stopped_run_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
         "CHECKPOINT_DIR": str(checkpoints),
         "RESUME_MODE": "auto",  # what every recipe passes outside --smoke
         "SAVE_FREQ": "1",
-        "SMOKE_STEPS": "4",
-        "EPOCHS": "4",
+        "SMOKE_STEPS": "3",
+        "EPOCHS": "3",
         "EXPERIMENT": "resume-test",
     }
     env.pop("RAY_ADDRESS", None)
@@ -73,7 +74,7 @@ def test_a_stopped_run_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
         while time.monotonic() < deadline and first.poll() is None:
             if latest.exists() and latest.read_text().strip() == "2":
                 break
-            time.sleep(0.5)
+            time.sleep(0.1)
     finally:
         stop_session(first)
     output = first_log.read_text()
@@ -88,4 +89,4 @@ def test_a_stopped_run_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
     assert steps and steps[0] == 3, f"expected verl to report step 3 first, got {steps}:\n{resumed[-4000:]}"
     assert 1 not in steps and 2 not in steps
     assert "global_step_2" in resumed  # verl names the checkpoint it loads
-    assert latest.read_text().strip() == "4"
+    assert latest.read_text().strip() == "3"  # and checkpointed its last step
