@@ -17,13 +17,14 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[serve,dev]"
 	touch $@
 
-# Most of the suite waits (server starts, fresh interpreters importing verl, smoke trainings), so two pytest-xdist
-# workers overlap it; --dist loadgroup keeps the tests of one shared session fixture (the Ray/Serve cluster, the
-# verl-import probe: tests/conftest.py) on one worker. TEST_WORKERS=0 runs in this process.
-TEST_WORKERS ?= 2
+# Most of the suite waits (server starts, fresh interpreters importing verl, smoke trainings), so pytest-xdist
+# workers overlap it: three keep this 2-core machine busy. tests/conftest.py orders the tests longest first and
+# schedules them one at a time (a few modules whole, to build their costly fixture once). TEST_WORKERS=0 runs in
+# this process.
+TEST_WORKERS ?= 3
 # pytest exits 5 when it collected nothing: that is a broken suite, not a pass.
 test: install lint
-	@HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadgroup \
+	@HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist load \
 	$(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing on purpose"; exit 1; fi; exit $$rc
 

@@ -1,4 +1,4 @@
-"""Shared fixtures: the bundled index and ONE real retrieval server (Ray Serve on 127.0.0.1) per test session.
+"""Shared fixtures: the bundled index and ONE real retrieval server (Ray Serve on 127.0.0.1) per test process.
 
 Use ``retrieval_server_url`` for a base URL that speaks the ``POST /retrieve``
 contract over the bundled corpus with the packaged MiniLM. The index is built
@@ -60,15 +60,61 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         )
 
 
-# Session fixtures worth one instance per run: under pytest-xdist (`make test`: -n 2 --dist loadgroup) every test
-# using one of them goes to the same worker, so that only one worker starts it.
-SHARED_FIXTURE_GROUPS = {**dict.fromkeys(RAY_FIXTURES, "ray"), "verl_import_probe": "verl_import_probe"}
+# pytest-xdist (`make test`: -n 2). Most of the suite waits (smoke trainings, server starts, fresh interpreters
+# importing verl), so the order decides the wall time: the longest tests start first, so that no worker ends the run
+# alone with one, and the shared EviOmni training (`eviomni_smoke_run`) starts early in the test that needs it most.
+# Each worker starts its own Ray/Serve session cluster when one of its tests first asks for it (two starts side by
+# side cost the wall time of one; one cluster for all its tests made that worker the long pole).
+# Node-id prefixes, longest first as `make test --durations` measured them; the other tests follow in collection order.
+LONGEST_FIRST = (
+    "tests/recipes/test_resume.py",
+    "tests/eval/test_checkpoint_eval.py",  # trains the shared EviOmni run in its set-up
+    "tests/recipes/test_smoke_training.py::test_evinote_recipe",
+    "tests/recipes/test_smoke_training.py::test_grace_dapo_recipe",
+    "tests/retrieval/test_ingress.py::test_a_hard_killed_server",
+    "tests/retrieval/test_ingress.py::test_servers_started_one_after_another",
+    "tests/adapters/test_judge_ray.py",
+    "tests/retrieval/test_adopt.py",
+    "tests/recipes/test_smoke_training.py::test_a_loop_that_trains_retrieved_tokens",
+    "tests/retrieval/test_docstore.py",
+    "tests/retrieval/test_ingress.py::test_port_taken_between_choice_and_bind",
+)
+# Readers of what a long test leaves: last, so that they find it done instead of waiting for it on another worker.
+RUN_LAST = ("tests/recipes/test_smoke_training.py::test_eviomni_recipe_trains_on_cpu",)
+# Modules whose tests share a costly module-scoped fixture (an NLI actor, a 2 GiB store, adopted and converted
+# indexes): one worker runs all of a module's tests so that the fixture is built once. Every other test is
+# scheduled on its own.
+ONE_WORKER_MODULES = frozenset(
+    {"tests/adapters/test_judge_ray.py", "tests/retrieval/test_adopt.py", "tests/retrieval/test_docstore.py"}
+)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks into the node ids
+def _start_rank(nodeid: str) -> int:
+    for rank, prefix in enumerate(LONGEST_FIRST):
+        if nodeid.startswith(prefix):
+            return rank
+    return len(LONGEST_FIRST) + 1 if nodeid.startswith(RUN_LAST) else len(LONGEST_FIRST)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """pytest-xdist's `load` distribution, one test at a time in collection order, with ONE_WORKER_MODULES kept
+    whole (xdist's own `loadgroup` marks do not reach its scheduler under pytest 9.2: their node-id rewrite is lost)."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LongestFirstScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in ONE_WORKER_MODULES else nodeid
+
+    return LongestFirstScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Keep the fast tier free of Ray (a Ray fixture in a test without the `slow` mark is an error); group the
-    users of a shared session fixture for pytest-xdist."""
+    """Keep the fast tier free of Ray (a Ray fixture in a test without the `slow` mark is an error); the longest
+    tests first (stable: every worker collects the same order, as pytest-xdist requires)."""
     unmarked = [
         item.nodeid
         for item in items
@@ -79,14 +125,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             f"these tests start Ray/Ray Serve ({', '.join(sorted(RAY_FIXTURES))}) but are not marked slow: "
             + ", ".join(unmarked)
         )
-    for item in items:
-        groups = {
-            SHARED_FIXTURE_GROUPS[name] for name in getattr(item, "fixturenames", ()) if name in SHARED_FIXTURE_GROUPS
-        }
-        if len(groups) > 1:
-            raise pytest.UsageError(f"{item.nodeid} uses fixtures of two xdist groups {sorted(groups)}: merge them")
-        if groups:
-            item.add_marker(pytest.mark.xdist_group(groups.pop()))
+    items.sort(key=lambda item: _start_rank(item.nodeid))
 
 
 @pytest.fixture(scope="session")
@@ -179,24 +218,33 @@ def verl_import_probe(tmp_path_factory) -> dict:
     """What one fresh interpreter doing a plain ``import verl`` (verl's default: every plugin loaded) reports.
 
     ``{"returncode", "stderr", "plugin": {...} | None, "registries": {...} | None}``; a part is None when the
-    probe died before printing it (``stderr`` then says why).
+    probe died before printing it (``stderr`` then says why). One probe per test run: with pytest-xdist the first
+    worker to ask runs it while holding a lock and leaves the report for the others.
     """
-    env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_PLUGINS", "VERL_PLATFORM")}
-    result = subprocess.run(
-        [sys.executable, "-c", VERL_IMPORT_PROBE],
-        cwd=tmp_path_factory.mktemp("verl-import-probe"),  # nothing of ours importable from the working directory
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    parts = {"plugin": None, "registries": None}
-    for line in result.stdout.splitlines():
-        for tag in ("PLUGIN", "REGISTRIES"):
-            if line.startswith(tag):
-                parts[tag.lower()] = json.loads(line[len(tag) :])
-    return {"returncode": result.returncode, "stderr": result.stderr[-3000:], **parts}
+    from filelock import FileLock
+
+    report_file = shared_tmp_dir(tmp_path_factory) / "verl-import-probe.json"
+    with FileLock(f"{report_file}.lock"):
+        if report_file.is_file():
+            return json.loads(report_file.read_text())
+        env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_PLUGINS", "VERL_PLATFORM")}
+        result = subprocess.run(
+            [sys.executable, "-c", VERL_IMPORT_PROBE],
+            cwd=tmp_path_factory.mktemp("verl-import-probe"),  # nothing of ours importable from the working directory
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        parts = {"plugin": None, "registries": None}
+        for line in result.stdout.splitlines():
+            for tag in ("PLUGIN", "REGISTRIES"):
+                if line.startswith(tag):
+                    parts[tag.lower()] = json.loads(line[len(tag) :])
+        report = {"returncode": result.returncode, "stderr": result.stderr[-3000:], **parts}
+        report_file.write_text(json.dumps(report))
+    return report
 
 
 def shared_tmp_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
