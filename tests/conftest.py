@@ -69,15 +69,18 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 LONGEST_FIRST = (
     "tests/recipes/test_resume.py",
     "tests/eval/test_checkpoint_eval.py",  # trains the shared EviOmni run in its set-up
-    "tests/recipes/test_smoke_training.py::test_evinote_recipe",
-    "tests/recipes/test_smoke_training.py::test_grace_dapo_recipe",
-    "tests/retrieval/test_ingress.py::test_a_hard_killed_server",
-    "tests/retrieval/test_ingress.py::test_servers_started_one_after_another",
-    "tests/adapters/test_judge_ray.py",
-    "tests/retrieval/test_adopt.py",
-    "tests/recipes/test_smoke_training.py::test_a_loop_that_trains_retrieved_tokens",
+    "tests/adapters/test_judge_ray.py",  # (a whole module: ONE_WORKER_MODULES)
     "tests/retrieval/test_docstore.py",
+    "tests/recipes/test_smoke_training.py::test_grace_dapo_recipe",
+    "tests/recipes/test_smoke_training.py::test_evinote_recipe",
+    "tests/retrieval/test_adopt.py",
+    "tests/retrieval/test_ingress.py::test_servers_started_one_after_another",
+    "tests/recipes/test_smoke_training.py::test_a_loop_that_trains_retrieved_tokens",
+    "tests/retrieval/test_ingress.py::test_python_proxy_ingress_from_the_command_line",
+    "tests/retrieval/test_ingress.py::test_a_hard_killed_server",
     "tests/retrieval/test_ingress.py::test_port_taken_between_choice_and_bind",
+    "tests/recipes/test_recipes.py::test_recipe_starts_and_stops_the_retrieval_server",
+    "tests/recipes/test_recipes.py::test_a_server_for_other_nodes_is_behind_a_per_run_token",
 )
 # Readers of what a long test leaves: last, so that they find it done instead of waiting for it on another worker.
 RUN_LAST = ("tests/recipes/test_smoke_training.py::test_eviomni_recipe_trains_on_cpu",)
@@ -103,6 +106,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     if config.getvalue("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False  # xdist would put the units with most tests first: keep our order
 
     class LongestFirstScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
