@@ -14,7 +14,9 @@ Measures, in one run and on one index (bundled corpus, packaged MiniLM, Flat):
       torch     (--servers) our batched server with the torch encoder
       naive     (--servers) a Serve deployment encoding and searching each request
                 alone, documents fetched row by row
-    and every server's top-3 against brute-force search;
+    and every server's top-3 against brute-force search, and per level the
+    serving process's CPU (time on a core, time waiting for one, CPU ms per
+    query: ProcessCpu) so a starved server is told from a serialised one;
   * QPS served at 64 clients vs the in-process encode+search+lookup throughput
     at the batch size the server actually formed (no HTTP);
   * the ONNX encoder alone: encode throughput vs torch at batch 1/8/32 (one
@@ -360,6 +362,40 @@ async def run_load(
     }
 
 
+class ProcessCpu:
+    """A process's CPU over an interval: seconds on a CPU, and seconds its threads were runnable but waiting for one.
+
+    Read per level, these tell a server the machine starved (long waits for a core: the other jobs' load set its
+    QPS) from one that serialised itself (idle threads, no waits), and give its CPU time per query, which the
+    machine's load moves far less than QPS. Time on a CPU is the process's user + system time, which keeps the
+    time of threads that ended meanwhile (a thread pool's idle workers exit); waiting is summed per thread from
+    Linux's schedstat, a lower bound, as a thread that ended takes its count with it.
+    """
+
+    def __init__(self, pid: int) -> None:
+        import psutil
+
+        self._process = psutil.Process(pid)
+        self._pid = pid
+        self._on_cpu, self._waits = self._read()
+
+    def _read(self) -> tuple[float, dict[str, int]]:
+        times = self._process.cpu_times()
+        waits = {}
+        for task in Path(f"/proc/{self._pid}/task").iterdir():
+            try:
+                waits[task.name] = int((task / "schedstat").read_text().split()[1])
+            except (OSError, ValueError, IndexError):  # a thread that ended meanwhile
+                continue
+        return times.user + times.system, waits
+
+    def seconds(self) -> tuple[float, float]:
+        """(on a CPU, waiting for one) since this object was made."""
+        on_cpu, waits = self._read()
+        waiting_ns = sum(ns - self._waits.get(tid, 0) for tid, ns in waits.items())
+        return on_cpu - self._on_cpu, waiting_ns / 1e9
+
+
 def process_rss_mb(pid: int) -> float:
     import psutil
 
@@ -639,8 +675,15 @@ def main() -> None:
                     url, batched = urls[name], name in ("onnx", "torch")
                     before = batch_queries_totals(url) if batched else (0.0, 0.0)
                     requests = max(2, int(per_client * scale))
+                    server_cpu, started = ProcessCpu(pids[name]), time.perf_counter()
                     row = asyncio.run(run_load(url, questions, clients, qpr, requests, probe_in_flight=batched))
-                    row.update(server=name, round=round_number, rss_mb=process_rss_mb(pids[name]))
+                    elapsed = time.perf_counter() - started
+                    on_cpu, waiting = server_cpu.seconds()
+                    row.update(
+                        server=name, round=round_number, rss_mb=process_rss_mb(pids[name]),
+                        server_cores=on_cpu / elapsed, server_waiting_cores=waiting / elapsed,
+                        cpu_ms_per_query=1000 * on_cpu / (row["qps"] * elapsed), load_1min=os.getloadavg()[0],
+                    )  # fmt: skip
                     if batched:  # mean batch of this level alone (the histogram is cumulative)
                         after = batch_queries_totals(url)
                         row["mean_batch_queries"] = (after[0] - before[0]) / max(after[1] - before[1], 1.0)
@@ -732,15 +775,22 @@ def print_report(report: dict) -> None:
         )
     print(
         f"{'server':8} {'round':>5} {'clients':>7} {'q/req':>5} {'QPS':>8} {'p50 ms':>8} {'p95 ms':>8} "
-        f"{'p99 ms':>8} {'errors':>6} {'RSS MB':>7} {'loadgen CPU':>11} {'batch':>6}"
+        f"{'p99 ms':>8} {'errors':>6} {'RSS MB':>7} {'loadgen CPU':>11} {'batch':>6} {'cores':>6} {'waiting':>7} "
+        f"{'CPU ms/q':>8} {'load':>5}"
     )
     for r in sorted(report["load"], key=lambda r: (SERVERS.index(r["server"]), r["round"])):
         print(
             f"{r['server']:8} {r['round']:>5} {r['clients']:>7} {r['q_per_req']:>5} {r['qps']:>8.1f} "
             f"{r['p50_ms']:>8.1f} "
             f"{r['p95_ms']:>8.1f} {r['p99_ms']:>8.1f} {r['errors']:>6} {r['rss_mb']:>7.0f} {r['loadgen_cpu']:>10.2f}c "
-            f"{r.get('mean_batch_queries', float('nan')):>6.1f}"
+            f"{r.get('mean_batch_queries', float('nan')):>6.1f} {r.get('server_cores', float('nan')):>6.2f} "
+            f"{r.get('server_waiting_cores', float('nan')):>7.2f} {r.get('cpu_ms_per_query', float('nan')):>8.2f} "
+            f"{r.get('load_1min', float('nan')):>5.1f}"
         )
+    print(
+        "cores: the server process's threads on a CPU (mean over the level); waiting: its threads runnable but "
+        "waiting for a core (the machine's other load); CPU ms/q: its CPU time per query; load: 1-min load average"
+    )
     if "trivial_64" in report:
         t = report["trivial_64"]
         print(
@@ -757,15 +807,23 @@ def print_report(report: dict) -> None:
 
     rounds = max(r["round"] for r in report["load"]) + 1
     print(f"\nonnx (ours, default) against the Search-R1 baseline, same run; median (range) over {rounds} round(s):")
-    print(f"  {'level':>18} {'ours QPS':>18} {'Search-R1 QPS':>18} {'QPS ratio':>20} {'p99 ratio':>20}")
+    print(
+        f"  {'level':>18} {'ours QPS':>18} {'Search-R1 QPS':>18} {'QPS ratio':>20} {'p99 ratio':>20} "
+        f"{'CPU/query ratio':>20}"
+    )
     for clients, qpr, _ in LEVELS:
         ours, theirs = rows[("onnx", clients, qpr)], rows[("searchr1", clients, qpr)]
         print(
             f"  {f'{clients} x {qpr}':>18} {_spread([r['qps'] for r in ours], '.1f'):>18} "
             f"{_spread([r['qps'] for r in theirs], '.1f'):>18} "
             f"{_spread(ratios('onnx', 'searchr1', clients, qpr, 'qps')):>20} "
-            f"{_spread(ratios('onnx', 'searchr1', clients, qpr, 'p99_ms')):>20}"
+            f"{_spread(ratios('onnx', 'searchr1', clients, qpr, 'p99_ms')):>20} "
+            f"{_spread(ratios('onnx', 'searchr1', clients, qpr, 'cpu_ms_per_query')):>20}"
         )
+    print(
+        "  CPU/query ratio: our replica's CPU time per query over the baseline process's (below 1: ours does a "
+        "query's work in less CPU time); it moves less with the machine's other load than QPS does"
+    )
     others = [name for name in servers if name not in ("onnx", "searchr1")]
     if others:
         print("  other servers, QPS against the Search-R1 baseline, level by level:")
