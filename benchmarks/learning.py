@@ -30,6 +30,7 @@ import csv
 import json
 import math
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -57,6 +58,9 @@ WINDOW_SHARE = 1 / 3
 # "F1 does not fall": the last window's F1 at most this far below the first's (a 16-sample step's F1 moves by
 # more than this between steps from sampling alone, so a smaller drop is no drop)
 F1_TOLERANCE = 0.02
+# A rise smaller than this is no rise (rates, EQR, accuracies in [0, 1]; the compression ratio: this share of its
+# first value), so a verdict never rests on a rounding-level difference
+MIN_EFFECT = 0.01
 
 
 @dataclass(frozen=True)
@@ -344,9 +348,9 @@ def directions(points: Sequence[Point]) -> list[Direction]:
             if note is None or base is None:
                 out.append(Direction(claim, split, None, "not measured"))
                 continue
-            holds = note.delta > base.delta
+            holds = note.delta - base.delta > MIN_EFFECT
             pairs = list(zip(note.seed_deltas(), base.seed_deltas()))
-            consistent = all((a > b) == holds for a, b in pairs) if pairs else None
+            consistent = all((a - b > MIN_EFFECT) == holds for a, b in pairs) if pairs else None
             evidence = f"{_describe('EviNote', note)}; {_describe('Search-R1', base)}"
             out.append(Direction(claim, split, holds, evidence, consistent))
         for arm, name in (("eviomni", "EviOmni"), ("lear", "LEAR")):
@@ -355,8 +359,9 @@ def directions(points: Sequence[Point]) -> list[Direction]:
             if cr is None or f1 is None:
                 out.append(Direction(claim, split, None, "not measured"))
                 continue
-            holds = cr.delta > 0 and f1.delta >= -F1_TOLERANCE
-            per_seed = [c > 0 and f >= -F1_TOLERANCE for c, f in zip(cr.seed_deltas(), f1.seed_deltas())]
+            margin = MIN_EFFECT * abs(cr.first)
+            holds = cr.delta > margin and f1.delta >= -F1_TOLERANCE
+            per_seed = [c > margin and f >= -F1_TOLERANCE for c, f in zip(cr.seed_deltas(), f1.seed_deltas())]
             evidence = f"{_describe('CR', cr)}; {_describe('F1', f1)}"
             out.append(Direction(claim, split, holds, evidence, all(p == holds for p in per_seed)))
         claim = "GRACE: balanced accuracy (answerable -> evidence, unanswerable -> recall) rises"
@@ -364,8 +369,8 @@ def directions(points: Sequence[Point]) -> list[Direction]:
         if bacc is None:
             out.append(Direction(claim, split, None, "not measured"))
         else:
-            holds = bacc.delta > 0
-            consistent = all((d > 0) == holds for d in bacc.seed_deltas())
+            holds = bacc.delta > MIN_EFFECT
+            consistent = all((d > MIN_EFFECT) == holds for d in bacc.seed_deltas())
             out.append(Direction(claim, split, holds, _describe("B.Acc", bacc), consistent))
     return out
 
@@ -439,6 +444,54 @@ def prepare(arm: Arm, heldout: int) -> dict[str, str]:
     return variables
 
 
+def branch_prefix(labels: Sequence[int]) -> int:
+    """Where the last reply turn starts: the first position of the last run of trained labels (not -100)."""
+    end = len(labels)
+    while end and labels[end - 1] == -100:
+        end -= 1
+    start = end
+    while start and labels[start - 1] != -100:
+        start -= 1
+    return start
+
+
+def warmup_note_rate(policy: Path, samples: int = 16, seed: int = 0) -> dict[str, float]:
+    """The neutral warm-up policy's note rate, sampled where it decides: after each warm-up question's search and
+    observation (the warm-up's own context), the share of ``samples`` continuations at temperature 1 that open a
+    ``<summary>`` rather than an ``<answer>``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from verl_evidence.local.smoke.training import example_ids
+    from verl_evidence.local.smoke.warmup_data import warmup_examples
+
+    tokenizer = AutoTokenizer.from_pretrained(policy)
+    model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32).eval()
+    torch.manual_seed(seed)
+    notes = answers = 0
+    plain = [e for e in warmup_examples("search_neutral", policy) if "<summary>" not in e["messages"][-1]["content"]]
+    for example in plain:
+        ids, labels = example_ids(tokenizer, example)
+        prefix = torch.tensor([ids[: branch_prefix(labels)]])
+        with torch.no_grad():
+            out = model.generate(
+                prefix,
+                attention_mask=torch.ones_like(prefix),
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                max_new_tokens=10,
+                num_return_sequences=samples,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        for row in out[:, prefix.shape[1] :]:
+            text = tokenizer.decode(row, skip_special_tokens=True)
+            notes += text.startswith("<summary>")
+            answers += text.startswith("<answer>")
+    total = samples * len(plain)
+    return {"note_rate": notes / total, "answer_rate": answers / total, "samples": float(total)}
+
+
 def run_arm(name: str, seed: int, steps: int, heldout: int, val_n: int, run_dir: Path) -> dict:
     arm = ARMS[name]
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -487,6 +540,11 @@ def run_arm(name: str, seed: int, steps: int, heldout: int, val_n: int, run_dir:
     return record
 
 
+def trained_a_step(run_dir: Path) -> bool:
+    metrics = run_dir / "metrics.jsonl"
+    return metrics.exists() and any(step > 0 for step in read_metrics(metrics))
+
+
 def analyse(out: Path, arms: Sequence[str]) -> tuple[list[Point], list[dict], list[Direction]]:
     points: list[Point] = []
     for run_dir in sorted(out.glob("*-seed*")):
@@ -520,12 +578,23 @@ def main() -> None:
         load = [round(x, 2) for x in os.getloadavg()]
         print(f"load average at start: {load}; N={args.steps}, seeds {args.seeds}, arms {args.arms}", flush=True)
         started = time.perf_counter()
-        for arm in args.arms:  # warm-ups and data first, so no run's wall time includes them
-            prepare(ARMS[arm], args.heldout)
+        prepared = {arm: prepare(ARMS[arm], args.heldout) for arm in args.arms}  # warm-ups and data, once
         print(f"prepared in {time.perf_counter() - started:.0f} s", flush=True)
+        neutral = next((v["MODEL_PATH"] for a, v in prepared.items() if ARMS[a].warmup == "search_neutral"), None)
+        if neutral:
+            sampled = warmup_note_rate(Path(neutral))
+            (out / "warmup_note_rate.json").write_text(json.dumps(sampled))
+            print(f"neutral search warm-up, sampled at its branch: {json.dumps(sampled)}", flush=True)
         for seed in args.seeds:  # seed by seed: a stopped benchmark still has every arm of the first seed
             for arm in args.arms:
-                record = run_arm(arm, seed, args.steps, args.heldout, args.val_n, out / f"{arm}-seed{seed}")
+                run_dir = out / f"{arm}-seed{seed}"
+                record = run_arm(arm, seed, args.steps, args.heldout, args.val_n, run_dir)
+                if record["returncode"] and not trained_a_step(run_dir):
+                    # Ray's start-up timed out once on an overloaded machine ("The current node timed out during
+                    # startup"): a run that failed before its first step is started once more, from scratch.
+                    print(json.dumps({**record, "retried": True}), flush=True)
+                    shutil.rmtree(run_dir)
+                    record = run_arm(arm, seed, args.steps, args.heldout, args.val_n, run_dir)
                 print(json.dumps(record), flush=True)
                 if record["returncode"]:
                     print((out / f"{arm}-seed{seed}" / "training.log").read_text()[-3000:], file=sys.stderr)

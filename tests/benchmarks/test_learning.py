@@ -163,6 +163,14 @@ def test_evinote_direction_compares_the_rise_under_each_reward() -> None:
     assert _verdict(learning.directions(points), "EviNote vs Search-R1: EQR").holds is False
 
 
+def test_a_rise_within_the_minimum_effect_is_no_rise() -> None:
+    small = learning.MIN_EFFECT / 2
+    points = _curve("evinote", 1, "eqr", {1: 0.0, 2: small}) + _curve("search_r1", 1, "eqr", {1: 0.0, 2: 0.0})
+    assert _verdict(learning.directions(points), "EviNote vs Search-R1: EQR").holds is False
+    points = _curve("grace", 1, "balanced_accuracy", {1: 0.5, 2: 0.5 + small})
+    assert _verdict(learning.directions(points), "GRACE").holds is False
+
+
 def test_eviomni_direction_needs_compression_up_and_f1_not_down() -> None:
     def verdict(cr: tuple[float, float], f1: tuple[float, float]):
         points = _curve("eviomni", 1, "compression_ratio", {1: cr[0], 2: cr[1]})
@@ -173,6 +181,14 @@ def test_eviomni_direction_needs_compression_up_and_f1_not_down() -> None:
     assert verdict((10, 12), (0.30, 0.30 - learning.F1_TOLERANCE / 2)) is True  # within the tolerance
     assert verdict((10, 12), (0.30, 0.20)) is False  # compression bought with F1
     assert verdict((12, 10), (0.30, 0.40)) is False
+    assert verdict((40, 40.2), (0.30, 0.30)) is False  # 0.5 % more compression: within the minimum effect
+
+
+def test_the_branch_is_where_the_last_reply_turn_starts() -> None:
+    # prompt, search turn (trained), observation (not), reply turn (trained)
+    labels = [-100, -100, 5, 6, -100, -100, -100, 7, 8, 9]
+    assert learning.branch_prefix(labels) == 7
+    assert learning.branch_prefix([-100, 1, 2, -100]) == 1
 
 
 def test_grace_direction_and_seed_agreement() -> None:

@@ -15,6 +15,7 @@ POLICY_LAYERS = 2
 WARMUP_ROWS_PER_FORMAT = 8
 # Single-example AdamW steps per warm-up family (~0.09 CPU-s each for a ~950-token example). The search format
 # (query, observation, note, answer) takes longer to pick up than the other two.
+# search_neutral steps on a question's two replies at once (warmup_data), twice the work per step.
 WARMUP_STEPS = {"eviomni": 500, "search": 800, "grace": 500, "search_neutral": 800}
 # The recipes' own families: each SMOKE_METHODS entry warms up on one, and evipath_sft trains on all three.
 FAMILIES = ("eviomni", "search", "grace")

@@ -170,7 +170,8 @@ def warmup_examples(family: str, tokenizer_dir: Path) -> list[dict]:
         # policy to write a note about half the time on every question rather than always on some and never on others.
         with_note = _warmup_examples(evinote, _search_target(True, tokenizer), n, seed=2)
         without_note = _warmup_examples(evinote, _search_target(False, tokenizer), n, seed=2)
-        return with_note + without_note
+        # Each question's two replies are one warm-up step (training.warm_up's "pair"), so the note stays a coin flip
+        return [{**e, "pair": e["question"]} for e in with_note + without_note]
     if family == "grace":
         rows = read_rows(method_data("grace", tokenizer_dir))
         examples = []
