@@ -6,6 +6,7 @@ Its front (the ports it claims, the HAProxy it runs and reaps) is :mod:`retrieva
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
 import time
@@ -31,6 +32,19 @@ logger = logging.getLogger(__name__)
 START_ATTEMPTS = 3
 # How long a start waits for another process building the same default index (two test runs, a demo and a server).
 INDEX_BUILD_LOCK_TIMEOUT_S = 900.0
+# Serve kills a proxy (HAProxy's manager or its Python proxy) that is not ready 5 s after it starts, and
+# `serve.start` then fails: seen on a node busy with rollouts or a test suite. Clusters started here give it this
+# long; a value in the environment wins.
+PROXY_READY_TIMEOUT_S = 60.0
+
+
+def serve_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Serve settings for a cluster this module starts: its proxies' ready-check timeout unless ``environ`` sets it."""
+    environ = os.environ if environ is None else environ
+    return {
+        "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": environ.get("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S")
+        or str(PROXY_READY_TIMEOUT_S)
+    }
 
 
 def default_index_dir(corpus: Path) -> Path:
@@ -275,7 +289,7 @@ def _start_once(config: ServerConfig, address: str | None, ray_num_cpus: int | N
                 # The ingress is chosen when Serve's controller starts, from its environment: only a cluster
                 # started here can be given one (an existing cluster keeps the one it was started with).
                 ingress = resolve_ingress(config)
-                env_vars = {}
+                env_vars = serve_environment()
                 if ingress == "haproxy":
                     port, claim = take_port(config.host, config.port)
                     claims.append(claim)
@@ -290,14 +304,14 @@ def _start_once(config: ServerConfig, address: str | None, ray_num_cpus: int | N
                     shutil.rmtree(workdir, ignore_errors=True)  # files of a killed server on this port: ours now
                     workdir.mkdir(mode=0o700, parents=True)
                     launcher = write_launcher(workdir / "haproxy", config.host, haproxy_binary())
-                    env_vars = haproxy_environment(
+                    env_vars |= haproxy_environment(
                         workdir, stats_port, metrics_port, launcher, fallback_http, fallback_grpc
                     )
                 ray.init(
                     num_cpus=ray_num_cpus,
                     include_dashboard=False,
                     log_to_driver=False,
-                    runtime_env={"env_vars": env_vars} if env_vars else None,
+                    runtime_env={"env_vars": env_vars},
                 )
             owns_ray = True
         if not _serve_is_running():

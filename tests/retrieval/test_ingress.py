@@ -36,6 +36,27 @@ RAY_HASH_DIR = "x" * 56
 HAPROXY_SOCKET_PATH_LIMIT = 97
 
 
+def test_clusters_started_here_give_serve_proxies_time_to_start():
+    """Serve kills a proxy not ready within its 5 s default and `serve.start` fails (seen on a busy machine)."""
+    assert launch.serve_environment({}) == {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60.0"}
+    assert float(launch.serve_environment({})["RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"]) > 5.0
+    chosen = launch.serve_environment({"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "12"})
+    assert chosen == {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "12"}  # the user's value wins
+
+
+@pytest.mark.slow
+def test_the_session_cluster_runs_serve_with_that_timeout(ray_cluster):
+    """The setting reaches the cluster's workers (Serve's controller is one of them) through the job's runtime_env."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    def ready_timeout() -> str | None:
+        return os.environ.get("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S")
+
+    expected = launch.serve_environment()["RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"]
+    assert ray.get(ready_timeout.remote(), timeout=120) == expected
+
+
 def test_haproxy_environment_is_private_to_one_server(tmp_path):
     first_dir, second_dir = haproxy_workdir(65535), haproxy_workdir(65534)
     first = haproxy_environment(first_dir, 40001, 40002, first_dir / "haproxy", 40005, 40006)
