@@ -492,7 +492,7 @@ def warmup_note_rate(policy: Path, samples: int = 16, seed: int = 0) -> dict[str
     return {"note_rate": notes / total, "answer_rate": answers / total, "samples": float(total)}
 
 
-def run_arm(name: str, seed: int, steps: int, heldout: int, val_n: int, run_dir: Path) -> dict:
+def run_arm(name: str, seed: int, steps: int, heldout: int, val_n: int, run_dir: Path, lr: str | None = None) -> dict:
     arm = ARMS[name]
     run_dir.mkdir(parents=True, exist_ok=True)
     variables = prepare(arm, heldout)
@@ -511,6 +511,8 @@ def run_arm(name: str, seed: int, steps: int, heldout: int, val_n: int, run_dir:
     }
     if arm.warmup:
         env[WARMUP_ENV] = arm.warmup
+    if lr:
+        env["LR"] = lr
     env.pop("RAY_ADDRESS", None)
     overrides = [
         f"trainer.rollout_data_dir={run_dir / 'rollouts'}",
@@ -568,6 +570,7 @@ def main() -> None:
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     parser.add_argument("--heldout", type=int, default=8, help="held-out questions per arm")
     parser.add_argument("--val-n", type=int, default=4, help="samples per held-out question per validation")
+    parser.add_argument("--lr", help="the actor's learning rate in every arm (default: the smoke runs' 1e-4)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/verl-evidence-learning"))
     parser.add_argument("--analyse", type=Path, help="read the runs already in this directory; train nothing")
     args = parser.parse_args()
@@ -576,7 +579,10 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     if not args.analyse:
         load = [round(x, 2) for x in os.getloadavg()]
-        print(f"load average at start: {load}; N={args.steps}, seeds {args.seeds}, arms {args.arms}", flush=True)
+        print(
+            f"load average at start: {load}; N={args.steps}, seeds {args.seeds}, arms {args.arms}, lr {args.lr}",
+            flush=True,
+        )
         started = time.perf_counter()
         prepared = {arm: prepare(ARMS[arm], args.heldout) for arm in args.arms}  # warm-ups and data, once
         print(f"prepared in {time.perf_counter() - started:.0f} s", flush=True)
@@ -588,13 +594,13 @@ def main() -> None:
         for seed in args.seeds:  # seed by seed: a stopped benchmark still has every arm of the first seed
             for arm in args.arms:
                 run_dir = out / f"{arm}-seed{seed}"
-                record = run_arm(arm, seed, args.steps, args.heldout, args.val_n, run_dir)
+                record = run_arm(arm, seed, args.steps, args.heldout, args.val_n, run_dir, args.lr)
                 if record["returncode"] and not trained_a_step(run_dir):
                     # Ray's start-up timed out once on an overloaded machine ("The current node timed out during
                     # startup"): a run that failed before its first step is started once more, from scratch.
                     print(json.dumps({**record, "retried": True}), flush=True)
                     shutil.rmtree(run_dir)
-                    record = run_arm(arm, seed, args.steps, args.heldout, args.val_n, run_dir)
+                    record = run_arm(arm, seed, args.steps, args.heldout, args.val_n, run_dir, args.lr)
                 print(json.dumps(record), flush=True)
                 if record["returncode"]:
                     print((out / f"{arm}-seed{seed}" / "training.log").read_text()[-3000:], file=sys.stderr)
