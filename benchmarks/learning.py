@@ -348,9 +348,11 @@ def directions(points: Sequence[Point]) -> list[Direction]:
             if note is None or base is None:
                 out.append(Direction(claim, split, None, "not measured"))
                 continue
-            holds = note.delta - base.delta > MIN_EFFECT
+            # "rises more": it rises under EviNote's reward, and by more than under Search-R1's (two falls of
+            # different sizes are not a rise)
+            holds = note.delta > MIN_EFFECT and note.delta - base.delta > MIN_EFFECT
             pairs = list(zip(note.seed_deltas(), base.seed_deltas()))
-            consistent = all((a - b > MIN_EFFECT) == holds for a, b in pairs) if pairs else None
+            consistent = all((a > MIN_EFFECT and a - b > MIN_EFFECT) == holds for a, b in pairs) if pairs else None
             evidence = f"{_describe('EviNote', note)}; {_describe('Search-R1', base)}"
             out.append(Direction(claim, split, holds, evidence, consistent))
         for arm, name in (("eviomni", "EviOmni"), ("lear", "LEAR")):

@@ -161,6 +161,9 @@ def test_evinote_direction_compares_the_rise_under_each_reward() -> None:
     assert _verdict(found, "EviNote vs Search-R1: EQR").holds is None  # not measured: not a failure
     points = _curve("evinote", 1, "eqr", {1: 0.5, 2: 0.5, 3: 0.5}) + _curve("search_r1", 1, "eqr", {1: 0.1, 3: 0.4})
     assert _verdict(learning.directions(points), "EviNote vs Search-R1: EQR").holds is False
+    # both fall, EviNote's less: not a rise
+    points = _curve("evinote", 1, "eqr", {1: 0.5, 2: 0.4}) + _curve("search_r1", 1, "eqr", {1: 0.5, 2: 0.1})
+    assert _verdict(learning.directions(points), "EviNote vs Search-R1: EQR").holds is False
 
 
 def test_a_rise_within_the_minimum_effect_is_no_rise() -> None:
