@@ -47,6 +47,29 @@ def serve_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
     }
 
 
+# Ray's message when its new node's raylet did not register within Ray's fixed 30 s (not configurable in Ray 2.x)
+RAY_NODE_START_TIMEOUT = "timed out during startup"
+
+
+def init_local_ray(attempts: int = 2, **init_args) -> None:
+    """``ray.init`` of a new local cluster, tried again when Ray's node start times out.
+
+    Ray waits a fixed 30 s for a new node's raylet; a node busy with rollouts (or a test suite) can take longer, and
+    a second start then usually succeeds. Any other failure is raised at once.
+    """
+    import ray
+
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(**init_args)
+            return
+        except Exception as err:
+            if RAY_NODE_START_TIMEOUT not in str(err) or attempt == attempts:
+                raise
+            logger.warning("Ray's node did not start within Ray's fixed 30 s (a busy machine?); starting it again")
+            ray.shutdown()
+
+
 def default_index_dir(corpus: Path) -> Path:
     """Where :func:`ensure_index` keeps the index of ``corpus``: named by the content of corpus and model.
 
@@ -307,7 +330,7 @@ def _start_once(config: ServerConfig, address: str | None, ray_num_cpus: int | N
                     env_vars |= haproxy_environment(
                         workdir, stats_port, metrics_port, launcher, fallback_http, fallback_grpc
                     )
-                ray.init(
+                init_local_ray(
                     num_cpus=ray_num_cpus,
                     include_dashboard=False,
                     log_to_driver=False,
