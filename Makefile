@@ -18,10 +18,11 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # Most of the suite waits (server starts, fresh interpreters importing verl, smoke trainings), so pytest-xdist
-# workers overlap it: three keep this 2-core machine busy. tests/conftest.py orders the tests longest first and
-# schedules them one at a time (a few modules whole, to build their costly fixture once). TEST_WORKERS=0 runs in
-# this process.
-TEST_WORKERS ?= 3
+# workers overlap it. Two, not three: a fresh-clone run on three took as long (19:37 against 19:41) and loaded this
+# 2-core machine past Ray's fixed 30 s raylet start (a failed server start). tests/conftest.py orders the tests
+# longest first and schedules them one at a time (a few modules whole, to build their costly fixture once).
+# TEST_WORKERS=0 runs in this process.
+TEST_WORKERS ?= 2
 # pytest exits 5 when it collected nothing: that is a broken suite, not a pass.
 test: install lint
 	@HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist load \
