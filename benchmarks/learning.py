@@ -31,7 +31,6 @@ import json
 import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -43,6 +42,7 @@ from statistics import fmean
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from retrieval_server.haproxy_front import free_port  # noqa: E402
 from verl_evidence.local.smoke.logs import read_metrics  # noqa: E402
 from verl_evidence.local.smoke.settings import WARMUP_ENV  # noqa: E402
 
@@ -428,12 +428,6 @@ def plot(points: Sequence[Point], arms: Sequence[str], path: Path) -> None:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Running the arms
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def prepare(arm: Arm, heldout: int) -> dict[str, str]:

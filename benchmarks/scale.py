@@ -35,7 +35,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,6 +42,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from retrieval_server.haproxy_front import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -153,12 +154,6 @@ VOCABULARY = [
     "century",
     "army",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_corpus(path: Path, rows: int, seed: int = SEED) -> float:
