@@ -10,11 +10,16 @@ PYTEST_ARGS ?=
 
 install: $(VENV)/.installed
 
+# torch with pip: only pip reads the machine's pip configuration, which finds the CPU build on disk. The rest with
+# uv: the same versions in ~10 s instead of pip's ~55 s (pip downloads one at a time and byte-compiles every module
+# of ~170 packages); the torch spec is given again so that uv keeps that build and never swaps in another.
+
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[serve,dev]"
+	$(PY) -m pip install -q uv
+	$(VENV)/bin/uv pip install --python $(PY) -q -e ".[serve,dev]" "$(TORCH_SPEC)"
 	touch $@
 
 # Most of the suite waits (server starts, fresh interpreters importing verl, smoke trainings), so pytest-xdist
