@@ -67,12 +67,12 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 # side cost the wall time of one; one cluster for all its tests made that worker the long pole).
 # Node-id prefixes, longest first as `make test --durations` measured them; the other tests follow in collection order.
 LONGEST_FIRST = (
-    "tests/recipes/test_resume.py",
     "tests/eval/test_checkpoint_eval.py",  # trains the shared EviOmni run in its set-up
     "tests/adapters/test_judge_ray.py",  # (a whole module: ONE_WORKER_MODULES)
-    "tests/retrieval/test_docstore.py",
-    "tests/recipes/test_smoke_training.py::test_grace_dapo_recipe",
     "tests/recipes/test_smoke_training.py::test_evinote_recipe",
+    "tests/recipes/test_smoke_training.py::test_grace_dapo_recipe",
+    "tests/recipes/test_resume.py",  # resumes from the shared run's checkpoints: by now they are written
+    "tests/retrieval/test_docstore.py",
     "tests/retrieval/test_adopt.py",
     "tests/retrieval/test_ingress.py::test_servers_started_one_after_another",
     "tests/recipes/test_smoke_training.py::test_a_loop_that_trains_retrieved_tokens",

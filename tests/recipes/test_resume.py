@@ -1,8 +1,10 @@
 """A stopped run continues from its last checkpoint: the recipes pass trainer.resume_mode=auto (Slurm: --requeue).
 
-On CPU: a smoke run saving every step is stopped (SIGTERM to its process group, as Slurm preempts) once step 2's
-checkpoint exists, then started again with the same command; verl must report step 3 next, never step 1, and
-finish the run there (3 steps: the resumed run trains one step, enough to show where it resumed).
+On CPU, from a copy of the session's shared EviOmni smoke run's checkpoints (it saves every step: global_step_1,
+global_step_2): the recipe started again with the same command and RESUME_MODE=auto, asked for 4 steps, must load
+global_step_2 and report step 3 first, never 1 or 2. Once step 3's checkpoint is written the run is stopped as Slurm
+preempts a job (SIGTERM to its process group, during step 4): the whole run goes, and the checkpoint directory still
+names step 3, complete, as the next start's resume point (verl writes that name once a checkpoint is whole).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,20 +40,29 @@ def session_processes(session: int) -> list[int]:
     return alive
 
 
-def stop_session(process: subprocess.Popen, grace_s: float = 60) -> None:
-    """SIGTERM to the whole session (Slurm's preemption signal), then SIGKILL whatever is left."""
+def stop_session(process: subprocess.Popen, grace_s: float = 60) -> list[int]:
+    """SIGTERM to the whole session (Slurm's preemption signal), then SIGKILL whatever is left; returns what was."""
     os.killpg(process.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while session_processes(process.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    for pid in session_processes(process.pid):
+    left = session_processes(process.pid)
+    for pid in left:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     process.wait(timeout=30)
+    return left
 
 
-def test_a_stopped_run_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
+def checkpoint_files(step_dir: Path) -> set[str]:
+    return {str(path.relative_to(step_dir)) for path in step_dir.rglob("*") if path.is_file()}
+
+
+def test_a_stopped_run_resumes_from_its_last_checkpoint(eviomni_smoke_run, tmp_path: Path) -> None:
     checkpoints = tmp_path / "checkpoints"
+    shutil.copytree(eviomni_smoke_run.checkpoints, checkpoints)  # never write under the shared run
+    latest = checkpoints / "latest_checkpointed_iteration.txt"
+    assert latest.read_text().strip() == "2"
     env = {
         **os.environ,
         "PYTHON": sys.executable,
@@ -58,35 +70,35 @@ def test_a_stopped_run_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
         "CHECKPOINT_DIR": str(checkpoints),
         "RESUME_MODE": "auto",  # what every recipe passes outside --smoke
         "SAVE_FREQ": "1",
-        "SMOKE_STEPS": "3",
-        "EPOCHS": "3",
+        "SMOKE_STEPS": "4",
+        "EPOCHS": "4",
         "EXPERIMENT": "resume-test",
     }
     env.pop("RAY_ADDRESS", None)
-    command = ["bash", str(RECIPES / "eviomni_grpo.sh"), "--smoke"]
-    latest = checkpoints / "latest_checkpointed_iteration.txt"
-
-    first_log = tmp_path / "first.log"
-    with first_log.open("w") as log:
-        first = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    log_file = tmp_path / "resumed.log"
+    with log_file.open("w") as log:
+        run = subprocess.Popen(
+            ["bash", str(RECIPES / "eviomni_grpo.sh"), "--smoke"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 1200
-        while time.monotonic() < deadline and first.poll() is None:
-            if latest.exists() and latest.read_text().strip() == "2":
+        # verl writes step 3's checkpoint before it logs the step: wait for both, then stop it during step 4
+        while time.monotonic() < deadline and run.poll() is None:
+            if latest.read_text().strip() == "3" and "3" in STEP_LINE.findall(log_file.read_text()):
                 break
             time.sleep(0.1)
     finally:
-        stop_session(first)
-    output = first_log.read_text()
-    assert latest.exists() and latest.read_text().strip() == "2", output[-4000:]
-    assert {int(s) for s in STEP_LINE.findall(output)} <= {1, 2, 3}, "the first run was to stop after step 2"
-
-    # Step 3 may have been under way when the signal came; its checkpoint was not written.
-    second = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1500)
-    resumed = second.stdout + second.stderr
-    assert second.returncode == 0, resumed[-6000:]
-    steps = [int(s) for s in STEP_LINE.findall(resumed)]
-    assert steps and steps[0] == 3, f"expected verl to report step 3 first, got {steps}:\n{resumed[-4000:]}"
-    assert 1 not in steps and 2 not in steps
-    assert "global_step_2" in resumed  # verl names the checkpoint it loads
-    assert latest.read_text().strip() == "3"  # and checkpointed its last step
+        left = stop_session(run)
+    output = log_file.read_text()
+    steps = [int(s) for s in STEP_LINE.findall(output)]
+    assert steps and steps[0] == 3, f"expected verl to report step 3 first, got {steps}:\n{output[-4000:]}"
+    assert set(steps) <= {3, 4}, "the resumed run trained a step before its checkpoint again"
+    assert "global_step_2" in output  # verl names the checkpoint it loads
+    assert latest.read_text().strip() == "3", output[-4000:]
+    assert not left, f"processes outlived SIGTERM to the run's process group for 60 s: {left}"
+    # step 4 may have been under way when the signal came: step 3, the resume point now named, is whole
+    assert checkpoint_files(checkpoints / "global_step_3") == checkpoint_files(checkpoints / "global_step_2")
