@@ -27,6 +27,10 @@ RAY_FIXTURES = {"retrieval_server", "retrieval_server_url", "search_url", "ray_c
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Ray's default for a local cluster (token authentication, token in ~/.ray/auth_token), made explicit before Ray reads
+# its configuration: Ray switches it on only in the process that starts a cluster, so a worker joining the session
+# cluster of another (`retrieval_server`) would otherwise connect without a token and be refused.
+os.environ.setdefault("RAY_AUTH_MODE", "token")
 # `make test` runs .venv/bin/python without activating the venv: put its bin first so that
 # subprocesses (recipes, `verl-evidence`, shellcheck) use this interpreter's installation.
 os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
@@ -63,8 +67,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 # pytest-xdist (`make test`: -n 2). Most of the suite waits (smoke trainings, server starts, fresh interpreters
 # importing verl), so the order decides the wall time: the longest tests start first, so that no worker ends the run
 # alone with one, and the shared EviOmni training (`eviomni_smoke_run`) starts early in the test that needs it most.
-# Each worker starts its own Ray/Serve session cluster when one of its tests first asks for it (two starts side by
-# side cost the wall time of one; one cluster for all its tests made that worker the long pole).
+# Both workers share one Ray/Serve session cluster (`retrieval_server`): the first to need it starts it.
 # Node-id prefixes, longest first as `make test --durations` measured them; the other tests follow in collection order.
 LONGEST_FIRST = (
     "tests/eval/test_checkpoint_eval.py",  # trains the shared EviOmni run in its set-up
@@ -148,28 +151,87 @@ def bundled_index_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def retrieval_server(bundled_index_dir: Path) -> Iterator[object]:
-    """A running retrieval app (``retrieval_server.launch.ServerHandle``); torn down at session end."""
+def retrieval_server(bundled_index_dir: Path, tmp_path_factory) -> Iterator[object]:
+    """A running retrieval app (``retrieval_server.launch.ServerHandle``), ONE per test run.
+
+    The first pytest-xdist worker to ask starts it (and its local Ray instance) and leaves the cluster's address; the
+    others join that cluster as Ray drivers, holding a lease file while they may use it. The starter shuts it down at
+    its session end once no live worker holds a lease (an idle Ray + Serve cluster costs ~0.13 cores here, and a start
+    tens of CPU-seconds: a second one slowed the whole suite). A worker that asks after it is gone starts its own.
+    """
     import ray
+    from filelock import FileLock
 
     from retrieval_server.config import ServerConfig
-    from retrieval_server.launch import start_server
+    from retrieval_server.launch import ServerHandle, start_server
 
-    config = ServerConfig(
-        index_dir=bundled_index_dir,
-        port=0,  # a free port
-        max_batch_size=32,
-        batch_wait_timeout_s=0.02,
-        app_name="retrieval",
-    )
-    # Logical CPUs: room for this replica, the extra two-replica app of the replica-kill test and the
-    # actors that tests add to this same Ray instance (`ray_cluster`: the NLI judge, reward workers).
-    handle = start_server(config, ray_num_cpus=8)
+    shared = shared_tmp_dir(tmp_path_factory) / "session-cluster"
+    shared.mkdir(exist_ok=True)
+    lock, record = FileLock(f"{shared}.lock"), shared / "cluster.json"
+    lease = shared / f"lease-{os.getpid()}"
+    with lock:
+        if record.is_file():  # another worker's: join it
+            joined = json.loads(record.read_text())
+            ray.init(address=joined["address"], log_to_driver=False)
+            lease.touch()
+            config = ServerConfig.model_validate(joined["config"])
+            workdir = joined["workdir"] and Path(joined["workdir"])
+            handle = ServerHandle(config, joined["url"], False, False, joined["ingress"], workdir)
+        else:
+            config = ServerConfig(
+                index_dir=bundled_index_dir,
+                port=0,  # a free port
+                max_batch_size=32,
+                batch_wait_timeout_s=0.02,
+                app_name="retrieval",
+            )
+            # Logical CPUs: room for this replica, the extra two-replica app of the replica-kill test and the
+            # actors that tests add to this same Ray instance (`ray_cluster`: the NLI judge, reward workers).
+            handle = start_server(config, ray_num_cpus=16)
+            joined = None
+            record.write_text(
+                json.dumps(
+                    {
+                        "address": ray.get_runtime_context().gcs_address,
+                        "url": handle.url,
+                        "ingress": handle.ingress,
+                        "workdir": handle.workdir and str(handle.workdir),
+                        "config": handle.config.model_dump(mode="json"),
+                    }
+                )
+            )
     try:
         yield handle
     finally:
-        handle.shutdown()  # Serve and Ray (it started both) and the HAProxy work directory
-        ray.shutdown()
+        if joined is not None:
+            ray.shutdown()  # this driver only: the cluster is the starter's
+            lease.unlink(missing_ok=True)
+        else:
+            _wait_for_leases(lock, shared, record)
+            handle.shutdown()  # Serve and Ray (it started both) and the HAProxy work directory
+            ray.shutdown()
+
+
+def _wait_for_leases(lock, shared: Path, record: Path, timeout_s: float = 3600) -> None:
+    """Until no live worker holds a lease on the session cluster; then nobody may join it any more."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with lock:
+            holders = [p for p in shared.glob("lease-*") if _alive(int(p.name.split("-", 1)[1]))]
+            if not holders or time.monotonic() > deadline:
+                record.unlink(missing_ok=True)
+                return
+        time.sleep(1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 @pytest.fixture(scope="session")

@@ -80,15 +80,14 @@ def test_a_ray_node_start_that_times_out_is_tried_once_more(monkeypatch):
 
 @pytest.mark.slow
 def test_the_session_cluster_runs_serve_with_that_timeout(ray_cluster):
-    """The setting reaches the cluster's workers (Serve's controller is one of them) through the job's runtime_env."""
+    """The setting reaches Serve's controller (through the runtime_env of the job that started the cluster), asked
+    in the controller's own process: this test's driver may have joined the cluster from another job."""
     import ray
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
 
-    @ray.remote(num_cpus=0)
-    def ready_timeout() -> str | None:
-        return os.environ.get("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S")
-
-    expected = launch.serve_environment()["RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"]
-    assert ray.get(ready_timeout.remote(), timeout=120) == expected
+    controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    setting = controller.__ray_call__.remote(lambda _: os.environ.get("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"))
+    assert ray.get(setting, timeout=120) == launch.serve_environment()["RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"]
 
 
 def test_haproxy_environment_is_private_to_one_server(tmp_path):
