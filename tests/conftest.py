@@ -88,10 +88,17 @@ LONGEST_FIRST = (
 # Readers of what a long test leaves: last, so that they find it done instead of waiting for it on another worker.
 RUN_LAST = ("tests/recipes/test_smoke_training.py::test_eviomni_recipe_trains_on_cpu",)
 # Modules whose tests share a costly module-scoped fixture (an NLI actor, a 2 GiB store, adopted and converted
-# indexes): one worker runs all of a module's tests so that the fixture is built once. Every other test is
-# scheduled on its own.
+# indexes, Serve apps of their own): one worker runs all of a module's tests so that the fixture is built once. A
+# module that deploys a named Serve app on the shared session cluster must be here: on two workers it would be
+# deployed twice under one name, each deployment replacing the other's. Every other test is scheduled on its own.
 ONE_WORKER_MODULES = frozenset(
-    {"tests/adapters/test_judge_ray.py", "tests/retrieval/test_adopt.py", "tests/retrieval/test_docstore.py"}
+    {
+        "tests/adapters/test_judge_ray.py",
+        "tests/retrieval/test_adopt.py",
+        "tests/retrieval/test_docstore.py",
+        "tests/retrieval/test_batching_server.py",
+        "tests/retrieval/test_replica_kill.py",
+    }
 )
 # Tests of one module that read one costly module-scoped fixture, and so run on one worker: {node id: group}.
 ONE_WORKER_TESTS = {
