@@ -24,11 +24,11 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/uv pip install --python $(PY) -q --compile-bytecode -e ".[serve,dev]" "$(TORCH_SPEC)"
 	touch $@
 
-# Most of the suite waits (server starts, fresh interpreters importing verl, smoke trainings), so pytest-xdist
-# workers overlap it. Two, not three: a fresh-clone run on three took as long (19:37 against 19:41) and loaded this
-# 2-core machine past Ray's fixed 30 s raylet start (a failed server start). tests/conftest.py orders the tests
-# longest first and schedules them one at a time (a few modules whole, to build their costly fixture once).
-# TEST_WORKERS=0 runs in this process.
+# The suite keeps both cores ~90 % busy (vmstat over a run): smoke trainings, Ray/Serve starts, fresh interpreters
+# importing verl. Two pytest-xdist workers, not three: a fresh-clone run on three took as long (19:37 against 19:41)
+# and loaded this 2-core machine past Ray's fixed 30 s raylet start (a failed server start). tests/conftest.py
+# orders the tests longest first, schedules them one at a time (a few modules whole, to build their costly fixture
+# once) and shares one Ray/Serve cluster between the workers. TEST_WORKERS=0 runs in this process.
 TEST_WORKERS ?= 2
 # pytest exits 5 when it collected nothing: that is a broken suite, not a pass.
 test: install lint
