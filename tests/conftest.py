@@ -64,9 +64,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         )
 
 
-# pytest-xdist (`make test`: -n 2). Most of the suite waits (smoke trainings, server starts, fresh interpreters
-# importing verl), so the order decides the wall time: the longest tests start first, so that no worker ends the run
-# alone with one, and the shared EviOmni training (`eviomni_smoke_run`) starts early in the test that needs it most.
+# pytest-xdist (`make test`: -n 2). The suite keeps both cores busy, so what costs CPU is shared between the workers
+# and the order decides how the run ends: the longest tests start first, so that no worker ends the run alone with
+# one, and the shared EviOmni training (`eviomni_smoke_run`) starts early in the test that needs it most.
 # Both workers share one Ray/Serve session cluster (`retrieval_server`): the first to need it starts it.
 # Node-id prefixes, longest first as `make test --durations` measured them; the other tests follow in collection order.
 LONGEST_FIRST = (
@@ -223,22 +223,16 @@ def _wait_for_leases(lock, shared: Path, record: Path, timeout_s: float = 3600) 
     """Until no live worker holds a lease on the session cluster; then nobody may join it any more."""
     import time
 
+    import psutil
+
     deadline = time.monotonic() + timeout_s
     while True:
         with lock:
-            holders = [p for p in shared.glob("lease-*") if _alive(int(p.name.split("-", 1)[1]))]
+            holders = [p for p in shared.glob("lease-*") if psutil.pid_exists(int(p.name.split("-", 1)[1]))]
             if not holders or time.monotonic() > deadline:
                 record.unlink(missing_ok=True)
                 return
         time.sleep(1)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.fixture(scope="session")
