@@ -31,6 +31,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # its configuration: Ray switches it on only in the process that starts a cluster, so a worker joining the session
 # cluster of another (`retrieval_server`) would otherwise connect without a token and be refused.
 os.environ.setdefault("RAY_AUTH_MODE", "token")
+# Behind HAProxy, Serve keeps a stopping replica open for this long (30 s by default) so the load balancer can take it
+# out of rotation first. Every app a test deletes from the session cluster waited the full 30 s; nothing here routes
+# to a replica being deleted, and HAProxy retries a refused connection anyway. Set before any Ray process starts: the
+# Serve controller and replicas read it at import.
+os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
 # `make test` runs .venv/bin/python without activating the venv: put its bin first so that
 # subprocesses (recipes, `verl-evidence`, shellcheck) use this interpreter's installation.
 os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
