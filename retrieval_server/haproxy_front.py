@@ -44,8 +44,11 @@ class PortInUseError(RuntimeError):
 
 def _check_port_free(host: str, port: int) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As HAProxy and uvicorn bind: a killed server's connections left in TIME_WAIT do not hold the port.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
+            sock.listen()  # two SO_REUSEADDR sockets may share a port until one listens: listen as the server will
         except OSError as err:
             raise PortInUseError(f"cannot serve on {host}:{port}: {err.strerror}; choose another --port") from err
 

