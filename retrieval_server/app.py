@@ -11,6 +11,7 @@ it); nothing reaches the caller as a 500.
 import asyncio
 import logging
 import os
+import sys
 import time
 from typing import Any
 
@@ -170,13 +171,12 @@ class ServerMetrics:
 @serve.ingress(fastapi_app)
 class RetrievalServer:
     def __init__(self, config: dict[str, Any]) -> None:
-        import torch
-
         from retrieval_server.search import Retriever
 
         self.config = ServerConfig.model_validate(config)
-        torch.set_num_threads(self.config.torch_threads)  # explicit: Ray's OMP_NUM_THREADS follows num_cpus instead
         self.retriever = Retriever(self.config)
+        if (torch := sys.modules.get("torch")) is not None:  # loaded by a torch encoder or a reranker; ONNX needs none
+            torch.set_num_threads(self.config.torch_threads)  # explicit: Ray's OMP_NUM_THREADS follows num_cpus instead
         self.metrics = ServerMetrics()
         self.started = time.time()
         self.batcher = BacklogBatcher(
@@ -275,8 +275,7 @@ class RetrievalServer:
 
     @fastapi_app.get("/health")
     async def health(self) -> dict:
-        import torch
-
+        torch = sys.modules.get("torch")
         self.metrics.requests.labels("health", "200").inc()
         manifest = self.retriever.manifest
         return {
@@ -289,7 +288,7 @@ class RetrievalServer:
             "reranker": self.config.rerank_model,
             "uptime_s": round(time.time() - self.started, 3),
             "replica_pid": os.getpid(),
-            "torch_threads": torch.get_num_threads(),
+            "torch_threads": torch.get_num_threads() if torch else None,  # None: this replica runs without torch
             "encoder_backend": getattr(self.retriever.encoder, "backend", None),  # None: bm25 needs no encoder
             "batch_concurrency": self.batcher.concurrency,
         }

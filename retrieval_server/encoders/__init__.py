@@ -37,6 +37,8 @@ from retrieval_server.encoders.onnx_runtime import (
     RUN_OVERHEAD_TOKENS,
     OnnxEncoder,
     OnnxExportError,
+    TokenizerJson,
+    load_export_tokenizer,
     plan_runs,
 )
 from retrieval_server.encoders.torch_encoder import SentenceEncoder, resolve_device
@@ -54,9 +56,11 @@ __all__ = [
     "OnnxEncoder",
     "OnnxExportError",
     "SentenceEncoder",
+    "TokenizerJson",
     "describe",
     "ensure_onnx_export",
     "export_onnx",
+    "load_export_tokenizer",
     "load_query_encoder",
     "max_abs_difference",
     "model_fingerprint",

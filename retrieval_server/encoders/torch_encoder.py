@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from retrieval_server.config import EncoderConfig
 
+# Device files a GPU runtime creates (NVIDIA's driver, AMD's ROCm): without any of them no accelerator is visible.
+GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia/version", "/dev/kfd")
+
 
 def resolve_device(device: str | None) -> str:
-    import torch
+    """``device``, else cuda where torch sees a GPU, else cpu.
 
+    Without a GPU device file the answer is cpu without importing torch: a CPU replica on the ONNX backend then
+    never loads torch (~1.5 CPU-s of its start).
+    """
     if device:
         return device
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1") or not any(map(os.path.exists, GPU_DEVICE_FILES)):
+        return "cpu"
+    import torch
+
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 

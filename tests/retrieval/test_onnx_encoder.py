@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -23,7 +24,9 @@ from retrieval_server.encoders import (
     OnnxEncoder,
     OnnxExportError,
     SentenceEncoder,
+    TokenizerJson,
     ensure_onnx_export,
+    load_export_tokenizer,
     load_query_encoder,
     max_abs_difference,
     onnx_cache_key,
@@ -160,6 +163,60 @@ def test_int8_is_opt_in_and_reports_its_recall_against_fp32(bundled_index_dir, q
 def test_default_backend_on_a_cpu_replica_is_onnx(retrieval_server_url):
     health = httpx.get(f"{retrieval_server_url}/health", timeout=30).json()
     assert health["encoder_backend"] == "onnx"
+    assert health["torch_threads"] is None  # the replica never imported torch
+
+
+def test_the_tokenizers_library_alone_gives_the_transformers_tokenizers_ids(export_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    texts = [*PROBE_TEXTS, "query: " + PROBE_TEXTS[1], "[CLS] already [SEP] marked [PAD]"]
+    light = load_export_tokenizer(export_dir / "tokenizer")
+    assert isinstance(light, TokenizerJson)
+    full = AutoTokenizer.from_pretrained(str(export_dir / "tokenizer"))
+    for max_length in (256, 8):  # 8: every probe but the empty one is cut
+        expected = full(texts, padding=False, truncation="longest_first", max_length=max_length)
+        got = light(texts, padding=False, truncation="longest_first", max_length=max_length)
+        for name in ("input_ids", "attention_mask", "token_type_ids"):
+            assert got[name] == expected[name], (max_length, name)
+    assert (light.pad_token_id, light.pad_token_type_id, light.padding_side) == (
+        full.pad_token_id,
+        full.pad_token_type_id,
+        full.padding_side,
+    )
+    # An export without tokenizer.json (a model with only a slow tokenizer) keeps the transformers tokenizer.
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    vocab = json.loads((export_dir / "tokenizer" / "tokenizer.json").read_text())["model"]["vocab"]
+    (slow / "vocab.txt").write_text("".join(token + "\n" for token, _ in sorted(vocab.items(), key=lambda kv: kv[1])))
+    (slow / "tokenizer_config.json").write_text((export_dir / "tokenizer" / "tokenizer_config.json").read_text())
+    fallback = load_export_tokenizer(slow)
+    assert not isinstance(fallback, TokenizerJson)
+    assert (
+        fallback(texts, truncation="longest_first", max_length=256)["input_ids"]
+        == full(texts, truncation="longest_first", max_length=256)["input_ids"]
+    )
+
+
+def test_an_onnx_replica_loads_neither_torch_nor_transformers(bundled_index_dir):
+    """What a CPU replica's Retriever imports, in a fresh interpreter: a replica starts in a fraction of the
+    CPU time when it does not load torch, transformers and scikit-learn only to tokenise."""
+    Retriever(ServerConfig(index_dir=bundled_index_dir))  # the export is made here if missing (that needs torch)
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from retrieval_server.config import ServerConfig\n"
+        "from retrieval_server.search import Retriever\n"
+        "retriever = Retriever(ServerConfig(index_dir=Path(sys.argv[1])))\n"
+        "assert retriever.encoder.backend == 'onnx', retriever.encoder.backend\n"
+        "assert retriever.encoder.encode_queries(['capital of France']).shape == (1, 384)\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'sentence_transformers', 'sklearn') if m in sys.modules))\n"
+    )
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(bundled_index_dir)], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_without_onnxruntime_auto_serves_with_torch_and_onnx_says_what_to_install(tmp_path, monkeypatch, caplog):
