@@ -188,16 +188,17 @@ def serve(
     resolved_index = index_dir if index_dir is not None else ensure_index(served)
     config = ServerConfig(index_dir=resolved_index, **settings)
     handle = start_server(config, address=address)
+    stop = threading.Event()
+    # Both explicitly: a shell starting us in the background ignores SIGINT, and schedulers send SIGTERM.
+    # After start-up (ray.init installs handlers of its own), before the ready line: a script that signals as soon
+    # as it reads that line must not find SIGINT still ignored.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
     typer.echo(
         f"retrieval server ready at {handle.url} (ingress: {handle.ingress}; "
         "POST /retrieve, GET /health, GET /metrics); "
         "Ctrl-C to stop"
     )
-    stop = threading.Event()
-    # Both explicitly: a shell starting us in the background ignores SIGINT, and schedulers send SIGTERM.
-    # After start-up: ray.init installs handlers of its own.
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
     try:
         while not stop.wait(1.0):
             pass

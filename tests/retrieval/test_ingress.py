@@ -21,6 +21,7 @@ from retrieval_server.config import ServerConfig
 from retrieval_server.haproxy_front import (
     PortClaim,
     PortInUseError,
+    _check_port_free,
     bind_to_host,
     free_port,
     haproxy_binary,
@@ -461,12 +462,15 @@ def test_port_taken_between_choice_and_bind(server_sequence):
     ]
 
 
-def _serve_cli(index_dir: Path, port: int) -> tuple[subprocess.Popen, list[str]]:
-    """`retrieval-server serve` on 127.0.0.1:port, returned once it prints its ready line."""
+def _serve_cli(index_dir: Path, port: int, sigint_ignored: bool = False) -> tuple[subprocess.Popen, list[str]]:
+    """`retrieval-server serve` on 127.0.0.1:port, returned once it prints its ready line. ``sigint_ignored``: started
+    as a shell starts a background job (SIGINT ignored until the command installs its own handler)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
     server = subprocess.Popen(
         [sys.executable, "-m", "retrieval_server.cli", "serve", "--index-dir", str(index_dir), "--port", str(port)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
+        preexec_fn=ignore,
     )  # fmt: skip
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(server.stdout), daemon=True).start()
@@ -523,11 +527,13 @@ def test_a_hard_killed_server_leaves_its_port_to_the_next(bundled_index_dir):
         second.kill()  # the command alone, and start again at once
         second.wait(timeout=30)
 
-        third, lines = _serve_cli(bundled_index_dir, port)
+        # Its ready line means /health answered on the port. A script (or a user) stops it the moment it reads
+        # that line: from a background shell job, whose SIGINT stays ignored until the command installs its handler.
+        third, lines = _serve_cli(bundled_index_dir, port, sigint_ignored=True)
         started += [psutil.Process(third.pid), *psutil.Process(third.pid).children(recursive=True)]
-        assert _retrieve(port, lines)
-        third.send_signal(signal.SIGTERM)
+        third.send_signal(signal.SIGINT)
         assert third.wait(timeout=120) == 0, "".join(lines[-60:])
+        _check_port_free("127.0.0.1", port)  # and it gave the port back
     finally:
         for proc in started:
             with contextlib.suppress(psutil.NoSuchProcess):
