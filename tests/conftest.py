@@ -109,6 +109,14 @@ ONE_WORKER_MODULES = frozenset(
 ONE_WORKER_TESTS = {
     "tests/retrieval/test_ingress.py::test_servers_started_one_after_another_in_one_process": "server_sequence",
     "tests/retrieval/test_ingress.py::test_port_taken_between_choice_and_bind": "server_sequence",
+    **{
+        f"tests/cpu_mode/test_cpu_mode.py::{name}": "cpu_mode_probes"
+        for name in (
+            "test_selected_mode_registers_platform_engine_rollout_and_a_working_process_group",
+            "test_selected_mode_polls_the_replay_buffer_often_unless_the_caller_chose_an_interval",
+            "test_mode_is_inactive_unless_selected",
+        )
+    },
 }
 
 

@@ -97,20 +97,38 @@ print("PROBE" + json.dumps(out))
 """
 
 
-def _probe(env_update: dict[str, str], script: str = PROBE) -> dict:
+def _probe(env_update: dict[str, str], script: str = PROBE, marker: str | None = None) -> dict:
+    """What ``script`` printed on its lines starting PROBE/POLL (or only ``marker``), merged into one dict."""
     from retrieval_server.haproxy_front import free_port
 
     env = {k: v for k, v in os.environ.items() if k != "VERL_PLATFORM"}
     env.update(env_update, PROBE_PORT=str(free_port()))
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    line = next(line for line in result.stdout.splitlines() if line.startswith("PROBE"))
-    return json.loads(line[len("PROBE") :])
+    found: dict = {}
+    for line in result.stdout.splitlines():
+        for prefix in (marker,) if marker else ("PROBE", "POLL"):
+            if line.startswith(prefix):
+                found.update(json.loads(line[len(prefix) :]))
+    assert found, result.stdout[-3000:]
+    return found
+
+
+# One fresh interpreter per setting of the environment (the plugin reads it on `import verl`), reading both what
+# PROBE and what POLL_PROBE report: a verl import costs several CPU-seconds.
+@pytest.fixture(scope="module")
+def selected() -> dict:
+    return _probe({"VERL_PLATFORM": "cpu"}, PROBE + POLL_PROBE)
+
+
+@pytest.fixture(scope="module")
+def unselected() -> dict:
+    return _probe({}, PROBE + POLL_PROBE)
 
 
 @pytest.mark.slow
-def test_selected_mode_registers_platform_engine_rollout_and_a_working_process_group():
-    probe = _probe({"VERL_PLATFORM": "cpu"})
+def test_selected_mode_registers_platform_engine_rollout_and_a_working_process_group(selected):
+    probe = {key: value for key, value in selected.items() if key not in POLL_KEYS}
     assert probe == {
         "hf_replica": True,
         "hf_adapter": True,
@@ -130,30 +148,33 @@ args = dict(
     trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None, max_off_policy_strategy="drop",
     sampler_kwargs={},
 )
-print("PROBE" + json.dumps({
+print("POLL" + json.dumps({
     "default": ReplayBuffer(**args).poll_interval,
     "async": ReplayBufferAsync(**dict(args, trainer_mode="async")).poll_interval,
     "caller_keyword": ReplayBuffer(**args, poll_interval=3.0).poll_interval,
     "caller_positional": ReplayBuffer(*args.values(), 4.0).poll_interval,
 }))
 """
+POLL_KEYS = ("default", "async", "caller_keyword", "caller_positional")
 
 
 @pytest.mark.slow
-def test_selected_mode_polls_the_replay_buffer_often_unless_the_caller_chose_an_interval():
-    assert _probe({"VERL_PLATFORM": "cpu"}, POLL_PROBE) == {
+def test_selected_mode_polls_the_replay_buffer_often_unless_the_caller_chose_an_interval(selected, unselected):
+    assert {key: selected[key] for key in POLL_KEYS} == {
         "default": verl_patches.REPLAY_BUFFER_POLL_S, "async": verl_patches.REPLAY_BUFFER_POLL_S,
         "caller_keyword": 3.0, "caller_positional": 4.0,
     }  # fmt: skip
-    assert _probe({"VERL_PLATFORM": "cpu", "VERL_EVIDENCE_CPU_POLL_S": "0.25"}, POLL_PROBE)["default"] == 0.25
-    assert (
-        _probe({}, POLL_PROBE)["default"] == verl_patches.VERL_REPLAY_BUFFER_POLL_DEFAULT
-    )  # untouched when not selected
+    chosen = _probe({"VERL_PLATFORM": "cpu", "VERL_EVIDENCE_CPU_POLL_S": "0.25"}, POLL_PROBE, marker="POLL")
+    assert chosen["default"] == 0.25
+    assert unselected["default"] == verl_patches.VERL_REPLAY_BUFFER_POLL_DEFAULT  # untouched when not selected
 
 
 @pytest.mark.slow
-def test_mode_is_inactive_unless_selected():
-    assert _probe({}) == {"hf_replica": False, "hf_adapter": False}
+def test_mode_is_inactive_unless_selected(unselected):
+    assert {key: value for key, value in unselected.items() if key not in POLL_KEYS} == {
+        "hf_replica": False,
+        "hf_adapter": False,
+    }
 
 
 # --- the rollout server, in-process on the tiny policy ---
