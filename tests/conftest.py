@@ -36,6 +36,9 @@ os.environ.setdefault("RAY_AUTH_MODE", "token")
 # to a replica being deleted, and HAProxy retries a refused connection anyway. Set before any Ray process starts: the
 # Serve controller and replicas read it at import.
 os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
+# The ~20 Ray clusters the suite starts (the session's, servers', trainers') start no idle workers ahead of need, as
+# `--smoke` runs do (recipes/_common.sh): on two cores they only took start-up CPU (~1.5 CPU-s of a server's ~17).
+os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
 # `make test` runs .venv/bin/python without activating the venv: put its bin first so that
 # subprocesses (recipes, `verl-evidence`, shellcheck) use this interpreter's installation.
 os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
