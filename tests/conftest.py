@@ -123,6 +123,31 @@ ONE_WORKER_TESTS = {
 }
 
 
+# Tests that read one module-scoped fixture, by node-id prefix (parametrized tests included): {prefix: group}.
+ONE_WORKER_PREFIXES = {
+    f"tests/recipes/test_recipes.py::{name}": "composed"  # every recipe composed by verl + Hydra in one subprocess
+    for name in (
+        "test_recipe_composes_with_verl_config",
+        "test_composed_values",
+        "test_grace_validation_scores_with_alpha_beta_one_through_the_preset",
+        "test_clip_reaches_the_ratios_verls_loss_reads",
+        "test_unknown_key_fails_composition",
+        "test_switching_presets",
+        "test_loop_settings_are_checked",
+    )
+}
+
+
+def _one_worker_group(nodeid: str) -> str:
+    """The scheduling unit of a test: its module, its group of tests, or itself."""
+    module = nodeid.split("::", 1)[0]
+    if module in ONE_WORKER_MODULES:
+        return module
+    if nodeid in ONE_WORKER_TESTS:
+        return ONE_WORKER_TESTS[nodeid]
+    return next((group for prefix, group in ONE_WORKER_PREFIXES.items() if nodeid.startswith(prefix)), nodeid)
+
+
 def _start_rank(nodeid: str) -> int:
     for rank, prefix in enumerate(LONGEST_FIRST):
         if nodeid.startswith(prefix):
@@ -132,8 +157,9 @@ def _start_rank(nodeid: str) -> int:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """pytest-xdist's `load` distribution, one test at a time in collection order, with ONE_WORKER_MODULES kept
-    whole (xdist's own `loadgroup` marks do not reach its scheduler under pytest 9.2: their node-id rewrite is lost)."""
+    """pytest-xdist's `load` distribution, one test at a time in collection order, with ONE_WORKER_MODULES and the
+    groups of ONE_WORKER_TESTS and ONE_WORKER_PREFIXES kept whole (xdist's own `loadgroup` marks do not reach its
+    scheduler under pytest 9.2: their node-id rewrite is lost)."""
     if config.getvalue("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -142,8 +168,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
     class LongestFirstScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return module if module in ONE_WORKER_MODULES else ONE_WORKER_TESTS.get(nodeid, nodeid)
+            return _one_worker_group(nodeid)
 
     return LongestFirstScheduling(config, log)
 
