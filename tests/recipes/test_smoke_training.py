@@ -131,8 +131,10 @@ def test_a_loop_that_trains_retrieved_tokens_stops_the_run_before_any_update(ret
         "evinote_grpo.sh",
         tmp_path / "run",
         override,
-        env={"RETRIEVAL_URL": retrieval_server_url, "PYTHONPATH": pythonpath},
-    )
+        # One question, four samples: the check needs one searched sample, not the recipe's 2 x 8 (less to generate)
+        env={"RETRIEVAL_URL": retrieval_server_url, "PYTHONPATH": pythonpath, "BATCH": "1", "MINI_BATCH": "1",
+             "GROUP_SIZE": "4"},
+    )  # fmt: skip
     assert run.returncode != 0, run.output[-4000:]
     assert "MaskingError" in run.output and "retrieved token(s) with loss mask 1" in run.output, run.output[-6000:]
     assert "nothing was trained on them" in run.output
