@@ -41,6 +41,7 @@ class TokenizerJson:
         settings = json.loads((directory / "tokenizer_config.json").read_text())
         self._tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
         self._tokenizer.no_padding()  # OnnxEncoder pads each run itself
+        self._tokenizer.no_truncation()  # the caller's max_length, not the file's
         self._truncation_side = settings.get("truncation_side", "right")
         self.padding_side = settings.get("padding_side", "right")
         self.pad_token_type_id = int(settings.get("pad_token_type_id", 0))
@@ -54,7 +55,8 @@ class TokenizerJson:
     ) -> dict[str, list[list[int]]]:
         if padding or truncation != "longest_first":
             raise ValueError("TokenizerJson pads nothing and truncates longest-first only")
-        self._tokenizer.enable_truncation(max_length, strategy="longest_first", direction=self._truncation_side)
+        if (self._tokenizer.truncation or {}).get("max_length") != max_length:  # set once: OnnxEncoder keeps it
+            self._tokenizer.enable_truncation(max_length, strategy="longest_first", direction=self._truncation_side)
         encodings = self._tokenizer.encode_batch(texts)
         return {
             "input_ids": [e.ids for e in encodings],

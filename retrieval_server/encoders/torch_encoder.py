@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import glob
 import os
 
 import numpy as np
 
 from retrieval_server.config import EncoderConfig
 
-# Device files a GPU runtime creates (NVIDIA's driver, AMD's ROCm): without any of them no accelerator is visible.
-GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia/version", "/dev/kfd")
+# Device files a GPU runtime creates (NVIDIA's driver, AMD's ROCm, WSL's GPU): without any of them no accelerator is
+# visible. Patterns: a container may be given /dev/nvidia3 alone.
+GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/nvidia[0-9]*", "/proc/driver/nvidia/version", "/dev/kfd", "/dev/dxg")
 
 
 def resolve_device(device: str | None) -> str:
@@ -20,7 +22,7 @@ def resolve_device(device: str | None) -> str:
     """
     if device:
         return device
-    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1") or not any(map(os.path.exists, GPU_DEVICE_FILES)):
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1") or not any(map(glob.glob, GPU_DEVICE_FILES)):
         return "cpu"
     import torch
 

@@ -59,3 +59,13 @@ def test_visible_gpus_are_asked_of_torch(monkeypatch, tmp_path, value):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert resolve_device(None) == "cuda"
+
+
+def test_a_container_given_one_numbered_gpu_file_still_asks_torch(monkeypatch, tmp_path):
+    import torch
+
+    (tmp_path / "nvidia3").touch()  # no nvidia0, no nvidiactl in this directory
+    monkeypatch.setattr(torch_encoder, "GPU_DEVICE_FILES", (str(tmp_path / "nvidia[0-9]*"),))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device(None) == "cuda"
