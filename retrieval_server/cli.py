@@ -133,7 +133,7 @@ def serve(
     encoder_backend: str = typer.Option(
         "auto",
         help="auto | torch | onnx | onnx-int8: query encoder (auto: ONNX Runtime on a CPU replica, torch on a GPU; "
-        "onnx is exported once and cached in the index directory; onnx-int8 is approximate)",
+        "onnx is exported once per machine and kept beside the index; onnx-int8 is approximate)",
     ),
     encode_threads: int | None = typer.Option(
         None, min=1, help="onnx: threads a large batch is split over (default: --cpus-per-replica, rounded down)"

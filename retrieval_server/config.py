@@ -149,7 +149,7 @@ class ServerConfig(BaseModel):
     encoder_backend: EncoderBackend = Field(
         default="auto",
         description="Query encoder: 'torch' (sentence-transformers), 'onnx' (ONNX Runtime on CPU: the model exported "
-        "once, checked against torch to 1e-4, cached in the index directory), 'onnx-int8' (its dynamic int8 "
+        "once per machine, checked against torch to 1e-4, kept beside the index), 'onnx-int8' (its dynamic int8 "
         "quantisation: approximate, opt-in), 'auto' (onnx on a CPU replica, torch on a GPU)",
     )
     encode_threads: int | None = Field(

@@ -61,35 +61,80 @@ def _writable(directory: Path) -> bool:
 
 
 def onnx_export_dir(config: EncoderConfig, index_dir: Path | None, quantized: bool = False) -> Path:
-    """``<index_dir>/encoders/onnx-<key>`` (beside the index), else the same under the user cache.
+    """``<index_dir>/encoders/onnx-<key>`` (beside the index) when it holds the export or can be given it,
+    else the same under the user cache.
 
-    An existing export is used wherever it is; a new one goes beside the index when that directory is
-    writable (replicas on other nodes reading the same index find it there), else into the user cache.
+    Beside the index, replicas on other nodes reading the same index directory find it there.
     """
     name = f"onnx-{onnx_cache_key(config)}"
-    roots = ([Path(index_dir) / "encoders"] if index_dir is not None else []) + [cache_dir() / "encoders"]
     needed = "model.int8.onnx" if quantized else "export.json"
-    for root in roots:
-        if (root / name / needed).exists():
-            return root / name
-    for root in roots:
-        if _writable(root):
-            return root / name
-    tried = ", ".join(map(str, roots))
-    raise OnnxExportError(f"no writable directory for the ONNX export of {config.model}: tried {tried}")
+    if index_dir is not None:
+        beside = Path(index_dir) / "encoders" / name
+        if (beside / needed).exists() or _writable(beside.parent):
+            return beside
+    cached = cache_dir() / "encoders" / name
+    if (cached / needed).exists() or _writable(cached.parent):
+        return cached
+    tried = [str(Path(index_dir) / "encoders")] if index_dir is not None else []
+    raise OnnxExportError(
+        f"no writable directory for the ONNX export of {config.model}: tried {', '.join([*tried, str(cached.parent)])}"
+    )
 
 
 def ensure_onnx_export(config: EncoderConfig, index_dir: Path | None, quantized: bool = False) -> Path:
-    """The directory of this encoder's ONNX export (``model.onnx``, tokenizer, ``export.json``), made if missing."""
+    """The directory of this encoder's ONNX export (``model.onnx``, tokenizer, ``export.json``), made if missing.
+
+    An export is made once per machine: it is also published to the user cache, and an index directory without one
+    gets the cached files linked in (no second export, no second copy on disk), so every index built with the same
+    encoder starts its replicas without exporting again.
+    """
     target = onnx_export_dir(config, index_dir, quantized)
-    if (target / ("model.int8.onnx" if quantized else "export.json")).exists():
-        return target
-    with FileLock(target.parent / f".{target.name}.lock"):  # one exporter at a time: replicas start together
-        if not (target / "export.json").exists():  # another replica may have made it while we waited
-            export_onnx(config, target)
-        if quantized and not (target / "model.int8.onnx").exists():
-            quantize_onnx(target)
+    needed = "model.int8.onnx" if quantized else "export.json"
+    cached = cache_dir() / "encoders" / target.name
+    if not (target / needed).exists():
+        with FileLock(target.parent / f".{target.name}.lock"):  # one exporter at a time: replicas start together
+            if target != cached and (cached / needed).exists():
+                _publish(cached, target)
+            if not (target / "export.json").exists():  # another replica may have made it while we waited
+                export_onnx(config, target)
+            if quantized and not (target / "model.int8.onnx").exists():
+                quantize_onnx(target)
+    if target != cached and not (cached / needed).exists():
+        _publish(target, cached)
     return target
+
+
+def _publish(source: Path, destination: Path) -> None:
+    """Hard-link (copy across file systems) an export directory to ``destination``: a new directory appears whole,
+    by one rename; an existing (whole) one only gains the files it lacks, such as the int8 graph.
+
+    Best effort: a read-only or full disk costs the next index an export, nothing else.
+    """
+    try:
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(destination.parent / f".{destination.name}.publish.lock"):
+            work = Path(tempfile.mkdtemp(prefix=f".{destination.name}-", dir=destination.parent))
+            try:
+                shutil.copytree(source, work, dirs_exist_ok=True, copy_function=_link_or_copy)
+                if not destination.exists():
+                    os.replace(work, destination)
+                    return
+                for path in work.rglob("*"):
+                    final = destination / path.relative_to(work)
+                    if path.is_file() and not final.exists():
+                        final.parent.mkdir(parents=True, exist_ok=True)
+                        os.replace(path, final)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+    except OSError as err:
+        logger.warning("could not share the ONNX export %s at %s: %s", source, destination, err)
+
+
+def _link_or_copy(source: str, destination: str) -> None:
+    try:
+        os.link(source, destination)
+    except OSError:  # another file system
+        shutil.copy2(source, destination)
 
 
 def export_onnx(config: EncoderConfig, target: Path) -> dict:

@@ -50,8 +50,16 @@ def torch_encoder() -> SentenceEncoder:
 
 
 @pytest.fixture(scope="module")
-def export_dir(tmp_path_factory) -> Path:
-    return ensure_onnx_export(packaged_minilm_encoder(), tmp_path_factory.mktemp("index"))
+def export_cache(tmp_path_factory) -> Path:
+    """A user cache of this module's own, so that its export is really made (not linked from the machine's cache)."""
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory, export_cache) -> Path:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VERL_EVIDENCE_CACHE", str(export_cache))
+        return ensure_onnx_export(packaged_minilm_encoder(), tmp_path_factory.mktemp("index"))
 
 
 @pytest.fixture(scope="module")
@@ -128,10 +136,43 @@ def test_export_for_other_settings_is_refused(export_dir):
 
 
 def test_export_off_torch_is_refused_and_not_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("VERL_EVIDENCE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(onnx_export, "ONNX_TOLERANCE", 0.0)  # any float difference at all now counts as a mismatch
     with pytest.raises(OnnxExportError, match="differs from torch by up to .*not cached"):
         ensure_onnx_export(packaged_minilm_encoder(), tmp_path)
     assert [p.name for p in (tmp_path / "encoders").iterdir() if not p.name.endswith(".lock")] == []
+    assert not (tmp_path / "cache" / "encoders").exists() or not any(
+        (tmp_path / "cache" / "encoders").glob("onnx-*/export.json")
+    )
+
+
+def test_a_new_export_is_published_to_the_user_cache_and_linked_into_the_next_index(
+    tmp_path, export_dir, export_cache, monkeypatch
+):
+    """One export per machine: every later index with the same encoder gets the same files, without torch."""
+    cached = export_cache / "encoders" / export_dir.name
+    assert (cached / "export.json").read_bytes() == (export_dir / "export.json").read_bytes()
+    assert (cached / "model.onnx").stat().st_ino == (export_dir / "model.onnx").stat().st_ino  # linked, not copied
+
+    def no_second_export(*args, **kwargs):
+        raise AssertionError("exported again although the user cache holds the export")
+
+    monkeypatch.setattr(onnx_export, "export_onnx", no_second_export)
+    monkeypatch.setenv("VERL_EVIDENCE_CACHE", str(export_cache))
+    other_index = tmp_path / "other-index"
+    linked = ensure_onnx_export(packaged_minilm_encoder(), other_index)
+    assert linked == other_index / "encoders" / export_dir.name  # beside the index: other nodes read it there
+    assert (linked / "model.onnx").stat().st_ino == (cached / "model.onnx").stat().st_ino
+    assert sorted(p.relative_to(linked) for p in linked.rglob("*")) == sorted(
+        p.relative_to(cached) for p in cached.rglob("*")
+    )
+    encoder = load_query_encoder(packaged_minilm_encoder(), "onnx", "cpu", other_index)
+    assert encoder.path == linked / "model.onnx"
+    np.testing.assert_array_equal(
+        encoder.encode_queries(["who wrote on the origin of species"]),
+        OnnxEncoder(export_dir, packaged_minilm_encoder()).encode_queries(["who wrote on the origin of species"]),
+    )
+    assert [p.name for p in other_index.joinpath("encoders").iterdir() if p.is_dir()] == [linked.name]  # no work dirs
 
 
 def test_export_goes_to_the_user_cache_when_the_index_directory_is_not_writable(tmp_path, monkeypatch):
