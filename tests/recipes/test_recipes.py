@@ -467,12 +467,12 @@ def test_slurm_dry_run(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(700)  # the serve step may take its own 600 s limit
-@pytest.mark.parametrize("server_first", [False, True], ids=["beside-the-trainer", "server-first"])
-def test_recipe_starts_and_stops_the_retrieval_server(tmp_path: Path, server_first: bool) -> None:
+def test_recipe_starts_and_stops_the_retrieval_server(tmp_path: Path) -> None:
     """_common.sh's server step, for real: `verl-evidence serve` (bundled corpus).
 
     By default the recipe goes on at once (the trainer would start while the server loads) and the first search
-    waits for /health through the env the step exports; SERVER_FIRST=1 waits for /health in the script.
+    waits for /health through the env the step exports. SERVER_FIRST=1 (waiting for /health in the script) is
+    run by test_a_server_for_other_nodes_is_behind_a_per_run_token: one server start less.
     """
     import signal
     import socket
@@ -511,8 +511,6 @@ PY
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
     }
     env.pop("VERL_EVIDENCE_RETRIEVAL_WAIT_S", None)
-    if server_first:
-        env["SERVER_FIRST"] = "1"
     result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=600, env=env)
     pid_lines = [line for line in result.stdout.splitlines() if line.startswith("pid=")]
     assert pid_lines, f"the server step did not start a server:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
@@ -525,12 +523,9 @@ PY
         searched_after = float(
             next(line for line in result.stdout.splitlines() if line.startswith("searched_after="))[15:]
         )
-        if server_first:
-            assert "wait_s=unset" in result.stdout and searched_after < 5  # the server answered before the search
-        else:
-            # The search itself waited for the server to load (about 20 s here; a cold start is never under 3 s).
-            assert "wait_s=300" in result.stdout and searched_after > 3
-            assert f"# retrieval server ready at http://127.0.0.1:{port}" in result.stderr
+        # The search itself waited for the server to load (about 20 s here; a cold start is never under 3 s).
+        assert "wait_s=300" in result.stdout and searched_after > 3
+        assert f"# retrieval server ready at http://127.0.0.1:{port}" in result.stderr
         deadline = time.monotonic() + 120  # the recipe's EXIT trap stopped the server it started
         while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
             time.sleep(1)
@@ -546,8 +541,13 @@ PY
 @pytest.mark.timeout(700)
 def test_a_server_for_other_nodes_is_behind_a_per_run_token(tmp_path: Path) -> None:
     """RETRIEVAL_URL naming this machine: the server listens on 0.0.0.0, so the run makes a token; the search client
-    (env VERL_EVIDENCE_RETRIEVAL_TOKEN) gets hits, a request without it gets 401. Only a fingerprint is printed."""
+    (env VERL_EVIDENCE_RETRIEVAL_TOKEN) gets hits, a request without it gets 401. Only a fingerprint is printed.
+    SERVER_FIRST=1: the script waits for /health itself (no wait left to the search client), and its EXIT trap
+    stops the server it started."""
     import socket
+    import time
+
+    import httpx
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -563,20 +563,27 @@ SERVER_FIRST=1
 ve_retrieval_server
 ve_start_retrieval_server
 echo "pid=$VE_SERVER_PID"
+echo "wait_s=${{VERL_EVIDENCE_RETRIEVAL_WAIT_S:-unset}}"
 python - <<'PY'
-import asyncio, hashlib, json, os, httpx
+import asyncio, hashlib, json, os, time, httpx
 from verl_evidence.tools.search_tool import SearchService
 url = os.environ["VERL_EVIDENCE_RETRIEVAL_URL"]
 print("fingerprint=" + hashlib.sha256(os.environ["VERL_EVIDENCE_RETRIEVAL_TOKEN"].encode()).hexdigest()[:12])
 print("server_token_same=" + str(os.environ["RETRIEVAL_SERVER_TOKEN"] == os.environ["VERL_EVIDENCE_RETRIEVAL_TOKEN"]))
 bare = httpx.post(url + "/retrieve", json={{"queries": ["Where do the two Niles meet?"], "topk": 1}}, timeout=30)
 print(f"without_token={{bare.status_code}}")
+started = time.monotonic()
 hits = asyncio.run(SearchService(topk=1).search(["Where do the two Niles meet?"]))[0]
+print(f"searched_after={{time.monotonic() - started:.1f}}")
 print("hits=" + json.dumps([h["document"]["id"] for h in hits]))
 PY
 """
     env = {
-        **{k: v for k, v in os.environ.items() if k not in ("RETRIEVAL_SERVER_TOKEN", "VERL_EVIDENCE_RETRIEVAL_TOKEN")},
+        **{
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("RETRIEVAL_SERVER_TOKEN", "VERL_EVIDENCE_RETRIEVAL_TOKEN", "VERL_EVIDENCE_RETRIEVAL_WAIT_S")
+        },
         "HF_HUB_OFFLINE": "1",
         "SERVER_WAIT": "300",
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
@@ -589,6 +596,14 @@ PY
         assert lines["server_token_same"] == "True"
         assert lines["without_token"] == "401"
         assert len(json.loads(lines["hits"])) == 1
+        # SERVER_FIRST: the server answered before the search, which waited for nothing
+        assert lines["wait_s"] == "unset" and float(lines["searched_after"]) < 5
+        deadline = time.monotonic() + 120  # the recipe's EXIT trap stopped the server it started
+        while time.monotonic() < deadline and Path(f"/proc/{lines['pid']}").exists():
+            time.sleep(1)
+        assert not Path(f"/proc/{lines['pid']}").exists()
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"http://{host}:{port}/health", timeout=2)
     finally:
         if "pid" in lines and Path(f"/proc/{lines['pid']}").exists():
             os.kill(int(lines["pid"]), 9)
