@@ -120,20 +120,22 @@ class MisMaskingSearchLoop(EvidenceSearchAgentLoop):
 
 
 def test_a_loop_that_trains_retrieved_tokens_stops_the_run_before_any_update(retrieval_server_url, tmp_path):
-    """The search recipe with ``evidence_search`` replaced (verl's agent_loop_config_path) by a subclass that
-    trains its observations: the sampler's masking check stops the run at step 1, before the actor update."""
+    """A search recipe with ``evidence_search`` replaced (verl's agent_loop_config_path) by a subclass that
+    trains its observations: the sampler's masking check stops the run at step 1, before the actor update.
+    Search-R1's recipe: the same loop as EviNote's without the NLI judge actor to start (the run never scores)."""
     (tmp_path / "mis_masking_loop.py").write_text(MIS_MASKING_LOOP)
     loops = tmp_path / "loops.yaml"
     loops.write_text("- name: evidence_search\n  _target_: mis_masking_loop.MisMaskingSearchLoop\n")
     pythonpath = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
     override = f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}"
     run = run_smoke(
-        "evinote_grpo.sh",
+        "search_r1_baseline.sh",
         tmp_path / "run",
         override,
-        # One question, four samples: the check needs one searched sample, not the recipe's 2 x 8 (less to generate)
+        # One question, four samples at the warm-up's temperature: the check needs one searched sample, not the
+        # smoke run's 4 x 8 (less to generate)
         env={"RETRIEVAL_URL": retrieval_server_url, "PYTHONPATH": pythonpath, "BATCH": "1", "MINI_BATCH": "1",
-             "GROUP_SIZE": "4"},
+             "GROUP_SIZE": "4", "TEMPERATURE": "1.0"},
     )  # fmt: skip
     assert run.returncode != 0, run.output[-4000:]
     assert "MaskingError" in run.output and "retrieved token(s) with loss mask 1" in run.output, run.output[-6000:]
