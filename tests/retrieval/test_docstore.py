@@ -211,8 +211,7 @@ def test_served_store_over_2_gib_answers_retrieve_from_several_batches(large_ind
             index_dir=large_index["dir"],
             app_name="retrieval-large",
             route_prefix="/large",
-            mmap_index=True,
-            encoder_backend="torch",  # no ONNX export for a one-off index (the store is what is tested)
+            mmap_index=True,  # the encoder's ONNX export is linked in from the user cache: the replica loads no torch
         )
     )
     try:
