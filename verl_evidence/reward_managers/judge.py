@@ -24,6 +24,7 @@ import asyncio
 import concurrent.futures
 import hashlib
 import logging
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -88,14 +89,18 @@ class NLIJudge:
         fp16_on_gpu: bool = True,
         torch_threads: int | None = None,
     ) -> None:
-        import torch
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
         if batch_size < 1:
             raise ValueError(f"NLI judge batch_size must be >= 1, got {batch_size}")
         if torch_threads is not None and int(torch_threads) < 1:
             raise ValueError(f"NLI judge torch_threads must be >= 1 or None, got {torch_threads}")
         self.model_name = str(model_name_or_path)
+        if os.path.isabs(self.model_name) and not os.path.exists(self.model_name):  # a hub id is never absolute
+            # before seconds of importing torch and transformers: a judge actor that cannot start says so at once
+            raise NLIJudgeLoadError(f"NLI judge could not load model {self.model_name!r}: no such directory")
+
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
         self.batch_size = int(batch_size)
         self.device = _resolve_device(device)
         if torch_threads is not None and self.device == "cpu":
