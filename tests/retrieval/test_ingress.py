@@ -359,18 +359,7 @@ from retrieval_server.config import ServerConfig
 
 index_dir = Path(sys.argv[1])
 
-# 1. A start that fails once everything is up (here: the health wait) leaves nothing behind.
-real_wait, port = launch._wait_healthy, haproxy_front.free_port()
-def never_healthy(url, timeout_s=120.0):
-    raise TimeoutError("scripted: never healthy")
-launch._wait_healthy = never_healthy
-try:
-    launch.start_server(ServerConfig(index_dir=index_dir, port=port), ray_num_cpus=2)
-except TimeoutError:
-    print("failed-start", port, ray.is_initialized(), Path(f"/tmp/rs-haproxy-{port}").exists(), flush=True)
-launch._wait_healthy = real_wait
-
-# 2. Another program binds the port right after the server found it free, before HAProxy binds it.
+# Another program binds the port right after the server found it free, before HAProxy binds it.
 intruders, real_check = [], haproxy_front._check_port_free
 def check_then_taken(host, port):
     real_check(host, port)
@@ -381,25 +370,35 @@ def check_then_taken(host, port):
         intruders.append(intruder)
 haproxy_front._check_port_free = check_then_taken
 
-handle = launch.start_server(ServerConfig(index_dir=index_dir, port=0), ray_num_cpus=2)
-print("started", handle.url, handle.ingress, httpx.get(handle.url + "/health").status_code, flush=True)
-print("chosen", intruders[0].getsockname()[1], handle.config.port, flush=True)
-handle.shutdown()
-
-# 3. The same on a port the user gave: no other port is tried.
-intruders.clear()
+# 1. On a port the user gave: no other port is tried, and the failed start leaves nothing behind.
 port = haproxy_front.free_port()
 try:
     launch.start_server(ServerConfig(index_dir=index_dir, port=port), ray_num_cpus=2)
 except haproxy_front.PortInUseError as err:
     print("given", port, ray.is_initialized(), Path(f"/tmp/rs-haproxy-{port}").exists(), flush=True)
     print("message", str(err).splitlines()[0], flush=True)
-haproxy_front._check_port_free = real_check
 
-# 4. Started again after a stop and a failed start in the same process: a port of its own, no stale Serve handle.
+# 2. On a port the server chose, after that failed start in the same process: it chooses again.
+intruders.clear()
 handle = launch.start_server(ServerConfig(index_dir=index_dir, port=0), ray_num_cpus=2)
 print("started", handle.url, handle.ingress, httpx.get(handle.url + "/health").status_code, flush=True)
+print("chosen", intruders[0].getsockname()[1], handle.config.port, flush=True)
 handle.shutdown()
+haproxy_front._check_port_free = real_check
+
+# 3. Started again after a stop (no stale Serve handle: it comes up healthy on its own port), then a failure once
+# everything is up (here: scripted right after the health wait) leaves nothing behind.
+real_wait, port = launch._wait_healthy, haproxy_front.free_port()
+def healthy_then_failing(url, timeout_s=120.0):
+    real_wait(url, timeout_s)
+    print("healthy", url, httpx.get(url + "/health").status_code, flush=True)
+    raise TimeoutError("scripted: a failure once everything is up")
+launch._wait_healthy = healthy_then_failing
+try:
+    launch.start_server(ServerConfig(index_dir=index_dir, port=port), ray_num_cpus=2)
+except TimeoutError:
+    print("failed-start", port, ray.is_initialized(), Path(f"/tmp/rs-haproxy-{port}").exists(), flush=True)
+launch._wait_healthy = real_wait
 """
 
 
@@ -419,18 +418,19 @@ def server_sequence(bundled_index_dir) -> tuple[dict[str, list[list[str]]], str]
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # four server starts in its subprocess
+@pytest.mark.timeout(900)  # three server starts in its subprocess
 @needs_haproxy
 def test_servers_started_one_after_another_in_one_process(server_sequence):
     """A failed start leaves nothing behind, and a stopped server no stale Serve handle: the next one in the
-    same process gets its own port."""
+    same process comes up healthy on its own port."""
     lines, _ = server_sequence
-    started = lines["started"]
-    assert len(started) == 2 and started[0][0] != started[1][0]
-    assert all(status == "200" for _, _, status in started)
-    for url, _, _ in started:  # work directories removed at shutdown
+    ((started_url, _, started_status),) = lines["started"]
+    ((healthy_url, healthy_status),) = lines["healthy"]
+    assert (started_status, healthy_status) == ("200", "200") and healthy_url != started_url
+    for url in (started_url, healthy_url):  # work directories removed at shutdown
         assert not list(Path("/tmp").glob(f"rs-haproxy-{url.rsplit(':', 1)[1]}"))
-    ((_, ray_up, workdir_left),) = lines["failed-start"]
+    ((failed_port, ray_up, workdir_left),) = lines["failed-start"]
+    assert healthy_url.endswith(f":{failed_port}")
     assert (ray_up, workdir_left) == ("False", "False")  # Ray stopped, HAProxy directory removed
 
 
