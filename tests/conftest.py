@@ -75,25 +75,23 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 # pytest-xdist (`make test`: -n 2). The suite keeps both cores busy, so what costs CPU is shared between the workers
 # and the order decides how the run ends: the longest tests start first, so that no worker ends the run alone with
 # one, and the shared EviOmni training (`eviomni_smoke_run`) starts early in the test that needs it most.
-# Trainings alternate with the tests that start real servers: a server start waits on Ray and Serve for much of its
-# time (two side by side left a core idle for a fifth of the time), while a training beside it takes what is left.
 # Both workers share one Ray/Serve session cluster (`retrieval_server`): the first to need it starts it.
 # Node-id prefixes, longest first as `make test --durations` measured them; the other tests follow in collection order.
 LONGEST_FIRST = (
     "tests/eval/test_checkpoint_eval.py",  # trains the shared EviOmni run in its set-up
-    "tests/retrieval/test_ingress.py::test_a_hard_killed_server",
-    "tests/recipes/test_smoke_training.py::test_evinote_recipe",
-    "tests/retrieval/test_ingress.py::test_servers_started_one_after_another",  # (with the next: ONE_WORKER_TESTS)
-    "tests/retrieval/test_ingress.py::test_port_taken_between_choice_and_bind",
-    "tests/recipes/test_smoke_training.py::test_grace_dapo_recipe",
-    "tests/recipes/test_recipes.py::test_recipe_starts_and_stops_the_retrieval_server",
-    "tests/recipes/test_resume.py",  # resumes from the shared run's checkpoints: by now they are written
-    "tests/recipes/test_recipes.py::test_a_server_for_other_nodes_is_behind_a_per_run_token",
-    "tests/recipes/test_smoke_training.py::test_a_loop_that_trains_retrieved_tokens",
-    "tests/retrieval/test_ingress.py::test_python_proxy_ingress_from_the_command_line",
     "tests/adapters/test_judge_ray.py",  # (a whole module: ONE_WORKER_MODULES)
+    "tests/recipes/test_smoke_training.py::test_evinote_recipe",
+    "tests/recipes/test_smoke_training.py::test_grace_dapo_recipe",
+    "tests/recipes/test_resume.py",  # resumes from the shared run's checkpoints: by now they are written
     "tests/retrieval/test_docstore.py",
     "tests/retrieval/test_adopt.py",
+    "tests/retrieval/test_ingress.py::test_servers_started_one_after_another",  # (with the next: ONE_WORKER_TESTS)
+    "tests/retrieval/test_ingress.py::test_port_taken_between_choice_and_bind",
+    "tests/recipes/test_smoke_training.py::test_a_loop_that_trains_retrieved_tokens",
+    "tests/retrieval/test_ingress.py::test_python_proxy_ingress_from_the_command_line",
+    "tests/retrieval/test_ingress.py::test_a_hard_killed_server",
+    "tests/recipes/test_recipes.py::test_recipe_starts_and_stops_the_retrieval_server",
+    "tests/recipes/test_recipes.py::test_a_server_for_other_nodes_is_behind_a_per_run_token",
 )
 # Readers of what a long test leaves: last, so that they find it done instead of waiting for it on another worker.
 RUN_LAST = ("tests/recipes/test_smoke_training.py::test_eviomni_recipe_trains_on_cpu",)
