@@ -93,8 +93,8 @@ def ensure_onnx_export(config: EncoderConfig, index_dir: Path | None, quantized:
     cached = cache_dir() / "encoders" / target.name
     if not (target / needed).exists():
         with FileLock(target.parent / f".{target.name}.lock"):  # one exporter at a time: replicas start together
-            if target != cached and (cached / needed).exists():
-                _publish(cached, target)
+            if target != cached and (cached / "export.json").exists():
+                _publish(cached, target)  # what the cache holds; an int8 graph it lacks is made below
             if not (target / "export.json").exists():  # another replica may have made it while we waited
                 export_onnx(config, target)
             if quantized and not (target / "model.int8.onnx").exists():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -300,3 +301,21 @@ def test_a_mixed_length_batch_runs_in_length_sorted_parts_with_the_same_vectors(
     widths = [feed["input_ids"].shape[1] for feed in feeds]
     assert widths == sorted(widths)
     np.testing.assert_allclose(vectors, torch_encoder.encode_queries(texts), atol=ONNX_TOLERANCE)
+
+
+def test_an_int8_graph_made_beside_a_linked_export_is_added_to_the_cached_export(
+    tmp_path, export_dir, export_cache, monkeypatch
+):
+    """The cache lends its fp32 export; the int8 graph quantised from it beside the new index goes back to the cache,
+    next to the files the cache already had (published whole, never half)."""
+    cache = tmp_path / "cache"
+    shutil.copytree(export_cache / "encoders", cache / "encoders")  # the module's cache, without its int8 graph
+    cached = cache / "encoders" / export_dir.name
+    assert not (cached / "model.int8.onnx").exists()
+    monkeypatch.setenv("VERL_EVIDENCE_CACHE", str(cache))
+    monkeypatch.setattr(onnx_export, "export_onnx", lambda *a, **k: pytest.fail("exported again"))
+    made = ensure_onnx_export(packaged_minilm_encoder(), tmp_path / "index", quantized=True)
+    assert made == tmp_path / "index" / "encoders" / export_dir.name
+    assert (made / "model.onnx").stat().st_ino == (cached / "model.onnx").stat().st_ino  # fp32 graph linked in
+    assert (cached / "model.int8.onnx").stat().st_ino == (made / "model.int8.onnx").stat().st_ino
+    assert (cached / "export.json").read_bytes() == (export_dir / "export.json").read_bytes()
