@@ -465,6 +465,20 @@ def test_slurm_dry_run(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ starting the real retrieval server
 
 
+def _assert_stopped_by_the_exit_trap(pid: int, url: str) -> None:
+    """The recipe's EXIT trap stopped the server it started: the process is gone and its port refuses."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+        time.sleep(1)
+    assert not Path(f"/proc/{pid}").exists()
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{url}/health", timeout=2)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(700)  # the serve step may take its own 600 s limit
 def test_recipe_starts_and_stops_the_retrieval_server(tmp_path: Path) -> None:
@@ -476,9 +490,6 @@ def test_recipe_starts_and_stops_the_retrieval_server(tmp_path: Path) -> None:
     """
     import signal
     import socket
-    import time
-
-    import httpx
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -526,12 +537,7 @@ PY
         # The search itself waited for the server to load (about 20 s here; a cold start is never under 3 s).
         assert "wait_s=300" in result.stdout and searched_after > 3
         assert f"# retrieval server ready at http://127.0.0.1:{port}" in result.stderr
-        deadline = time.monotonic() + 120  # the recipe's EXIT trap stopped the server it started
-        while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
-            time.sleep(1)
-        assert not Path(f"/proc/{pid}").exists()
-        with pytest.raises(httpx.TransportError):
-            httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+        _assert_stopped_by_the_exit_trap(pid, f"http://127.0.0.1:{port}")
     finally:
         if Path(f"/proc/{pid}").exists():
             os.kill(pid, signal.SIGKILL)
@@ -545,9 +551,6 @@ def test_a_server_for_other_nodes_is_behind_a_per_run_token(tmp_path: Path) -> N
     SERVER_FIRST=1: the script waits for /health itself (no wait left to the search client), and its EXIT trap
     stops the server it started."""
     import socket
-    import time
-
-    import httpx
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -598,12 +601,7 @@ PY
         assert len(json.loads(lines["hits"])) == 1
         # SERVER_FIRST: the server answered before the search, which waited for nothing
         assert lines["wait_s"] == "unset" and float(lines["searched_after"]) < 5
-        deadline = time.monotonic() + 120  # the recipe's EXIT trap stopped the server it started
-        while time.monotonic() < deadline and Path(f"/proc/{lines['pid']}").exists():
-            time.sleep(1)
-        assert not Path(f"/proc/{lines['pid']}").exists()
-        with pytest.raises(httpx.TransportError):
-            httpx.get(f"http://{host}:{port}/health", timeout=2)
+        _assert_stopped_by_the_exit_trap(int(lines["pid"]), f"http://{host}:{port}")
     finally:
         if "pid" in lines and Path(f"/proc/{lines['pid']}").exists():
             os.kill(int(lines["pid"]), 9)
