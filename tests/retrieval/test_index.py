@@ -370,7 +370,8 @@ def test_bundled_cache_built_by_a_deleted_checkout_is_reused(tmp_path, monkeypat
 
     monkeypatch.setenv("VERL_EVIDENCE_CACHE", str(tmp_path / "cache"))
     cache = default_index_dir(corpus_path())
-    shutil.copytree(bundled_index_dir, cache)
+    # without the ONNX exports kept beside it (one per encoder setting the suite has used: hundreds of MB)
+    shutil.copytree(bundled_index_dir, cache, ignore=shutil.ignore_patterns("encoders"))
     manifest = _manifest(cache)
     manifest["corpus"]["path"] = "/gone/checkout/verl_evidence/bundled/corpus.jsonl"
     (cache / "manifest.json").write_text(json.dumps(manifest))
