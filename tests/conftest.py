@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from smoke_runs import SmokeRun, run_smoke, smoke_paths
+from smoke_runs import EVIOMNI_SHARED_RUN_ENV, SmokeRun, run_smoke, smoke_paths
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 OUR_PACKAGES = ("verl_evidence", "retrieval_server")
@@ -384,7 +384,7 @@ def eviomni_smoke_run(tmp_path_factory) -> SmokeRun:
         if record.is_file():
             run = SmokeRun(int(record.read_text()), (run_dir / "training.log").read_text(), *smoke_paths(run_dir))
         else:
-            env = {"SAVE_FREQ": "1", "SMOKE_STEPS": "2", "EXPERIMENT": "shared-smoke"}
+            env = {**EVIOMNI_SHARED_RUN_ENV, "SAVE_FREQ": "1", "SMOKE_STEPS": "2", "EXPERIMENT": "shared-smoke"}
             run = run_smoke("eviomni_grpo.sh", run_dir, env=env)
             record.write_text(str(run.returncode))
     return run.check_finished()

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from smoke_runs import EVIOMNI_SHARED_RUN_ENV
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 STEP_LINE = re.compile(r"\bstep:(\d+) - ")
@@ -65,6 +66,7 @@ def test_a_stopped_run_resumes_from_its_last_checkpoint(eviomni_smoke_run, tmp_p
     assert latest.read_text().strip() == "2"
     env = {
         **os.environ,
+        **EVIOMNI_SHARED_RUN_ENV,  # the batches the shared run was trained with
         "PYTHON": sys.executable,
         "PYTHONUNBUFFERED": "1",
         "CHECKPOINT_DIR": str(checkpoints),
