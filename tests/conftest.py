@@ -296,18 +296,36 @@ def ray_cluster(retrieval_server) -> None:
 
 # One fresh interpreter for every "does a plain `import verl` register us" question (a verl import costs 5-15 s).
 # Two report lines: the plugin's own load first, so that a registry failing later cannot hide it.
+# What verl's workers import for a rollout and its rewards (tests/rollout/test_import_boundaries.py).
+PRODUCTION_ROLLOUT_MODULES = (
+    "verl_evidence.plugin",
+    "verl_evidence.agent_loops.search_loop",
+    "verl_evidence.agent_loops.eviomni_loop",
+    "verl_evidence.tools.search_tool",
+    "verl_evidence.reward_managers.managers",
+)
+# verl's registries that our plugin fills but must not import itself (tests/adapters/test_registration_hook.py).
+HEAVY_REGISTRIES = (
+    "verl.trainer.ppo.core_algos",
+    "verl.experimental.agent_loop",
+    "verl.experimental.reward_loop.reward_manager",
+)
 VERL_IMPORT_PROBE = r"""
-import json, sys, traceback
+import importlib, json, sys, traceback
 import verl  # loads the verl.plugins entry points; nothing else is imported by hand
 plugin = sys.modules.get("verl_evidence.plugin")
 ours = sorted(name for name in sys.modules if name.split(".")[0] in ("verl_evidence", "retrieval_server"))
+heavy = [name for name in HEAVY_REGISTRIES if name in sys.modules]
 error = None
 if plugin is None:  # verl swallowed the plugin's import error at DEBUG level: import it bare for the traceback
     try:
         import verl_evidence.plugin
     except Exception:
         error = traceback.format_exc()
-print("PLUGIN" + json.dumps({"file": plugin and plugin.__file__, "error": error, "ours_after_import_verl": ours}))
+print("PLUGIN" + json.dumps({
+    "file": plugin and plugin.__file__, "error": error, "ours_after_import_verl": ours,
+    "registries_after_import_verl": heavy,
+}))
 sys.stdout.flush()
 
 from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls
@@ -324,16 +342,28 @@ print("REGISTRIES" + json.dumps({
     "loops_registered_once": loop_registry == dict(_agent_loop_registry),
     "loops_file": loops.__file__,
 }))
-"""
+sys.stdout.flush()
+
+# A rollout worker of a production run: what it imports of ours besides.
+for name in PRODUCTION_ROLLOUT_MODULES:
+    importlib.import_module(name)
+print("ROLLOUT" + json.dumps({
+    "imported": list(PRODUCTION_ROLLOUT_MODULES),
+    "ours": sorted(name for name in sys.modules if name.startswith("verl_evidence")),
+}))
+""".replace("HEAVY_REGISTRIES", repr(HEAVY_REGISTRIES)).replace(
+    "PRODUCTION_ROLLOUT_MODULES", repr(PRODUCTION_ROLLOUT_MODULES)
+)
 
 
 @pytest.fixture(scope="session")
 def verl_import_probe(tmp_path_factory) -> dict:
     """What one fresh interpreter doing a plain ``import verl`` (verl's default: every plugin loaded) reports.
 
-    ``{"returncode", "stderr", "plugin": {...} | None, "registries": {...} | None}``; a part is None when the
-    probe died before printing it (``stderr`` then says why). One probe per test run: with pytest-xdist the first
-    worker to ask runs it while holding a lock and leaves the report for the others.
+    ``{"returncode", "stderr", "plugin": {...} | None, "registries": {...} | None, "rollout": {...} | None}``: after
+    the plain import, after importing verl's registries, after importing a production rollout's modules besides; a
+    part is None when the probe died before printing it (``stderr`` then says why). One probe per test run: with
+    pytest-xdist the first worker to ask runs it while holding a lock and leaves the report for the others.
     """
     from filelock import FileLock
 
@@ -351,9 +381,9 @@ def verl_import_probe(tmp_path_factory) -> dict:
             timeout=300,
             check=False,
         )
-        parts = {"plugin": None, "registries": None}
+        parts = {"plugin": None, "registries": None, "rollout": None}
         for line in result.stdout.splitlines():
-            for tag in ("PLUGIN", "REGISTRIES"):
+            for tag in ("PLUGIN", "REGISTRIES", "ROLLOUT"):
                 if line.startswith(tag):
                     parts[tag.lower()] = json.loads(line[len(tag) :])
         report = {"returncode": result.returncode, "stderr": result.stderr[-3000:], **parts}
