@@ -57,6 +57,77 @@ def test_hf_backend_greedy_limits_logprobs_and_stop_strings(hf_backend, tokenize
     assert sampled.token_ids != resampled.token_ids  # a GRPO group of one prompt gets different samples
 
 
+def test_hf_backend_generates_concurrent_requests_in_one_batch_as_it_would_one_by_one(hf_backend, tokenizer):
+    """Prompts of different lengths, each with its own length limit and stop string: generated together (left-padded,
+    one model.generate), every request gets the tokens and log-probs it gets alone."""
+    prompts = [chat_prompt(tokenizer, q) for q in ("Who?", "Who wrote the report on the river?", "Where is it?")]
+    limits = [24, 9, 17]
+    alone = [
+        generate(hf_backend, p, temperature=0, max_tokens=n, logprobs=True, ignore_eos=True)
+        for p, n in zip(prompts, limits)
+    ]
+    # a stop string the second request's own output completes at its 5th token
+    stop = tokenizer.decode(alone[1].token_ids[3:5])
+    first_hit = next(i for i in range(1, 10) if stop in tokenizer.decode(alone[1].token_ids[:i]))
+    expected_ids = [
+        out.token_ids[
+            : next((i for i in range(1, len(out.token_ids) + 1) if stop in tokenizer.decode(out.token_ids[:i])), None)
+        ]
+        for out in alone
+    ]
+    assert len(expected_ids[1]) == first_hit
+
+    async def together():
+        return await asyncio.gather(
+            *(
+                hf_backend.generate(
+                    f"r{i}",
+                    prompt_ids=p,
+                    sampling_params={
+                        "temperature": 0,
+                        "max_tokens": n,
+                        "logprobs": True,
+                        "ignore_eos": True,
+                        "stop": [stop],
+                    },
+                )
+                for i, (p, n) in enumerate(zip(prompts, limits))
+            )
+        )
+
+    hf_backend.batch_sizes.clear()
+    batched = asyncio.run(together())
+    # all three queued before the batcher ran: one generate
+    assert hf_backend.batch_sizes == {3: 1}
+    for out, ids, one in zip(batched, expected_ids, alone):
+        assert out.token_ids == ids
+        assert out.log_probs == pytest.approx(one.log_probs[: len(ids)], abs=1e-5)
+
+
+def test_hf_backend_keeps_requests_with_other_sampling_settings_apart(hf_backend, tokenizer):
+    prompt = chat_prompt(tokenizer, "Who wrote the report?")
+    greedy = generate(hf_backend, prompt, temperature=0, max_tokens=12, ignore_eos=True).token_ids
+
+    async def mixed():
+        return await asyncio.gather(
+            *(
+                hf_backend.generate(f"r{i}", prompt_ids=prompt, sampling_params=params)
+                for i, params in enumerate(
+                    [
+                        {"temperature": 0, "max_tokens": 12, "ignore_eos": True},
+                        {"temperature": 1.0, "max_tokens": 12, "ignore_eos": True},
+                        {"temperature": 0, "max_tokens": 12, "ignore_eos": True},
+                    ]
+                )
+            )
+        )
+
+    hf_backend.batch_sizes.clear()
+    first, sampled, third = asyncio.run(mixed())
+    assert first.token_ids == third.token_ids == greedy and len(sampled.token_ids) == 12
+    assert hf_backend.batch_sizes == {2: 1, 1: 1}  # one batch of two settings: a generate for each
+
+
 def test_hf_backend_honours_ignore_eos_when_the_model_config_names_an_eos(tokenizer):
     """transformers fills an EOS left unset from the model's generation config; ignore_eos must still hold."""
     from verl_evidence.local.tiny_models import tiny_causal_lm
