@@ -161,12 +161,12 @@ class _GeneratedTextStop(StoppingCriteria):
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 
+_OWN_LIMITS = ("max_tokens", "max_new_tokens")  # what each request of a batch keeps for itself
+
+
 def _batch_key(sampling_params: dict[str, Any]) -> tuple:
     """What requests must share to be generated in one batch: everything but their prompt and length limit."""
     return tuple(sorted((name, repr(value)) for name, value in sampling_params.items() if name not in _OWN_LIMITS))
-
-
-_OWN_LIMITS = ("max_tokens", "max_new_tokens")
 
 
 class HFGenerationBackend(_OwnRoutingClient):
