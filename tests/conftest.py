@@ -294,8 +294,6 @@ def ray_cluster(retrieval_server) -> None:
     assert ray.is_initialized()
 
 
-# One fresh interpreter for every "does a plain `import verl` register us" question (a verl import costs 5-15 s).
-# Two report lines: the plugin's own load first, so that a registry failing later cannot hide it.
 # What verl's workers import for a rollout and its rewards (tests/rollout/test_import_boundaries.py).
 PRODUCTION_ROLLOUT_MODULES = (
     "verl_evidence.plugin",
@@ -310,6 +308,9 @@ HEAVY_REGISTRIES = (
     "verl.experimental.agent_loop",
     "verl.experimental.reward_loop.reward_manager",
 )
+# One fresh interpreter for every "what does a plain `import verl` load of ours" question (a verl import costs 5-15 s).
+# Three report lines: the plugin's own load first, so that a registry failing later cannot hide it; then verl's
+# registries; then a production rollout's modules.
 VERL_IMPORT_PROBE = r"""
 import importlib, json, sys, traceback
 import verl  # loads the verl.plugins entry points; nothing else is imported by hand
