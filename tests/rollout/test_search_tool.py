@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,9 +33,10 @@ def tool_from_packaged_yaml(url: str, **config) -> SearchTool:
     spec.tools[0].config.retrieval_url = url
     for key, value in config.items():
         spec.tools[0].config[key] = value
-    path = Path(__import__("tempfile").mkdtemp()) / "search_tool.yaml"
-    OmegaConf.save(spec, path)
-    (tool,) = initialize_tools_from_config(str(path))
+    with tempfile.TemporaryDirectory() as directory:  # read once, here: nothing left in /tmp
+        path = Path(directory) / "search_tool.yaml"
+        OmegaConf.save(spec, path)
+        (tool,) = initialize_tools_from_config(str(path))
     return tool
 
 
