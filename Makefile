@@ -16,13 +16,16 @@ install: $(VENV)/.installed
 # PYTHONDONTWRITEBYTECODE (this one does) would otherwise compile every import again in every process: a suite run
 # without it took 24 minutes instead of 16.
 
+# Where pip leaves the torch file: one directory per TORCH_SPEC and user, kept. uv caches a local wheel by its path,
+# so a file fetched into each new checkout (CI's fresh clones) would add another ~700 MB unpacked copy to uv's cache.
+TORCH_WHEELS ?= $(HOME)/.cache/verl-evidence/wheels
+
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q uv
-	rm -rf $(VENV)/wheels && $(PY) -m pip download -q --no-deps -d $(VENV)/wheels "$(TORCH_SPEC)"
-	$(VENV)/bin/uv pip install --python $(PY) -q --compile-bytecode -e ".[serve,dev]" $(VENV)/wheels/torch-*.whl
-	rm -rf $(VENV)/wheels
+	$(PY) -m pip download -q --no-deps -d "$(TORCH_WHEELS)/$(TORCH_SPEC)" "$(TORCH_SPEC)"
+	$(VENV)/bin/uv pip install --python $(PY) -q --compile-bytecode -e ".[serve,dev]" "$(TORCH_WHEELS)/$(TORCH_SPEC)"/torch-*.whl
 	touch $@
 
 # The suite keeps both cores ~90 % busy (vmstat over a run): smoke trainings, Ray/Serve starts, fresh interpreters
