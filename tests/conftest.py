@@ -294,25 +294,20 @@ def ray_cluster(retrieval_server) -> None:
     assert ray.is_initialized()
 
 
-# What verl's workers import for a rollout and its rewards (tests/rollout/test_import_boundaries.py).
-PRODUCTION_ROLLOUT_MODULES = (
-    "verl_evidence.plugin",
-    "verl_evidence.agent_loops.search_loop",
-    "verl_evidence.agent_loops.eviomni_loop",
-    "verl_evidence.tools.search_tool",
-    "verl_evidence.reward_managers.managers",
-)
-# verl's registries that our plugin fills but must not import itself (tests/adapters/test_registration_hook.py).
-HEAVY_REGISTRIES = (
-    "verl.trainer.ppo.core_algos",
-    "verl.experimental.agent_loop",
-    "verl.experimental.reward_loop.reward_manager",
-)
 # One fresh interpreter for every "what does a plain `import verl` load of ours" question (a verl import costs 5-15 s).
 # Three report lines: the plugin's own load first, so that a registry failing later cannot hide it; then verl's
 # registries; then a production rollout's modules.
 VERL_IMPORT_PROBE = r"""
 import importlib, json, sys, traceback
+# verl's registries that our plugin fills but must not import itself (tests/adapters/test_registration_hook.py)
+HEAVY_REGISTRIES = (
+    "verl.trainer.ppo.core_algos", "verl.experimental.agent_loop", "verl.experimental.reward_loop.reward_manager",
+)
+# what verl's workers import for a rollout and its rewards (tests/rollout/test_import_boundaries.py)
+PRODUCTION_ROLLOUT_MODULES = (
+    "verl_evidence.plugin", "verl_evidence.agent_loops.search_loop", "verl_evidence.agent_loops.eviomni_loop",
+    "verl_evidence.tools.search_tool", "verl_evidence.reward_managers.managers",
+)
 import verl  # loads the verl.plugins entry points; nothing else is imported by hand
 plugin = sys.modules.get("verl_evidence.plugin")
 ours = sorted(name for name in sys.modules if name.split(".")[0] in ("verl_evidence", "retrieval_server"))
@@ -352,9 +347,7 @@ print("ROLLOUT" + json.dumps({
     "imported": list(PRODUCTION_ROLLOUT_MODULES),
     "ours": sorted(name for name in sys.modules if name.startswith("verl_evidence")),
 }))
-""".replace("HEAVY_REGISTRIES", repr(HEAVY_REGISTRIES)).replace(
-    "PRODUCTION_ROLLOUT_MODULES", repr(PRODUCTION_ROLLOUT_MODULES)
-)
+"""
 
 
 @pytest.fixture(scope="session")
