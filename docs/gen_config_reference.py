@@ -482,8 +482,9 @@ def render() -> str:
                 ("`RETRIEVAL_SERVER_TOKEN`", "`serve`", "same as `--token`"),
                 (
                     "`VERL_EVIDENCE_CACHE`",
-                    "`serve`, `index`, demo",
-                    "cache directory (default `~/.cache/verl-evidence`)",
+                    "`serve`, `index`, demo, `--smoke`",
+                    "the project's cache directory (default `~/.cache/verl-evidence`): indexes, encoder exports, the "
+                    "smoke policies and data (`smoke/`, unless `VERL_EVIDENCE_SMOKE_DIR` is set)",
                 ),
                 (
                     "`VERL_USE_EXTERNAL_MODULES`",

@@ -91,7 +91,12 @@ def warmup_family(method: str, warmup: str | None = None) -> str | None:
 
 
 def smoke_dir() -> Path:
-    root = os.environ.get("VERL_EVIDENCE_SMOKE_DIR") or Path.home() / ".cache" / "verl-evidence" / "smoke"
+    """``$VERL_EVIDENCE_SMOKE_DIR``, else ``smoke/`` in the project's one cache (``$VERL_EVIDENCE_CACHE``, default
+    ``~/.cache/verl-evidence``): a fresh ``VERL_EVIDENCE_CACHE`` is a first run's empty cache, smoke policies
+    included."""
+    from retrieval_server.config import cache_dir
+
+    root = os.environ.get("VERL_EVIDENCE_SMOKE_DIR") or cache_dir() / "smoke"
     return Path(root) / f"v{FORMAT_VERSION}"
 
 
