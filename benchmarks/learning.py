@@ -294,8 +294,11 @@ class Change:
         deltas = self.seed_deltas()
         return float(np.std(deltas, ddof=1)) if len(deltas) > 1 else 0.0
 
-    def beyond_spread(self, delta: float | None = None) -> bool:
-        """Whether the change (or ``delta``, a difference built on it) exceeds the seeds' spread."""
+    def beyond_spread(self, delta: float | None = None) -> bool | None:
+        """Whether the change (or ``delta``, a difference built on it) exceeds the seeds' spread; None with one seed
+        (no spread to compare with, so the direction cannot count)."""
+        if len(self.per_seed) < 2:
+            return None
         return abs(self.delta if delta is None else delta) > self.seed_spread
 
 
@@ -395,6 +398,7 @@ def directions(points: Sequence[Point]) -> list[Direction]:
             consistent = all((a > MIN_EFFECT and a - b > MIN_EFFECT) == holds for a, b in pairs) if pairs else None
             evidence = f"{_describe('EviNote', note)}; {_describe('Search-R1', base)}"
             spread = note.beyond_spread(note.delta - base.delta) and note.beyond_spread()
+            spread = None if len(note.per_seed) < 2 or len(base.per_seed) < 2 else bool(spread)
             out.append(Direction(claim, split, holds, evidence, consistent, spread))
         for arm, name in (("eviomni", "EviOmni"), ("lear", "LEAR")):
             claim = f"{name}: compression ratio rises while F1 does not fall (by more than {F1_TOLERANCE})"
@@ -423,7 +427,11 @@ def format_directions(found: Sequence[Direction]) -> str:
     for d in found:
         verdict = {True: "HOLDS", False: "does not hold", None: "not measured"}[d.holds]
         seeds = "" if d.consistent is None else (" (every seed agrees)" if d.consistent else " (seeds disagree)")
-        spread = "" if d.beyond_spread is None else ("" if d.beyond_spread else " (within the seeds' spread)")
+        spread = (
+            " (one seed: no spread)"
+            if d.beyond_spread is None
+            else ("" if d.beyond_spread else " (within the seeds' spread)")
+        )
         shown = " -> COUNTS" if d.counts else ""
         lines.append(f"[{d.split}] {d.claim}: {verdict}{seeds}{spread}{shown}\n    {d.evidence}")
     return "\n".join(lines)

@@ -336,6 +336,10 @@ def test_a_direction_counts_only_when_every_seed_agrees_beyond_their_spread() ->
     wide = _verdict(learning.directions(spread), "GRACE")
     assert wide.holds and wide.consistent and not wide.beyond_spread and not wide.counts
     assert "within the seeds' spread" in learning.format_directions([wide])
+    # one seed: no spread to compare with, so nothing counts
+    one = _verdict(learning.directions(_curve("grace", 1, "balanced_accuracy", {1: 0.5, 2: 0.9})), "GRACE")
+    assert one.holds and one.beyond_spread is None and not one.counts
+    assert "one seed: no spread" in learning.format_directions([one])
 
 
 # --- the smoke package: held-out split and the neutral warm-up -----------------------------------------------
