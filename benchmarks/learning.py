@@ -427,11 +427,12 @@ def format_directions(found: Sequence[Direction]) -> str:
     for d in found:
         verdict = {True: "HOLDS", False: "does not hold", None: "not measured"}[d.holds]
         seeds = "" if d.consistent is None else (" (every seed agrees)" if d.consistent else " (seeds disagree)")
-        spread = (
-            " (one seed: no spread)"
-            if d.beyond_spread is None
-            else ("" if d.beyond_spread else " (within the seeds' spread)")
-        )
+        if d.holds is None:
+            spread = ""
+        elif d.beyond_spread is None:
+            spread = " (one seed: no spread)"
+        else:
+            spread = "" if d.beyond_spread else " (within the seeds' spread)"
         shown = " -> COUNTS" if d.counts else ""
         lines.append(f"[{d.split}] {d.claim}: {verdict}{seeds}{spread}{shown}\n    {d.evidence}")
     return "\n".join(lines)
