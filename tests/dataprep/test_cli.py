@@ -275,3 +275,28 @@ def test_grace_default_retrievers() -> None:
 
     assert default_retrievers(None) == ["oracle", "bm25", "dense", "random"]
     assert default_retrievers("/models/reranker") == ["oracle", "bm25", "dense", "dense+rerank", "random"]
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (
+            b'{"id": "q1", "question": {"text": "Who?"}, "golden_answers": ["x"]}\n',
+            ":2: column 'question' must be a string",
+        ),
+        (b'{"id": "q1", "question": ["Who?"], "golden_answers": ["x"]}\n', ":2: column 'question' must be a string"),
+        (b'{"id": "q1", "question": "Wh\xff?", "golden_answers": ["x"]}\n', ":2: not UTF-8 text (byte 0xff"),
+        (b'{"id": null, "question": "Who?", "golden_answers": ["x"]}\n', ":2: column id is null"),
+    ],
+)
+def test_qa_refuses_what_it_cannot_read(tmp_path: Path, content: bytes, message: str) -> None:
+    """One line naming the file and line, exit 2, no output file (not even the writer's partial one)."""
+    good = json.dumps({"id": "q0", "question": "Where?", "golden_answers": ["here"]}).encode() + b"\n"
+    source = tmp_path / "bad.jsonl"
+    source.write_bytes(good + content)
+    out = tmp_path / "out" / "rows.parquet"
+    result = invoke("qa", source, "--data-source", "nq", "-o", out)
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {source}{message}"), result.output
+    assert not out.parent.exists() or not any(out.parent.iterdir())

@@ -15,7 +15,6 @@ forced in; for one-gold samples this is exactly the spec's rule.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 from collections import Counter
@@ -23,7 +22,14 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from verl_evidence.dataprep.records import DataPrepError, QARecord, check_data_source, check_unique_ids, read_jsonl
+from verl_evidence.dataprep.records import (
+    DataPrepError,
+    QARecord,
+    check_data_source,
+    check_unique_ids,
+    read_json,
+    read_jsonl,
+)
 from verl_evidence.dataprep.retrievers import Query, Retriever, stable_seed
 
 logger = logging.getLogger(__name__)
@@ -173,15 +179,7 @@ def construct(
 
 
 def _load_json_or_jsonl(path: str | Path) -> list[dict] | dict:
-    path = Path(path)
-    if not path.is_file():
-        raise DataPrepError(f"{path}: no such file")
-    if path.suffix == ".jsonl":
-        return read_jsonl(path)
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise DataPrepError(f"{path}: not valid JSON ({err.msg})") from err
+    return read_jsonl(path) if Path(path).suffix == ".jsonl" else read_json(path)
 
 
 def read_hotpotqa(
