@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -58,85 +59,126 @@ def _progress():
     )
 
 
-def load_records(source: str, data_source: str | None, allow_new_source: bool) -> list[QARecord]:
-    """``bundled``, a FlashRAG ``.jsonl`` or a Search-R1 ``.parquet``."""
-    from verl_evidence.dataprep.records import (
-        DataPrepError,
-        bundled_paths,
-        read_flashrag_jsonl,
-        read_search_r1_parquet,
-    )
-
-    if source == "bundled":
-        qa_path, _ = bundled_paths()
-        return read_flashrag_jsonl(qa_path, data_source or "bundled", allow_new_source)
-    path = Path(source)
-    if path.suffix == ".parquet":
-        return read_search_r1_parquet(path, data_source, allow_new_source)
-    if path.suffix == ".jsonl":
-        if data_source is None:
-            raise DataPrepError(f"{path}: FlashRAG files carry no data source; pass --data-source NAME")
-        return read_flashrag_jsonl(path, data_source, allow_new_source)
-    raise DataPrepError(f"{path}: expected 'bundled', a .jsonl (FlashRAG) or a .parquet (Search-R1) file")
-
-
 def _report(path: Path, rows: Sequence[dict]) -> None:
     console.print(f"wrote {len(rows)} rows to {path}")
 
 
 @data_app.command("qa")
 def qa_command(
-    source: str = typer.Argument(..., help="'bundled', a FlashRAG .jsonl or a Search-R1 .parquet"),
+    sources: list[str] = typer.Argument(
+        ...,
+        help="one or more of: 'bundled', a FlashRAG .jsonl, a Search-R1 .parquet; NAME=PATH gives that input "
+        "the data source NAME (e.g. nq=nq/train.jsonl hotpotqa=hotpotqa/train.jsonl)",
+        show_default=False,
+    ),
     output: Path = typer.Option(..., "--output", "-o", help="parquet file to write"),
     method: SearchMethod = typer.Option(SearchMethod.search_r1, help="which searching method the rows are for"),
-    data_source: str | None = typer.Option(None, help="data source name (required for FlashRAG files)"),
+    data_source: str | None = typer.Option(None, help="data source of inputs not named NAME=PATH (FlashRAG files)"),
     split: str | None = typer.Option(
         None, help="extra_info.split; default: a verl-layout row keeps its own, other rows get 'train'"
     ),
     template: str | None = typer.Option(
         None, help="prompt template: file, packaged prompt name or default name (re-renders verl-layout prompts)"
     ),
+    sample: int | None = typer.Option(
+        None, help="keep N random rows per data source (all rows of a smaller one); the ids go in the summary"
+    ),
+    seed: int = typer.Option(0, help="seeds --sample"),
     new_data_source: bool = typer.Option(False, "--new-data-source", help="accept a data source name not yet known"),
 ) -> None:
-    """Rows for the multi-turn search methods (Search-R1 baseline, EviNote-RAG).
+    """Rows for the multi-turn search methods (Search-R1 baseline, EviNote-RAG), from one input or several.
 
     A parquet is read and written in record batches; rows already in verl's layout (Search-R1's files)
     keep their prompt, reward_model and extra_info and gain only what the search loop and rewards read.
+    Per-data-source counts (and the ids --sample kept) are printed and written to <output stem>.summary.json.
     """
+    from verl_evidence.dataprep import mix
     from verl_evidence.dataprep import rows as rows_mod
-    from verl_evidence.dataprep.records import ParquetInput, SourceRow
+    from verl_evidence.dataprep.records import UniqueIds
     from verl_evidence.dataprep.templates import load_template
 
     prompt_template = load_template(template or method.value)
-    parquet = ParquetInput(source, data_source, new_data_source) if source.endswith(".parquet") else None
-    if parquet is None:
-        batches: Iterable[list[SourceRow]] = [
-            [SourceRow(r) for r in load_records(source, data_source, new_data_source)]
-        ]
-    else:
-        batches = parquet.batches()
-    given_schema = parquet.schema if parquet is not None and parquet.in_verl_layout else None
-    index = kept = 0
-    with rows_mod.RowWriter(output, rows_mod.search_row_schema(given_schema)) as writer, _progress() as progress:
-        task = progress.add_task("writing rows", total=parquet.num_rows if parquet else None, visible=bool(parquet))
-        for batch in batches:
-            rows = []
-            for item in batch:
-                rows.append(
-                    rows_mod.search_row(item, method.value, prompt_template, index, split, template is not None)
-                )
-                kept += rows_mod.keeps_given_prompt(item, method.value, template is not None)
-                index += 1
-            writer.write(rows)
-            progress.advance(task, len(batch))
-    if given_schema is not None:
+    inputs = [mix.QAInput(mix.parse_input(spec, data_source), new_data_source) for spec in sources]
+    keep = None
+    if sample is not None:
+        keep = mix.choose_rows([name for item in inputs for name in item.data_sources()], sample, seed)
+    verl_schemas = [item.verl_schema for item in inputs if item.verl_schema is not None]
+    across = UniqueIds("inputs") if len(inputs) > 1 else None  # each input checks its own rows
+    available: Counter[str] = Counter()
+    written: Counter[str] = Counter()
+    sampled_ids: dict[str, list[str]] = {}
+    position = kept = passed_through = 0
+    parquet_rows = sum(item.num_rows for item in inputs if item.parquet is not None)
+    with (
+        rows_mod.RowWriter(output, rows_mod.search_row_schema(*verl_schemas)) as writer,
+        _progress() as progress,
+    ):
+        task = progress.add_task("writing rows", total=parquet_rows or None, visible=bool(parquet_rows))
+        for item in inputs:
+            number = 0
+            for batch in item.batches():
+                rows = []
+                for source_row in batch:
+                    number += 1
+                    record = source_row.record
+                    if across is not None:
+                        across.add(record, number, item.label)
+                    available[record.data_source] += 1
+                    position += 1
+                    if keep is not None and position - 1 not in keep:
+                        continue
+                    rows.append(
+                        rows_mod.search_row(
+                            source_row, method.value, prompt_template, writer.rows + len(rows), split, bool(template)
+                        )
+                    )
+                    written[record.data_source] += 1
+                    if source_row.given is not None:
+                        passed_through += 1
+                        kept += rows_mod.keeps_given_prompt(source_row, method.value, template is not None)
+                    if keep is not None:
+                        sampled_ids.setdefault(record.data_source, []).append(record.id)
+                writer.write(rows)
+                if item.parquet is not None:
+                    progress.advance(task, len(batch))
+    if passed_through:
         console.print(
-            f"rows already in verl's layout: kept {kept} prompts, rendered {index - kept} "
+            f"rows already in verl's layout: kept {kept} prompts, rendered {passed_through - kept} "
             f"with the {template or method.value!r} template; kept reward_model and extra_info"
         )
-    if parquet is not None and parquet.unread_columns:
-        console.print(f"columns not read (not part of the rows): {', '.join(parquet.unread_columns)}")
-    console.print(f"wrote {writer.rows} rows to {output}")
+    unread = sorted({c for item in inputs if item.parquet is not None for c in item.parquet.unread_columns})
+    if unread:
+        console.print(f"columns not read (not part of the rows): {', '.join(unread)}")
+    _print_source_counts(available, written, sample)
+    summary: dict = {
+        "command": "data qa",
+        "output": str(output),
+        "method": method.value,
+        "inputs": [
+            {"path": item.label, "data_source": item.spec.data_source, "rows": item.num_rows} for item in inputs
+        ],
+        "rows": writer.rows,
+        "data_sources": {name: {"rows": written[name], "available": available[name]} for name in available},
+    }
+    if sample is not None:
+        summary["sample"] = {"per_data_source": sample, "seed": seed, "ids": sampled_ids}
+    console.print(f"wrote {writer.rows} rows to {output} (summary: {mix.write_summary(output, summary)})")
+
+
+def _print_source_counts(available: Counter, written: Counter, sample: int | None) -> None:
+    from rich.table import Table
+
+    table = Table(title="rows per data source")
+    for column in ("data source", "rows", "of"):
+        table.add_column(column, justify="left" if column == "data source" else "right")
+    for name in available:
+        table.add_row(name, str(written[name]), str(available[name]))
+    table.add_row("total", str(sum(written.values())), str(sum(available.values())))
+    console.print(table)
+    if sample is not None:
+        whole = [name for name in available if available[name] <= sample]
+        if whole:
+            console.print(f"kept every row of {', '.join(whole)} (no more than --sample {sample})")
 
 
 def token_counter(tokenizer_path: str) -> Callable[[str], int]:
@@ -189,7 +231,7 @@ def eviomni_command(
 ) -> None:
     """Rows for EviOmni / LEAR: top-k passages per question in the prompt, L_P recorded."""
     from verl_evidence.dataprep import rows as rows_mod
-    from verl_evidence.dataprep.records import DataPrepError
+    from verl_evidence.dataprep.records import DataPrepError, load_records
     from verl_evidence.dataprep.templates import load_template
 
     chosen = [x for x in (retrieval_url, passages_file, retriever) if x]

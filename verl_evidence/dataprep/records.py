@@ -161,20 +161,24 @@ def record_from_row(row: dict, where: str, data_source: str) -> QARecord:
 
 
 class UniqueIds:
-    """Refuses a question id seen before in the same data source, naming both rows (1-based)."""
+    """Refuses a question id seen before in the same data source, naming both rows (1-based) and, when
+    they come from different inputs, both files."""
 
     def __init__(self, source: str) -> None:
         self.source = source
-        self.rows: dict[tuple[str, str], int] = {}
+        self.rows: dict[tuple[str, str], tuple[str, int]] = {}
 
-    def add(self, record: QARecord, row_number: int) -> None:
+    def add(self, record: QARecord, row_number: int, source: str | None = None) -> None:
         key = (record.data_source, record.id)
-        first = self.rows.setdefault(key, row_number)
-        if first != row_number:
-            raise DataPrepError(
-                f"{self.source}: duplicate id {record.id!r} in data source {record.data_source!r} "
-                f"(rows {first} and {row_number})"
-            )
+        place = (source or self.source, row_number)
+        first = self.rows.setdefault(key, place)
+        if first == place:
+            return
+        if first[0] == place[0]:
+            rows = f"rows {first[1]} and {row_number}"
+        else:
+            rows = f"{first[0]}:{first[1]} and {place[0]}:{row_number}"
+        raise DataPrepError(f"{place[0]}: duplicate id {record.id!r} in data source {record.data_source!r} ({rows})")
 
 
 def check_unique_ids(records: Sequence[QARecord], source: str) -> None:
@@ -342,6 +346,14 @@ class ParquetInput:
                 raise DataPrepError(f"{where}: {err}") from err
         return name
 
+    def data_sources(self) -> list[str | None]:
+        """Each row's data source (``data_source`` given, else the column), read without the other columns."""
+        if self.data_source is not None:
+            return [self.data_source] * self.num_rows
+        return [
+            name for batch in self.file.iter_batches(columns=["data_source"]) for name in batch.column(0).to_pylist()
+        ]
+
     def batches(self) -> Iterator[list[SourceRow]]:
         """Validated rows, one list per record batch; raises on the first bad or duplicate row."""
         ids = UniqueIds(str(self.path))
@@ -375,6 +387,23 @@ def read_search_r1_parquet(
     """All records of a Search-R1 parquet (ids ``<data_source>/<id>``); ``data_source`` overrides the column."""
     source = ParquetInput(path, data_source, allow_new_source)
     return [item.record for batch in source.batches() for item in batch]
+
+
+def load_records(source: str, data_source: str | None, allow_new_source: bool) -> list[QARecord]:
+    """``bundled``, a FlashRAG ``.jsonl`` or a Search-R1 ``.parquet``."""
+    if source == "bundled":
+        qa_path, _ = bundled_paths()
+        return read_flashrag_jsonl(qa_path, data_source or "bundled", allow_new_source)
+    path = Path(source)
+    if path.suffix == ".parquet":
+        return read_search_r1_parquet(path, data_source, allow_new_source)
+    if path.suffix == ".jsonl":
+        if data_source is None:
+            raise DataPrepError(
+                f"{path}: FlashRAG files carry no data source; pass --data-source NAME (or give it as NAME={path})"
+            )
+        return read_flashrag_jsonl(path, data_source, allow_new_source)
+    raise DataPrepError(f"{path}: expected 'bundled', a .jsonl (FlashRAG) or a .parquet (Search-R1) file")
 
 
 def read_corpus(path: str | Path) -> dict[str, str]:

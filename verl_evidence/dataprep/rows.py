@@ -260,16 +260,21 @@ def _laid_over(ours: pa.DataType, theirs: pa.DataType | None) -> pa.DataType:
     return ours
 
 
-def search_row_schema(given: pa.Schema | None = None) -> pa.Schema:
-    """``SEARCH_ROW_SCHEMA``, widened by the fields of an input in verl's layout (kept by ``search_row``)."""
-    if given is None:
-        return SEARCH_ROW_SCHEMA
-    return pa.schema(
-        [
-            pa.field(f.name, _laid_over(f.type, given.field(f.name).type if f.name in given.names else None))
-            for f in SEARCH_ROW_SCHEMA
-        ]
-    )
+def search_row_schema(*given: pa.Schema) -> pa.Schema:
+    """``SEARCH_ROW_SCHEMA``, widened by the fields of each input in verl's layout (kept by ``search_row``).
+
+    Where two inputs type a field differently, the first one's type is written (a row that does not fit
+    it is refused by ``RowWriter``).
+    """
+    schema = SEARCH_ROW_SCHEMA
+    for theirs in given:
+        schema = pa.schema(
+            [
+                pa.field(f.name, _laid_over(f.type, theirs.field(f.name).type if f.name in theirs.names else None))
+                for f in schema
+            ]
+        )
+    return schema
 
 
 class RowWriter:
