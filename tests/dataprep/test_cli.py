@@ -196,6 +196,8 @@ def test_grace_cli_prints_statistics(tiny_set, tmp_path: Path) -> None:
         6,
         "--split",
         "test",
+        "--construction",
+        "balanced",  # a test split is built naturally unless told (test_grace_natural_test_set)
         "-o",
         out,
     )
@@ -275,6 +277,8 @@ def test_grace_default_retrievers() -> None:
 
     assert default_retrievers(None) == ["oracle", "bm25", "dense", "random"]
     assert default_retrievers("/models/reranker") == ["oracle", "bm25", "dense", "dense+rerank", "random"]
+    assert default_retrievers("/models/reranker", annotated=False) == ["bm25", "dense", "dense+rerank", "random"]
+    assert default_retrievers("/models/reranker", natural=True) == ["dense"]  # the paper's test retriever
 
 
 @pytest.mark.parametrize(

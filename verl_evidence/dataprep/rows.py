@@ -18,7 +18,7 @@ with one explicit schema, so a 170k-row file never sits in memory at once.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -187,14 +187,13 @@ def eviomni_rows(
     return rows
 
 
-def grace_rows(examples: Sequence[GraceExample], corpus: dict[str, str], template: str, split: str) -> list[dict]:
+def grace_rows(examples: Sequence[GraceExample], corpus: Mapping[str, str], template: str, split: str) -> list[dict]:
     """GRACE rows: the constructed context in the prompt; gold evidence only when it is in the context."""
     rows = []
     for index, example in enumerate(examples):
         contents = [corpus[p] for p in example.passage_ids]
         row = _base_row(example.record, "grace", index, split, render(template, example.record.question, contents))
-        evidence = example.record.gold_evidence if example.answerable else ()
-        row["reward_model"]["ground_truth"] = _ground_truth(example.record, example.answerable, evidence)
+        row["reward_model"]["ground_truth"] = _ground_truth(example.record, example.answerable, example.evidence)
         row["extra_info"].update(
             retriever=example.retriever,
             passage_ids=list(example.passage_ids),
