@@ -176,7 +176,7 @@ def test_natural_construction_keeps_the_retrieval(problem) -> None:
         retrieved = rankings[example.retriever][example.record.id][:k]
         assert list(example.passage_ids) == retrieved
         assert example.answerable == (set(example.record.gold_passage_ids) <= set(retrieved))
-        assert example.evidence == (example.record.gold_evidence if example.answerable else ())
+        assert example.gold_evidence == (example.record.gold_evidence if example.answerable else ())
     for retriever in retrievers:
         counted = sum(c[retriever.name] for c in (stats.answerable, stats.unanswerable, stats.duplicates))
         empty = sum(not retriever.rankings[item.record.id] for item in items)  # nothing retrieved: no context
@@ -213,15 +213,15 @@ def test_questions_with_answers_only_are_labelled_by_the_retrieved_passages() ->
     # The only passage holding the answer is ranked 5th: beyond k = 3.
     ranking = ListRetriever("dense", {"n": ["n1", "n2", "n3", "n4", "a1", "n5"]})
     natural, stats = construct([item], [ranking], ANSWER_CORPUS, 3, natural=True, by_answer=True)
-    assert [(e.passage_ids, e.answerable, e.evidence) for e in natural] == [(("n1", "n2", "n3"), False, ())]
+    assert [(e.passage_ids, e.answerable, e.gold_evidence) for e in natural] == [(("n1", "n2", "n3"), False, ())]
 
     for seed in range(6):  # both sides of the 50/50 split
         (example,), _ = construct([item], [ranking], ANSWER_CORPUS, 3, seed, by_answer=True)
         if example.answerable:  # the best-ranked passage with an answer replaces the lowest-ranked one
             assert example.passage_ids == ("n1", "n2", "a1")
-            assert example.evidence == ("It ends in the Mediterranean Sea near Alexandria.",)
+            assert example.gold_evidence == ("It ends in the Mediterranean Sea near Alexandria.",)
         else:  # the top-k had no answer: kept as retrieved
-            assert example.passage_ids == ("n1", "n2", "n3") and example.evidence == ()
+            assert example.passage_ids == ("n1", "n2", "n3") and example.gold_evidence == ()
     answer_first = ListRetriever("bm25", {"n": ["a2", "n1", "a1", "n2", "n3"]})
     for seed in range(6):
         (example,), _ = construct([item], [answer_first], ANSWER_CORPUS, 3, seed, by_answer=True)

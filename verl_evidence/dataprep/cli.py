@@ -64,8 +64,16 @@ GRACE_K = {GraceConstruction.balanced: 5, GraceConstruction.natural: 3}
 def _progress():
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    # Transient, and off when stderr is not a terminal (a log): an error is the one line left, and the counts
+    # printed after each step say what the bars said.
     return Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
     )
 
 

@@ -57,7 +57,15 @@ class GraceExample:
     retriever: str
     passage_ids: tuple[str, ...]
     answerable: bool
-    evidence: tuple[str, ...] = ()  # the gold evidence an answerable context holds; () when unanswerable
+    # The gold evidence an answerable context holds: None for the record's own (annotated samples); ignored
+    # when unanswerable.
+    evidence: tuple[str, ...] | None = None
+
+    @property
+    def gold_evidence(self) -> tuple[str, ...]:
+        if not self.answerable:
+            return ()
+        return self.record.gold_evidence if self.evidence is None else self.evidence
 
 
 @dataclass
@@ -198,9 +206,11 @@ def _label(item: GraceInput, ranked: Sequence[str], corpus: Mapping[str, str], k
     return _Labelled(deeper[:k], deeper, gold, False)
 
 
-def _evidence(item: GraceInput, labelled: _Labelled, context: Sequence[str], corpus: Mapping[str, str]):
+def _evidence(
+    item: GraceInput, labelled: _Labelled, context: Sequence[str], corpus: Mapping[str, str]
+) -> tuple[str, ...] | None:
     if labelled.annotated:
-        return item.record.gold_evidence
+        return None  # the record's own
     gold = set(labelled.gold)
     return tuple(s for p in context if p in gold for s in answer_sentences(corpus[p], item.record.answers))
 
@@ -311,8 +321,8 @@ def construct(
                 continue
             seen.add(key)
             (stats.answerable if answerable else stats.unanswerable)[retriever.name] += 1
-            evidence = _evidence(item, labelled, context, corpus) if answerable else ()
-            examples.append(GraceExample(item.record, retriever.name, tuple(context), answerable, tuple(evidence)))
+            evidence = _evidence(item, labelled, context, corpus) if answerable else None
+            examples.append(GraceExample(item.record, retriever.name, tuple(context), answerable, evidence))
     return examples, stats
 
 

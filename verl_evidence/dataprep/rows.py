@@ -193,7 +193,7 @@ def grace_rows(examples: Sequence[GraceExample], corpus: Mapping[str, str], temp
     for index, example in enumerate(examples):
         contents = [corpus[p] for p in example.passage_ids]
         row = _base_row(example.record, "grace", index, split, render(template, example.record.question, contents))
-        row["reward_model"]["ground_truth"] = _ground_truth(example.record, example.answerable, example.evidence)
+        row["reward_model"]["ground_truth"] = _ground_truth(example.record, example.answerable, example.gold_evidence)
         row["extra_info"].update(
             retriever=example.retriever,
             passage_ids=list(example.passage_ids),
