@@ -418,3 +418,21 @@ def test_qasper_reader_and_per_paper_pool(tmp_path: Path) -> None:
     for example in examples:  # every context stays inside the paper
         assert set(example.passage_ids) <= set(corpus)
     assert stats.total == len(examples)
+
+
+def test_dense_questions_get_the_models_own_query_prompt() -> None:
+    """Qwen3-Embedding (GRACE's retriever) defines a ``query`` prompt: questions are encoded with it."""
+    import numpy as np
+
+    from verl_evidence.dataprep.retrievers import DenseRetriever, _default_dense_model
+
+    dense = DenseRetriever(PASSAGES, _default_dense_model())
+    question = "Into which sea does the Danube empty?"
+    plain = dense.scores([question])
+    dense.model.prompts = {**(dense.model.prompts or {}), "query": "Instruct: find the passage.\nQuery: "}
+    prompted = dense.scores([question])
+    expected = dense.model.encode(["Instruct: find the passage.\nQuery: " + question], normalize_embeddings=True)
+    assert not np.allclose(plain, prompted)
+    assert np.allclose(prompted, expected @ dense.embeddings.T, atol=1e-5)
+    dense.query_prefix = "query: "  # an explicit prefix (E5) wins over the model's prompt
+    assert dense._prompt("query", dense.query_prefix) is None

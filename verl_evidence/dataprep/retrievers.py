@@ -135,25 +135,48 @@ class BM25Retriever(_ScoringRetriever):
 
 
 class DenseRetriever(_ScoringRetriever):
-    """Cosine similarity of sentence-transformers embeddings (corpus encoded once)."""
+    """Cosine similarity of sentence-transformers embeddings (corpus encoded once).
+
+    Prefixes follow the model's family as the retrieval server's do (E5: ``query: `` / ``passage: ``,
+    BGE: its query instruction) unless given; a model that defines its own ``query`` / ``document``
+    prompts (Qwen3-Embedding, GRACE's retriever) gets those instead.
+    """
 
     name = "dense"
 
     def __init__(
-        self, corpus: dict[str, str], model_path: str, query_prefix: str = "", passage_prefix: str = ""
+        self,
+        corpus: dict[str, str],
+        model_path: str,
+        query_prefix: str | None = None,
+        passage_prefix: str | None = None,
     ) -> None:
         from sentence_transformers import SentenceTransformer
 
+        from retrieval_server.config import EncoderConfig
+
         super().__init__(corpus)
+        family = EncoderConfig.for_model(model_path)
         self.model = SentenceTransformer(model_path, device="cpu") if _no_gpu() else SentenceTransformer(model_path)
-        self.query_prefix = query_prefix
+        self.query_prefix = family.query_prefix if query_prefix is None else query_prefix
+        passage_prefix = family.passage_prefix if passage_prefix is None else passage_prefix
         self.embeddings = self.model.encode(
-            [passage_prefix + text for text in self.texts], normalize_embeddings=True, convert_to_numpy=True
+            [passage_prefix + text for text in self.texts],
+            prompt_name=self._prompt("document", passage_prefix),
+            normalize_embeddings=True,
+            convert_to_numpy=True,
         )
+
+    def _prompt(self, name: str, prefix: str) -> str | None:
+        """The model's own prompt called ``name``, when it has one and no prefix is set."""
+        return name if name in (getattr(self.model, "prompts", None) or {}) and not prefix else None
 
     def scores(self, questions: Sequence[str]) -> np.ndarray:
         queries = self.model.encode(
-            [self.query_prefix + q for q in questions], normalize_embeddings=True, convert_to_numpy=True
+            [self.query_prefix + q for q in questions],
+            prompt_name=self._prompt("query", self.query_prefix),
+            normalize_embeddings=True,
+            convert_to_numpy=True,
         )
         return queries @ self.embeddings.T
 
