@@ -81,6 +81,11 @@ def _report(path: Path, rows: Sequence[dict]) -> None:
     console.print(f"wrote {len(rows)} rows to {path}")
 
 
+def _report_written(path: Path, rows: int, summary: Path) -> None:
+    console.print(f"wrote {rows} rows to {path}", soft_wrap=True)  # a path is not wrapped at 80 columns in a log
+    console.print(f"summary: {summary}", soft_wrap=True)
+
+
 @data_app.command("qa")
 def qa_command(
     sources: list[str] = typer.Argument(
@@ -180,7 +185,7 @@ def qa_command(
     }
     if sample is not None:
         summary["sample"] = {"per_data_source": sample, "seed": seed, "ids": sampled_ids}
-    console.print(f"wrote {writer.rows} rows to {output} (summary: {mix.write_summary(output, summary)})")
+    _report_written(output, writer.rows, mix.write_summary(output, summary))
 
 
 def _print_source_counts(available: Counter, written: Counter, sample: int | None) -> None:
@@ -489,7 +494,7 @@ def grace_command(
         for item in items:
             ids.setdefault(item.record.data_source, []).append(item.record.id)
         summary["sample"] = {"per_data_source": sample, "seed": seed, "ids": ids}
-    console.print(f"wrote {len(rows)} rows to {output} (summary: {mix.write_summary(output, summary)})")
+    _report_written(output, len(rows), mix.write_summary(output, summary))
 
 
 @data_app.command("inspect")
