@@ -6,19 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from verl_evidence.cli import app
 from verl_evidence.dataprep.rows import read_parquet
 from verl_evidence.dataprep.templates import format_passages
 
-from .conftest import PASSAGES, QUESTIONS, write_jsonl
-
-runner = CliRunner()
-
-
-def invoke(*args: str):
-    return runner.invoke(app, ["data", *map(str, args)], catch_exceptions=False)
+from .conftest import PASSAGES, QUESTIONS, invoke, write_jsonl
 
 
 def verl_dataset(path: Path, tokenizer_dir: Path):

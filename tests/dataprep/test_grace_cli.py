@@ -6,25 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from verl_evidence.cli import app
 from verl_evidence.dataprep.grace import contains_answer
 from verl_evidence.dataprep.mix import summary_path
 from verl_evidence.dataprep.rows import read_parquet
 
-from .conftest import PASSAGES, QUESTIONS
+from .conftest import PASSAGES, QUESTIONS, flat, invoke
 from .search_r1_files import write_search_r1_parquet
-
-runner = CliRunner()
-
-
-def invoke(*args: object):
-    return runner.invoke(app, ["data", *map(str, args)], catch_exceptions=False)
-
-
-def flat(output: str) -> str:
-    return " ".join(output.split())
 
 
 def search_r1_file(path: Path) -> Path:

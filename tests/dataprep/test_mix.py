@@ -5,24 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from typer.testing import CliRunner
-
-from verl_evidence.cli import app
 from verl_evidence.dataprep.mix import choose_rows, parse_input, summary_path
 from verl_evidence.dataprep.rows import read_parquet
 
-from .conftest import write_jsonl
+from .conftest import flat, invoke, write_jsonl
 from .search_r1_files import HOTPOTQA_METADATA, flashrag_examples, merged_train_file, write_search_r1_parquet
-
-runner = CliRunner()
-
-
-def invoke(*args: object):
-    return runner.invoke(app, ["data", *map(str, args)], catch_exceptions=False)
-
-
-def flat(output: str) -> str:
-    return " ".join(output.split())
 
 
 def test_flashrag_files_mix_with_their_data_sources_named(tmp_path: Path) -> None:
