@@ -165,7 +165,7 @@ def test_construct_invariants(problem) -> None:
     assert again == examples  # seeded: identical output
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(grace_problem())
 def test_natural_construction_keeps_the_retrieval(problem) -> None:
     """The test set (§4.3): contexts are the top-k as retrieved; answerable exactly when the gold is in it."""
