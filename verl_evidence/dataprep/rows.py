@@ -18,7 +18,7 @@ with one explicit schema, so a 170k-row file never sits in memory at once.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -187,14 +187,13 @@ def eviomni_rows(
     return rows
 
 
-def grace_rows(examples: Sequence[GraceExample], corpus: dict[str, str], template: str, split: str) -> list[dict]:
+def grace_rows(examples: Sequence[GraceExample], corpus: Mapping[str, str], template: str, split: str) -> list[dict]:
     """GRACE rows: the constructed context in the prompt; gold evidence only when it is in the context."""
     rows = []
     for index, example in enumerate(examples):
         contents = [corpus[p] for p in example.passage_ids]
         row = _base_row(example.record, "grace", index, split, render(template, example.record.question, contents))
-        evidence = example.record.gold_evidence if example.answerable else ()
-        row["reward_model"]["ground_truth"] = _ground_truth(example.record, example.answerable, evidence)
+        row["reward_model"]["ground_truth"] = _ground_truth(example.record, example.answerable, example.gold_evidence)
         row["extra_info"].update(
             retriever=example.retriever,
             passage_ids=list(example.passage_ids),
@@ -260,16 +259,21 @@ def _laid_over(ours: pa.DataType, theirs: pa.DataType | None) -> pa.DataType:
     return ours
 
 
-def search_row_schema(given: pa.Schema | None = None) -> pa.Schema:
-    """``SEARCH_ROW_SCHEMA``, widened by the fields of an input in verl's layout (kept by ``search_row``)."""
-    if given is None:
-        return SEARCH_ROW_SCHEMA
-    return pa.schema(
-        [
-            pa.field(f.name, _laid_over(f.type, given.field(f.name).type if f.name in given.names else None))
-            for f in SEARCH_ROW_SCHEMA
-        ]
-    )
+def search_row_schema(*given: pa.Schema) -> pa.Schema:
+    """``SEARCH_ROW_SCHEMA``, widened by the fields of each input in verl's layout (kept by ``search_row``).
+
+    Where two inputs type a field differently, the first one's type is written (a row that does not fit
+    it is refused by ``RowWriter``).
+    """
+    schema = SEARCH_ROW_SCHEMA
+    for theirs in given:
+        schema = pa.schema(
+            [
+                pa.field(f.name, _laid_over(f.type, theirs.field(f.name).type if f.name in theirs.names else None))
+                for f in schema
+            ]
+        )
+    return schema
 
 
 class RowWriter:
