@@ -107,32 +107,48 @@ def _rational_rows(method: str, table: str) -> list[ReferenceRow]:
 
 
 # ---------------------------------------------------------------------------
-# EviNote-RAG, Table 1 (seeds/002). group | method | then F1, EM for TriviaQA, 2Wiki, Bamboogle, Musique, PopQA, NQ, HotpotQA
+# EviNote-RAG, Table 1 (seeds/002). ## section, then: method | F1 EM of TriviaQA, 2Wiki, Bamboogle, Musique,
+# PopQA, NQ, HotpotQA
 # ---------------------------------------------------------------------------
 _EVINOTE_SOURCES = ("triviaqa", "2wikimultihopqa", "bamboogle", "musique", "popqa", "nq", "hotpotqa")
 _EVINOTE_TABLE = """
-Foundational Model        | Direct Inference   | 0.321 | 0.298 | 0.264 | 0.228 | 0.221 | 0.216 | 0.085 | 0.074 | 0.170 | 0.150 | 0.198 | 0.134 | 0.244 | 0.216
-Foundational Model        | RAG Workflow       | 0.456 | 0.442 | 0.244 | 0.232 | 0.254 | 0.240 | 0.100 | 0.094 | 0.479 | 0.458 | 0.420 | 0.376 | 0.371 | 0.330
-CoT                       | ReCAT              | 0.474 | 0.438 | 0.482 | 0.336 | 0.272 | 0.184 | 0.192 | 0.118 | 0.367 | 0.308 | 0.495 | 0.454 | 0.421 | 0.380
-CoT                       | IRCoT              | 0.432 | 0.418 | 0.492 | 0.417 | 0.245 | 0.112 | 0.192 | 0.102 | 0.322 | 0.287 | 0.512 | 0.470 | 0.435 | 0.392
-Prompt-Based Agentic RAG  | Self-Ask           | 0.392 | 0.362 | 0.336 | 0.278 | 0.332 | 0.320 | 0.260 | 0.214 | 0.410 | 0.398 | 0.471 | 0.423 | 0.410 | 0.365
-Prompt-Based Agentic RAG  | Iter-RetGen        | 0.374 | 0.356 | 0.326 | 0.270 | 0.232 | 0.160 | 0.178 | 0.118 | 0.376 | 0.348 | 0.442 | 0.395 | 0.390 | 0.342
-Prompt-Based Agentic RAG  | Self-RAG           | 0.451 | 0.436 | 0.432 | 0.391 | 0.351 | 0.256 | 0.192 | 0.183 | 0.332 | 0.314 | 0.508 | 0.465 | 0.448 | 0.402
-Prompt-Based Agentic RAG  | CR-Planner         | 0.417 | 0.403 | 0.473 | 0.452 | 0.434 | 0.304 | 0.271 | 0.202 | 0.351 | 0.350 | 0.520 | 0.482 | 0.452 | 0.405
-Prompt-Based Agentic RAG  | Search-o1          | 0.589 | 0.566 | 0.286 | 0.272 | 0.358 | 0.328 | 0.168 | 0.140 | 0.369 | 0.336 | 0.345 | 0.310 | 0.330 | 0.268
-RL-Based Agentic RAG      | ReARTeR            | 0.468 | 0.506 | 0.554 | 0.534 | 0.119 | 0.096 | 0.296 | 0.237 | 0.432 | 0.422 | 0.545 | 0.502 | 0.512 | 0.465
-RL-Based Agentic RAG      | R1-Searcher        | 0.731 | 0.688 | 0.491 | 0.446 | 0.201 | 0.176 | 0.228 | 0.214 | 0.427 | 0.413 | 0.538 | 0.492 | 0.498 | 0.451
-RL-Based Agentic RAG      | Search-R1          | 0.754 | 0.694 | 0.280 | 0.244 | 0.377 | 0.320 | 0.274 | 0.184 | 0.498 | 0.482 | 0.550 | 0.508 | 0.464 | 0.420
-RL-Based Agentic RAG      | EviNote-RAG (Ours) | 0.795 | 0.730 | 0.536 | 0.494 | 0.528 | 0.424 | 0.336 | 0.240 | 0.491 | 0.480 | 0.563 | 0.524 | 0.557 | 0.490
+## Foundational Model
+Direct Inference           | 0.321 0.298 0.264 0.228 0.221 0.216 0.085 0.074 0.170 0.150 0.198 0.134 0.244 0.216
+RAG Workflow               | 0.456 0.442 0.244 0.232 0.254 0.240 0.100 0.094 0.479 0.458 0.420 0.376 0.371 0.330
+## CoT
+ReCAT                      | 0.474 0.438 0.482 0.336 0.272 0.184 0.192 0.118 0.367 0.308 0.495 0.454 0.421 0.380
+IRCoT                      | 0.432 0.418 0.492 0.417 0.245 0.112 0.192 0.102 0.322 0.287 0.512 0.470 0.435 0.392
+## Prompt-Based Agentic RAG
+Self-Ask                   | 0.392 0.362 0.336 0.278 0.332 0.320 0.260 0.214 0.410 0.398 0.471 0.423 0.410 0.365
+Iter-RetGen                | 0.374 0.356 0.326 0.270 0.232 0.160 0.178 0.118 0.376 0.348 0.442 0.395 0.390 0.342
+Self-RAG                   | 0.451 0.436 0.432 0.391 0.351 0.256 0.192 0.183 0.332 0.314 0.508 0.465 0.448 0.402
+CR-Planner                 | 0.417 0.403 0.473 0.452 0.434 0.304 0.271 0.202 0.351 0.350 0.520 0.482 0.452 0.405
+Search-o1                  | 0.589 0.566 0.286 0.272 0.358 0.328 0.168 0.140 0.369 0.336 0.345 0.310 0.330 0.268
+## RL-Based Agentic RAG
+ReARTeR                    | 0.468 0.506 0.554 0.534 0.119 0.096 0.296 0.237 0.432 0.422 0.545 0.502 0.512 0.465
+R1-Searcher                | 0.731 0.688 0.491 0.446 0.201 0.176 0.228 0.214 0.427 0.413 0.538 0.492 0.498 0.451
+Search-R1                  | 0.754 0.694 0.280 0.244 0.377 0.320 0.274 0.184 0.498 0.482 0.550 0.508 0.464 0.420
+EviNote-RAG (Ours)         | 0.795 0.730 0.536 0.494 0.528 0.424 0.336 0.240 0.491 0.480 0.563 0.524 0.557 0.490
 """
+
+
+def _sections(table: str) -> list[tuple[str, str, list[str]]]:
+    """``(section, method, numbers)`` of a table written as ``## section`` lines and ``method | n n n`` lines."""
+    out, section = [], ""
+    for line in table.strip().splitlines():
+        if line.startswith("## "):
+            section = line[3:].strip()
+            continue
+        method, numbers = line.split("|")
+        out.append((section, method.strip(), numbers.split()))
+    return out
 
 
 def _evinote_rows() -> list[ReferenceRow]:
     rows = []
-    for line in _EVINOTE_TABLE.strip().splitlines():
-        group, method, *numbers = (cell.strip() for cell in line.split("|"))
+    for group, method, numbers in _sections(_EVINOTE_TABLE):
         if len(numbers) != 2 * len(_EVINOTE_SOURCES):
-            raise ValueError(f"Table 1: {line!r} has {len(numbers)} values")
+            raise ValueError(f"Table 1: {method} has {len(numbers)} values")
         values = {
             source: {"f1": _number(numbers[2 * i]), "em": _number(numbers[2 * i + 1])}
             for i, source in enumerate(_EVINOTE_SOURCES)
@@ -142,8 +158,8 @@ def _evinote_rows() -> list[ReferenceRow]:
 
 
 # ---------------------------------------------------------------------------
-# GRACE, Table 1 (seeds/004; retrieval by Qwen3-Embedding-0.6B, k = 3). group | method | then for QASPER and HotpotQA:
-# answerable EM, F1 (BERTScore), LJ | unanswerable Acc., LJ | overall Acc., B. Acc.
+# GRACE, Table 1 (seeds/004; retrieval by Qwen3-Embedding-0.6B, k = 3). ## section, then: method | for QASPER,
+# then HotpotQA: answerable EM, F1 (BERTScore), LJ | unanswerable Acc., LJ | overall Acc., B. Acc.
 # ---------------------------------------------------------------------------
 _GRACE_SOURCES = ("qasper", "hotpotqa")
 _GRACE_MEASURES = (
@@ -156,49 +172,46 @@ _GRACE_MEASURES = (
     "judge_balanced_accuracy",
 )
 _GRACE_TABLE = """
-Prompt based | Qwen3-4B                   | 0.0   | 50.23 | 78.83 | 5.58  | 42.23 | 72.50 | 60.53 | 17.57 | 54.31 | 89.53 | 16.18 | 60.78 | 77.80 | 75.16
-Prompt based | Llama3-8B-Instruct         | 1.33  | 54.60 | 70.58 | 12.75 | 30.68 | 63.68 | 50.63 | 8.78  | 39.15 | 27.36 | 48.53 | 89.22 | 52.60 | 58.29
-Prompt based | DeepSeek-chat              | 0.0   | 51.88 | 69.33 | 50.60 | 72.11 | 69.81 | 69.57 | 33.45 | 60.46 | 68.92 | 75.00 | 75.98 | 71.80 | 72.45
-Prompt based | SuRe on Qwen3-4B           | 5.92  | 52.43 | 46.17 | 0.0   | 0.40  | 38.25 | 23.28 | 26.35 | 63.62 | 65.54 | 0.0   | 1.47  | 39.40 | 33.51
-Prompt based | SuRe on Llama3-8B-Instruct | 5.25  | 55.01 | 54.83 | 0.0   | 1.59  | 45.62 | 28.21 | 35.14 | 69.18 | 83.11 | 0.0   | 0.0   | 49.20 | 41.55
-Prompt based | SuRe on DeepSeek-chat      | 13.08 | 58.68 | 57.92 | 0.0   | 7.17  | 49.14 | 32.54 | 51.69 | 78.49 | 84.12 | 0.0   | 0.98  | 50.20 | 42.55
-SFT based    | Qwen3-4B                   | 28.92 | 69.53 | 62.25 | 67.33 | 67.33 | 63.13 | 64.79 | 64.53 | 84.77 | 84.12 | 44.12 | 44.12 | 67.80 | 64.12
-SFT based    | Llama3-8B-Instruct         | 27.92 | 70.21 | 62.75 | 62.95 | 62.95 | 62.78 | 62.85 | 67.23 | 86.38 | 87.50 | 49.51 | 50.49 | 72.40 | 69.00
-RL based     | TrustAlign-3B†             | 0.0   | 41.20 | 41.17 | 78.09 | 80.88 | 48.04 | 61.03 | 0.0   | 38.66 | 44.59 | 55.88 | 67.16 | 53.80 | 55.88
-RL based     | TrustAlign on Qwen3-4B     | 0.0   | 44.50 | 36.83 | 0.0   | 60.96 | 41.01 | 48.90 | 0.0   | 32.27 | 11.49 | 0.0   | 96.57 | 46.20 | 54.03
-RL based     | TrustAlign-7B†             | 0.0   | 43.63 | 33.67 | 0.0   | 88.45 | 43.14 | 38.41 | 0.0   | 34.02 | 24.32 | 0.0   | 86.76 | 49.80 | 55.54
-RL based     | TrustAlign-8B†             | 0.08  | 34.72 | 9.67  | 97.61 | 97.61 | 24.88 | 53.64 | 0.0   | 30.57 | 22.64 | 88.73 | 88.73 | 49.60 | 55.69
-RL based     | ARENA on Qwen3-4B          | 23.25 | 68.08 | 73.50 | 19.92 | 20.72 | 64.37 | 47.11 | 64.86 | 86.05 | 90.54 | 38.73 | 38.73 | 69.40 | 64.64
-RL based     | ARENA-7B†                  | 22.50 | 69.73 | 69.67 | 4.78  | 7.97  | 58.99 | 38.82 | 65.54 | 86.27 | 88.18 | 5.88  | 9.31  | 55.60 | 48.75
-RL based     | ARENA-8B†                  | 23.58 | 68.66 | 69.17 | 0.0   | 0.40  | 57.27 | 34.79 | 64.53 | 85.43 | 87.84 | 0.0   | 0.0   | 52.00 | 43.92
-Agentic      | R1-Searcher-7B†            | 15.42 | 59.80 | 48.83 | 17.13 | 19.92 | 43.83 | 34.38 | 51.35 | 74.59 | 69.59 | 65.20 | 65.20 | 67.80 | 67.40
-Agentic      | Search-R1-7B†              | 18.50 | 64.76 | 61.00 | 30.68 | 33.07 | 56.17 | 47.03 | 56.08 | 79.49 | 78.72 | 47.55 | 47.55 | 66.00 | 63.13
-Agentic      | SimpleDeepSearcher-7B†     | 22.92 | 67.13 | 67.17 | 16.73 | 17.93 | 58.65 | 42.55 | 45.61 | 68.47 | 63.18 | 64.71 | 64.71 | 63.80 | 63.94
-Ours         | GRACE-Qwen3-4B             | 27.08 | 73.09 | 74.25 | 74.90 | 74.90 | 74.36 | 74.58 | 65.20 | 84.95 | 91.55 | 66.18 | 66.18 | 81.20 | 78.87
-Ours         | GRACE-Llama3.1-8B          | 27.08 | 72.02 | 70.08 | 74.50 | 74.50 | 70.85 | 72.29 | 65.20 | 86.40 | 88.85 | 42.16 | 44.61 | 70.80 | 66.73
+## Prompt based
+Qwen3-4B                   | 0.0   50.23 78.83 5.58  42.23 72.50 60.53 17.57 54.31 89.53 16.18 60.78 77.80 75.16
+Llama3-8B-Instruct         | 1.33  54.60 70.58 12.75 30.68 63.68 50.63 8.78  39.15 27.36 48.53 89.22 52.60 58.29
+DeepSeek-chat              | 0.0   51.88 69.33 50.60 72.11 69.81 69.57 33.45 60.46 68.92 75.00 75.98 71.80 72.45
+SuRe on Qwen3-4B           | 5.92  52.43 46.17 0.0   0.40  38.25 23.28 26.35 63.62 65.54 0.0   1.47  39.40 33.51
+SuRe on Llama3-8B-Instruct | 5.25  55.01 54.83 0.0   1.59  45.62 28.21 35.14 69.18 83.11 0.0   0.0   49.20 41.55
+SuRe on DeepSeek-chat      | 13.08 58.68 57.92 0.0   7.17  49.14 32.54 51.69 78.49 84.12 0.0   0.98  50.20 42.55
+## SFT based
+Qwen3-4B                   | 28.92 69.53 62.25 67.33 67.33 63.13 64.79 64.53 84.77 84.12 44.12 44.12 67.80 64.12
+Llama3-8B-Instruct         | 27.92 70.21 62.75 62.95 62.95 62.78 62.85 67.23 86.38 87.50 49.51 50.49 72.40 69.00
+## RL based
+TrustAlign-3B†             | 0.0   41.20 41.17 78.09 80.88 48.04 61.03 0.0   38.66 44.59 55.88 67.16 53.80 55.88
+TrustAlign on Qwen3-4B     | 0.0   44.50 36.83 0.0   60.96 41.01 48.90 0.0   32.27 11.49 0.0   96.57 46.20 54.03
+TrustAlign-7B†             | 0.0   43.63 33.67 0.0   88.45 43.14 38.41 0.0   34.02 24.32 0.0   86.76 49.80 55.54
+TrustAlign-8B†             | 0.08  34.72 9.67  97.61 97.61 24.88 53.64 0.0   30.57 22.64 88.73 88.73 49.60 55.69
+ARENA on Qwen3-4B          | 23.25 68.08 73.50 19.92 20.72 64.37 47.11 64.86 86.05 90.54 38.73 38.73 69.40 64.64
+ARENA-7B†                  | 22.50 69.73 69.67 4.78  7.97  58.99 38.82 65.54 86.27 88.18 5.88  9.31  55.60 48.75
+ARENA-8B†                  | 23.58 68.66 69.17 0.0   0.40  57.27 34.79 64.53 85.43 87.84 0.0   0.0   52.00 43.92
+## Agentic Models
+R1-Searcher-7B†            | 15.42 59.80 48.83 17.13 19.92 43.83 34.38 51.35 74.59 69.59 65.20 65.20 67.80 67.40
+Search-R1-7B†              | 18.50 64.76 61.00 30.68 33.07 56.17 47.03 56.08 79.49 78.72 47.55 47.55 66.00 63.13
+SimpleDeepSearcher-7B†     | 22.92 67.13 67.17 16.73 17.93 58.65 42.55 45.61 68.47 63.18 64.71 64.71 63.80 63.94
+## Our methods
+GRACE-Qwen3-4B             | 27.08 73.09 74.25 74.90 74.90 74.36 74.58 65.20 84.95 91.55 66.18 66.18 81.20 78.87
+GRACE-Llama3.1-8B          | 27.08 72.02 70.08 74.50 74.50 70.85 72.29 65.20 86.40 88.85 42.16 44.61 70.80 66.73
 """
-_GRACE_GROUPS = {
-    "Prompt based": "Prompt based",
-    "SFT based": "SFT based",
-    "RL based": "RL based",
-    "Agentic": "Agentic Models",
-    "Ours": "Our methods",
-}
 
 
 def _grace_rows() -> list[ReferenceRow]:
     rows = []
     width = len(_GRACE_MEASURES)
-    for line in _GRACE_TABLE.strip().splitlines():
-        group, method, *numbers = (cell.strip() for cell in line.split("|"))
+    for group, method, numbers in _sections(_GRACE_TABLE):
         if len(numbers) != width * len(_GRACE_SOURCES):
-            raise ValueError(f"Table 1: {line!r} has {len(numbers)} values")
+            raise ValueError(f"Table 1: {method} has {len(numbers)} values")
         values = {
             source: dict(zip(_GRACE_MEASURES, map(_number, numbers[i * width : (i + 1) * width])))
             for i, source in enumerate(_GRACE_SOURCES)
         }
         label = f"[Table 1] {method}" if group != "SFT based" else f"[Table 1] SFT {method}"
-        rows.append(ReferenceRow(label, _GRACE_GROUPS[group], values))
+        rows.append(ReferenceRow(label, group, values))
     return rows
 
 
