@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from verl_evidence.eval import options
+from verl_evidence.eval.paper_scoring import DEFAULT_BERTSCORE_MODEL
 
 logger = logging.getLogger(__name__)
 console = Console(stderr=True)
@@ -206,7 +207,7 @@ def eval_command(
         False, help="GRACE scoring: BERTScore F1 of the answerable examples (needs the [eval] extra)"
     ),
     bertscore_model: str = typer.Option(
-        "bert-base-uncased", help="BERTScore model: a name bert-score knows, or a local directory"
+        DEFAULT_BERTSCORE_MODEL, help="BERTScore model: a name bert-score knows (default: GRACE's), or a local dir"
     ),
     bertscore_layers: int = typer.Option(
         None, help="BERTScore layer (default: bert-score's for a known name; needed for a local directory)"
