@@ -40,7 +40,7 @@ def assert_everything_shown(table, text: str, width: int) -> None:
 
 @pytest.mark.parametrize("width", [80, 200])
 def test_checkpoint_table_is_wrapped_not_cut(width) -> None:
-    labels = {"p1": "checkpoints/evinote-grpo-qwen2.5-7b/global_step_100", "p2": "global_step_200"}
+    labels = {"p1": "checkpoints/evinote-grpo-qwen2.5-7b/global_step_100", "p2": "[red]global_step_200"}  # not markup
     table = paper_table.build_paper_table(two_checkpoints(), labels.get, ["p1", "p2"])
     text = printed(table, width)
     assert_everything_shown(table, text, width)

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from verl_evidence.eval import metrics
 from verl_evidence.eval.cache import ResultsCache
-from verl_evidence.eval.paper_table import source_label
+from verl_evidence.eval.paper_table import PaperTable, source_label
 from verl_evidence.eval.records import EvalRecord
 from verl_evidence.eval.report import format_value
 from verl_evidence.eval.runner import EvalExample, EvalRunner
@@ -77,7 +77,7 @@ def _packed(widths: list[int], room: int) -> list[list[int]]:
     return chunks
 
 
-def paper_rich_tables(table, row_header: str, width: int, title: str = "") -> list[Table]:
+def paper_rich_tables(table: PaperTable, row_header: str, width: int, title: str = "") -> list[Table]:
     """The results table as terminal tables no wider than ``width`` columns, nothing cut.
 
     A table too wide for the terminal (or for a Slurm log, 80 columns when not a TTY) is
@@ -86,6 +86,7 @@ def paper_rich_tables(table, row_header: str, width: int, title: str = "") -> li
     measure. Long row labels wrap inside their column instead of being cut.
     """
     from rich import box
+    from rich.text import Text
 
     cells = {row: [table.cell(row, s, m) for s, m in table.columns] for row in table.rows}
     measure_names = [table.measure_label(m) for _, m in table.columns]
@@ -127,13 +128,13 @@ def paper_rich_tables(table, row_header: str, width: int, title: str = "") -> li
         for row in table.rows:
             if table.row_groups.get(row, group) != group:
                 group = table.row_groups[row]
-                grid.add_row(f"[italic]{group}[/]", *[""] * len(chunk), end_section=False)
-            grid.add_row(row, *[cells[row][i] for i in chunk])
+                grid.add_row(Text(group, style="italic"), *[""] * len(chunk))
+            grid.add_row(Text(row), *[cells[row][i] for i in chunk])  # a label is text, never markup
         shown.append(grid)
     return shown
 
 
-def print_paper_table(console: Console, table, row_header: str, title: str = "") -> None:
+def print_paper_table(console: Console, table: PaperTable, row_header: str, title: str = "") -> None:
     """Print :func:`paper_rich_tables` at the console's width, then the table's legend (wrapped, not cut)."""
     for grid in paper_rich_tables(table, row_header, console.width, title=title):
         console.print(grid)
