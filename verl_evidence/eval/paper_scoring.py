@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -99,7 +100,8 @@ def chat_model(target: str, served_model: str | None, what: str):
             raise PaperScoringError(f"{what} {target} is an endpoint: give the model name it serves ({what}-model)")
         from verl_evidence.agent_loops.openai_endpoint import OpenAIEndpoint
 
-        endpoint = OpenAIEndpoint(target, served_model)
+        # a hosted judge needs a key; vLLM takes any (as `evipath synth` reads it)
+        endpoint = OpenAIEndpoint(target, served_model, api_key=os.environ.get("OPENAI_API_KEY") or "EMPTY")
         _endpoint_reachable(endpoint.base_url, what)
         return endpoint, f"endpoint:{endpoint.base_url}#{served_model}"
     directory = Path(target).expanduser()
