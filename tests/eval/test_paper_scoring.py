@@ -201,8 +201,9 @@ def test_setup_problems_are_one_line_errors_before_anything_runs(tmp_path, monke
         assert "\n" not in message
         return message
 
-    assert "cannot load it" in error(lambda: BertScorer(str(tmp_path / "no-such-model"), num_layers=2))
+    assert "no such directory" in error(lambda: BertScorer(str(tmp_path / "no-such-model"), num_layers=2))
     (tmp_path / "bert").mkdir()
+    assert "cannot load it" in error(lambda: BertScorer(str(tmp_path / "bert"), num_layers=2))  # no model in it
     assert "--bertscore-layers" in error(lambda: BertScorer(str(tmp_path / "bert")))
     monkeypatch.setitem(sys.modules, "bert_score", None)  # the [eval] extra not installed
     assert "pip install 'verl-evidence[eval]'" in error(lambda: BertScorer())
@@ -213,3 +214,20 @@ def test_setup_problems_are_one_line_errors_before_anything_runs(tmp_path, monke
     bad = tmp_path / "judge.txt"
     bad.write_text("Grade {response}.", encoding="utf-8")
     assert "{question}" in error(lambda: Judge.create(chat_server.url, "judge", bad))
+
+
+def test_eval_stops_before_anything_runs_when_the_papers_scoring_cannot(tmp_path) -> None:
+    """Exit code 2 and one line, before a retrieval server or a policy is started."""
+    from typer.testing import CliRunner
+
+    from verl_evidence.cli import app
+
+    missing = CliRunner().invoke(
+        app, ["eval", "--bertscore", "--bertscore-model", str(tmp_path / "none"), "--bertscore-layers", "2"]
+    )
+    assert missing.exit_code == 2
+    (line,) = [x for x in missing.output.splitlines() if x.startswith("error:")]
+    assert line == f"error: --bertscore-model {tmp_path / 'none'}: no such directory"
+    unknown = CliRunner().invoke(app, ["eval", "--paper", "evipath", "--out", str(tmp_path)])
+    assert unknown.exit_code == 2 and "--paper must be one of eviomni, lear, evinote, grace" in unknown.output
+    assert not (tmp_path / "results.jsonl").exists()

@@ -219,6 +219,8 @@ class BertScorer:
             raise PaperScoringError(
                 "--bertscore needs the bert-score package: pip install 'verl-evidence[eval]'"
             ) from err
+        if model.startswith(("/", ".", "~")) and not Path(model).expanduser().is_dir():  # a path, not a hub name
+            raise PaperScoringError(f"--bertscore-model {model}: no such directory")
         try:
             self.scorer = BERTScorer(model_type=model, num_layers=num_layers, device=device)
         except KeyError as err:
