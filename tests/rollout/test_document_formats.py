@@ -16,8 +16,7 @@ HITS = [
 def test_search_r1_layout_is_search_r1s_own() -> None:
     """Title verbatim after `Doc i(`, no space; the text's lines as they are; every document ends in a newline."""
     assert documents.format_documents(HITS, "search_r1") == (
-        'Doc 1(Title: "Nile") The Nile flows north.\nIt floods yearly.\n'
-        "Doc 2(Title: A passage without a title line) \n"
+        'Doc 1(Title: "Nile") The Nile flows north.\nIt floods yearly.\nDoc 2(Title: A passage without a title line) \n'
     )
     assert documents.format_documents(HITS) == (
         "Doc 1 (Title: Nile) The Nile flows north.\nIt floods yearly.\nDoc 2 (Title: ) A passage without a title line"

@@ -59,6 +59,7 @@ from verl_evidence.agent_loops.common import (
     stop_sampling_params,
 )
 from verl_evidence.agent_loops.extractor import EvidenceExtractor, SubQuestionExecutor
+from verl_evidence.dataprep.templates import DEFAULT_PROMPTS
 from verl_evidence.evipath.protocol import (
     PAPER_QUESTION_PROMPT,
     PLANNER_LAYOUTS,
@@ -68,7 +69,6 @@ from verl_evidence.evipath.protocol import (
 )
 from verl_evidence.prompts import check_placeholders, load_prompt, render_prompt
 from verl_evidence.rewards.text import cut_at_stop, find_blocks
-from verl_evidence.dataprep.templates import DEFAULT_PROMPTS
 from verl_evidence.tools.documents import (
     DOCUMENT_FORMATS,
     document_format_for_prompt,
