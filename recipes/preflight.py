@@ -238,8 +238,8 @@ def needs_of(part: RewardPart, cfg, preset_file: Path) -> RewardNeeds:
     scored_by = f"function {part.function!r}" if part.function else "verl's default scoring by data_source"
     raise PreflightError(
         f"no reward preset describes the {part.label} ({scored_by}): add a `requires:` block with its rollout, "
-        f"data command and row fields to {preset_file} or a preset of your own (docs/reward-managers.md), or start anyway "
-        "with PREFLIGHT=0"
+        f"data command and row fields to {preset_file} or a preset of your own (docs/reward-managers.md), or "
+        "start anyway with PREFLIGHT=0"
     )
 
 
