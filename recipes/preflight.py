@@ -22,9 +22,6 @@ from pathlib import Path
 from typing import Any
 
 ROWS_CHECKED = 64  # the first rows of each file: enough to catch rows prepared for another method, read in ms
-# Tokens a chat template adds around the messages (role markers, a default system prompt, a tool list): a prompt
-# whose messages alone are this far under the limit fits without rendering the template (transformers: seconds)
-TEMPLATE_ALLOWANCE = 256
 
 TARGET = "reward_model.ground_truth.target"
 EVIDENCE = "reward_model.ground_truth.evidence"
@@ -309,7 +306,7 @@ class PromptLengths:
         self._templated = None
 
     def lower_bounds(self, prompts: list[Any]) -> list[int]:
-        """The messages' own tokens: the template only adds to them (a few tokens may merge differently)."""
+        """The messages' own tokens: the template only adds to them."""
         contents = [[str(m.get("content") or "") for m in (p or []) if isinstance(m, dict)] for p in prompts]
         flat = self.messages_only.encode_batch([c for cs in contents for c in cs], add_special_tokens=False)
         counts, start = [], 0
@@ -319,7 +316,7 @@ class PromptLengths:
         return counts
 
     def exact(self, prompt: list[dict]) -> int:
-        if self._templated is None:  # transformers only when a prompt is near or over the limit
+        if self._templated is None:  # transformers only for a refusal
             from transformers import PreTrainedTokenizerFast
 
             self._templated = PreTrainedTokenizerFast.from_pretrained(str(self.directory))
@@ -340,8 +337,11 @@ def prompt_batches(path: str, key: str) -> Iterator[list[Any]]:
 def overlong_problem(path: str, keys: list[str], cfg, lengths: PromptLengths) -> str | None:
     """Every prompt of the file longer than data.max_prompt_length: verl's filter would leave no rows.
 
-    Stops at the first prompt that fits (the first row, for a file made for this run), so only a file about to
-    be refused is read to its end.
+    A prompt counts as too long when its messages alone are (``tokenizers``, milliseconds): the chat template only
+    adds tokens, so no file verl would train on is refused. (Rendering every template needs transformers, whose
+    import costs 10+ s on a busy node; the refusal's lengths are rendered, as verl counts them.) Stops at the
+    first prompt that may fit, the first row of a file made for this run: only a file about to be refused is
+    read to its end.
     """
     limit = int(cfg.data.max_prompt_length)
     shortest = longest = None  # (lower bound, prompt)
@@ -349,7 +349,7 @@ def overlong_problem(path: str, keys: list[str], cfg, lengths: PromptLengths) ->
     for prompts in prompt_batches(path, cfg.data.get("prompt_key", "prompt")):
         for prompt, bound in zip(prompts, lengths.lower_bounds(prompts), strict=True):
             rows += 1
-            if bound + TEMPLATE_ALLOWANCE <= limit or (bound <= limit and lengths.exact(prompt) <= limit):
+            if bound <= limit:
                 return None
             shortest = (bound, prompt) if shortest is None or bound < shortest[0] else shortest
             longest = (bound, prompt) if longest is None or bound > longest[0] else longest

@@ -162,24 +162,27 @@ def test_rows_that_all_exceed_the_prompt_length_are_refused(tmp_path: Path, toke
     for i, row in enumerate(long_rows):
         row["prompt"][0]["content"] += " The Nile flows north." * (40 + 10 * i)
     rows = write_rows(tmp_path / "long.parquet", long_rows)
-    lengths = [
-        len(tiny_tokenizer().apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True)["input_ids"])
+    tokenizer = tiny_tokenizer()
+    templated = [
+        len(tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True)["input_ids"])
         for r in long_rows
     ]
+    messages_only = min(len(tokenizer.encode(r["prompt"][0]["content"])) for r in long_rows)
+    assert messages_only < min(templated)
     args = [
         "reward_preset=evinote",
         "data.filter_overlong_prompts=true",
         f"actor_rollout_ref.model.path={tokenizer_dir}",
     ]
-    found = problems("evinote_grpo", rows, *args, f"data.max_prompt_length={min(lengths) - 1}", DECLARED_GPUS)
+    found = problems("evinote_grpo", rows, *args, f"data.max_prompt_length={messages_only - 1}", DECLARED_GPUS)
     assert found == [
-        f"data.train_files: all 3 prompts of {rows} are longer than data.max_prompt_length={min(lengths) - 1} tokens "
-        f"(shortest {min(lengths)}, longest {max(lengths)}), so verl's overlong filter would leave no rows; raise "
-        f"PROMPT_LEN (data.max_prompt_length) to at least {min(lengths)}, or prepare the rows with fewer or shorter "
-        "passages"
+        f"data.train_files: all 3 prompts of {rows} are longer than data.max_prompt_length={messages_only - 1} "
+        f"tokens (shortest {min(templated)}, longest {max(templated)}), so verl's overlong filter would leave no rows; "
+        f"raise PROMPT_LEN (data.max_prompt_length) to at least {min(templated)}, or prepare the rows with fewer or "
+        "shorter passages"
     ]
-    # one prompt that fits is enough (verl keeps it): the shortest, at a limit of exactly its length
-    assert problems("evinote_grpo", rows, *args, f"data.max_prompt_length={min(lengths)}", DECLARED_GPUS) == []
+    # A prompt whose messages fit is not refused: only the template's own tokens could still push it over
+    assert problems("evinote_grpo", rows, *args, f"data.max_prompt_length={messages_only}", DECLARED_GPUS) == []
 
 
 def test_missing_or_unreadable_data_is_named(tmp_path: Path) -> None:
