@@ -377,9 +377,7 @@ def test_matching_reward_rollout_and_rows_start_the_trainer(rows, tmp_path: Path
 
 @pytest.mark.slow  # the Hydra composition in a subprocess
 def test_a_gpu_recipe_on_this_cpu_machine_says_so_instead_of_hanging(rows, tmp_path: Path) -> None:
-    result = run_recipe(
-        "search_r1_baseline.sh", stand_in_python(tmp_path), "--no-server", TRAIN_FILES=str(rows["qa"]), VAL_FILES="null"
-    )
+    result = run_recipe("grace_dapo.sh", stand_in_python(tmp_path), TRAIN_FILES=str(rows["grace"]), VAL_FILES="null")
     assert result.returncode == 2, result.stdout + result.stderr
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert "this node has 0, so verl would wait for them forever" in line and "add --smoke" in line
