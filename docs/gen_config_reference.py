@@ -78,6 +78,9 @@ MEANINGS: dict[str, str] = {
     "search_loop.observation": (
         "`passages`, `extract` or `executor` (EviPath executor); null: `extract` with an extractor, else `passages`"
     ),
+    "search_loop.document_format": (
+        "passage layout: `ours`, `search_r1` (Search-R1's), `auto`: the prompt's (the row's `extra_info.method`)"
+    ),
     "search_loop.executor_prompt": "EviPath executor prompt (`observation: executor`); runs on the extractor's model",
     "search_loop.executor_max_tokens": "executor generation length",
     "search_loop.invalid_action_feedback": "appended (mask 0) after a turn without a valid action",
