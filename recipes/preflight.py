@@ -403,79 +403,96 @@ def gpu_problem(cfg) -> str | None:
 # -- the check ------------------------------------------------------------------------------------------------------
 
 
+def data_command(part: RewardPart, need: RewardNeeds) -> str:
+    return need.data.format(variant=part.kwargs.get("variant", "eviomni"))
+
+
+def rollout_fit(
+    needs: list[tuple[RewardPart, RewardNeeds]], loops: dict[str, str], default_loop: str
+) -> tuple[dict[str, str], list[str]]:
+    """The agent loops every part of the reward can score (loop -> rollout preset), and the problems found."""
+    bound = [(part, need) for part, need in needs if need.rollouts]
+    allowed = set(loops) if not bound else set.intersection(*(set(need.rollouts) for _, need in bound))
+    if not allowed:
+        parsed = ", ".join(f"the {part.label} parses rollout {' or '.join(need.rollouts)}" for part, need in bound)
+        return {}, [f"no rollout serves every part of this reward ({parsed}): pick components that read one"]
+    allowed_loops = {loops[name]: name for name in sorted(allowed) if name in loops}
+    if default_loop in allowed_loops:
+        return allowed_loops, []
+    hint = " or ".join(f"rollout_preset={name}" for name in sorted(allowed))
+    return allowed_loops, [f"the rollout runs agent loop {default_loop!r}; use {hint}"]
+
+
+def row_problems(
+    where: str,
+    path: str,
+    rows: list[dict],
+    needs: list[tuple[RewardPart, RewardNeeds]],
+    allowed_loops: dict[str, str],
+    default_loop: str,
+) -> list[str]:
+    """Fields a part reads that these rows lack (or hold unusable values of), and agent loops they name."""
+    problems, seen = [], set()
+    for part, need in needs:
+        for need_field in need.fields:
+            test, shown = CONDITIONS[need_field.condition]
+            if need_field.path in seen or all(test(field(row, need_field.path), row) for row in rows):
+                continue
+            seen.add(need_field.path)
+            why = f" ({need_field.why})" if need_field.why else " (rows for another method?)"
+            problems.append(
+                f"{where}: rows of {path} lack {shown.format(path=need_field.path)}, which the {part.label} "
+                f"reads{why}; prepare rows with `{data_command(part, need)}`"
+            )
+    row_loops = sorted({row.get("agent_name") or default_loop for row in rows} - set(allowed_loops))
+    if allowed_loops and row_loops and row_loops != [default_loop]:
+        problems.append(
+            f"{where}: rows of {path} name agent loop {', '.join(map(repr, row_loops))} in their agent_name "
+            f"column, which wins over the rollout preset; prepare rows with `{data_command(*needs[0])}`"
+        )
+    return problems
+
+
+def prompt_lengths(cfg) -> PromptLengths | None:
+    """The policy's prompt counter, when verl filters overlong prompts and the tokenizer is on this machine."""
+    if not cfg.data.get("filter_overlong_prompts"):
+        return None
+    model = str(cfg.actor_rollout_ref.model.path)
+    found = tokenizer_dir(model)
+    if found is None:  # not a refusal: the trainer loads (downloads) the model and its tokenizer itself
+        print(f"# pre-flight: prompt lengths not checked: no tokenizer.json of {model} here yet", file=sys.stderr)
+        return None
+    return PromptLengths(found, plain(cfg.data.get("apply_chat_template_kwargs")) or {})
+
+
 def check(argv: list[str]) -> list[str]:
     """Problems with this trainer command, one line each (empty: reward, rollout, data and devices fit)."""
     config_path, config_name, overrides = split_argv(argv)
     cfg = compose(config_path, config_name, overrides)
     preset = cfg.hydra.runtime.choices.get("reward_preset") or config_name
-    preset_file = config_path / "reward_preset" / f"{preset}.yaml"
-    problems = [p for p in [gpu_problem(cfg)] if p]
-    parts = reward_parts(cfg)
-    needs = [(part, needs_of(part, cfg, preset_file)) for part in parts]
-    loops = rollout_loops(config_path)
+    needs = [
+        (part, needs_of(part, cfg, config_path / "reward_preset" / f"{preset}.yaml")) for part in reward_parts(cfg)
+    ]
     default_loop = cfg.actor_rollout_ref.rollout.agent.default_agent_loop
-    reward_problems = []
-    bound = [(part, need) for part, need in needs if need.rollouts]
-    allowed = set(loops) if not bound else set.intersection(*(set(need.rollouts) for _, need in bound))
-    if not allowed:
-        parsed = ", ".join(f"the {part.label} parses rollout {' or '.join(need.rollouts)}" for part, need in bound)
-        reward_problems.append(f"no rollout serves every part of this reward ({parsed}): pick components that read one")
-        allowed_loops: dict[str, str] = {}
-    else:
-        allowed_loops = {loops[name]: name for name in sorted(allowed) if name in loops}
-        if default_loop not in allowed_loops:
-            hint = " or ".join(f"rollout_preset={name}" for name in sorted(allowed))
-            reward_problems.append(f"the rollout runs agent loop {default_loop!r}; use {hint}")
-    first_hint = needs[0][1].data.format(variant=needs[0][0].kwargs.get("variant", "eviomni"))
-    lengths = None
+    allowed_loops, reward_problems = rollout_fit(needs, rollout_loops(config_path), default_loop)
+    problems = [p for p in [gpu_problem(cfg)] if p]
+    lengths = prompt_lengths(cfg)
     for path, keys in data_files(cfg).items():
         where = "/".join(keys)
         try:
             rows = first_rows(path)
         except FileNotFoundError:
-            reward_problems.append(f"{where}: {path} does not exist; prepare rows with `{first_hint}`")
+            reward_problems.append(f"{where}: {path} does not exist; prepare rows with `{data_command(*needs[0])}`")
             continue
         except (OSError, ValueError) as err:  # not parquet (pyarrow's errors are these): the user's to fix
             reward_problems.append(f"{where}: cannot read {path} as parquet ({type(err).__name__}: {err})")
             continue
         if not rows:
-            reward_problems.append(f"{where}: {path} has no rows; prepare rows with `{first_hint}`")
+            reward_problems.append(f"{where}: {path} has no rows; prepare rows with `{data_command(*needs[0])}`")
             continue
-        seen = set()
-        for part, need in needs:
-            for need_field in need.fields:
-                test, shown = CONDITIONS[need_field.condition]
-                if need_field.path in seen or all(test(field(row, need_field.path), row) for row in rows):
-                    continue
-                seen.add(need_field.path)
-                why = f" ({need_field.why})" if need_field.why else " (rows for another method?)"
-                data = need.data.format(variant=part.kwargs.get("variant", "eviomni"))
-                reward_problems.append(
-                    f"{where}: rows of {path} lack {shown.format(path=need_field.path)}, which the {part.label} "
-                    f"reads{why}; prepare rows with `{data}`"
-                )
-        row_loops = sorted({row.get("agent_name") or default_loop for row in rows} - set(allowed_loops))
-        if allowed_loops and row_loops and row_loops != [default_loop]:
-            reward_problems.append(
-                f"{where}: rows of {path} name agent loop {', '.join(map(repr, row_loops))} in their agent_name "
-                f"column, which wins over the rollout preset; prepare rows with `{first_hint}`"
-            )
-        if cfg.data.get("filter_overlong_prompts"):
-            if lengths is None:
-                found = tokenizer_dir(str(cfg.actor_rollout_ref.model.path))
-                if found is None:
-                    print(
-                        f"# pre-flight: prompt lengths not checked: no tokenizer.json of "
-                        f"{cfg.actor_rollout_ref.model.path} on this machine yet",
-                        file=sys.stderr,
-                    )
-                    lengths = False
-                else:
-                    lengths = PromptLengths(found, plain(cfg.data.get("apply_chat_template_kwargs")) or {})
-            if lengths:
-                problem = overlong_problem(path, keys, cfg, lengths)
-                if problem:
-                    problems.append(problem)
+        reward_problems += row_problems(where, path, rows, needs, allowed_loops, default_loop)
+        overlong = overlong_problem(path, keys, cfg, lengths) if lengths else None
+        problems += [overlong] if overlong else []
     return problems + [f"reward preset {preset!r}: {problem}" for problem in reward_problems]
 
 
