@@ -200,7 +200,7 @@ def reward_parts(cfg) -> list[RewardPart]:
     if manager in MANAGER_REWARDS:
         return [RewardPart(f"{manager} reward", f"verl_evidence.rewards.{manager}", kwargs)]
     if manager != "composite":  # verl's managers (naive, dapo, ...) call the custom function, else verl's default
-        name = function_module(custom).rsplit(".", 1)[-1] if custom else "default"
+        name = function_module(custom).removeprefix("verl_evidence.rewards.") if custom else "default"
         return [
             RewardPart(f"{name} reward ({manager} manager)", custom, plain(custom_config.get("reward_kwargs")) or {})
         ]

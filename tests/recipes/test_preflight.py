@@ -130,8 +130,9 @@ def test_a_preset_of_ones_own_is_named_and_checked_by_its_reward(tmp_path: Path,
     with pytest.raises(preflight.PreflightError) as undescribed:
         problems("search_r1_baseline", search_r1_rows, "reward_preset=mine", DECLARED_GPUS, config_path=presets)
     message = str(undescribed.value)
-    assert "no reward preset describes the rewards reward (naive manager) (function 'pkg://my_project.rewards')" in (
-        message
+    assert (
+        "no reward preset describes the my_project.rewards reward (naive manager) (function 'pkg://my_project.rewards')"
+        in (message)
     )
     assert f"`requires:` block with its rollout, data command and row fields to {presets}/reward_preset/mine.yaml" in (
         message
@@ -142,8 +143,9 @@ def test_a_preset_of_ones_own_is_named_and_checked_by_its_reward(tmp_path: Path,
     (presets / "reward_preset" / "mine.yaml").write_text("# @package reward\n" + yaml.safe_dump(own))
     found = problems("search_r1_baseline", search_r1_rows, "reward_preset=mine", DECLARED_GPUS, config_path=presets)
     assert found == [
-        f"reward preset 'mine': data.train_files: rows of {search_r1_rows} lack extra_info.doc, which the rewards "
-        "reward (naive manager) reads (rows for another method?); prepare rows with `my_prep --out rows.parquet`"
+        f"reward preset 'mine': data.train_files: rows of {search_r1_rows} lack extra_info.doc, which the "
+        "my_project.rewards reward (naive manager) reads (rows for another method?); prepare rows with "
+        "`my_prep --out rows.parquet`"
     ]
 
 
