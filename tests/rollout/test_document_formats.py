@@ -42,3 +42,13 @@ def test_the_search_loop_resolves_auto_from_the_rows_prompt() -> None:
     assert SearchLoopSettings().document_format == "auto"
     with pytest.raises(ValueError, match="document_format must be auto or one of"):
         SearchLoopSettings(document_format="searchr1")
+
+
+def test_the_search_tool_takes_the_layout_from_its_config() -> None:
+    from verl_evidence.tools.search_tool import SearchTool
+
+    config = {"type": "native", "retrieval_url": "http://127.0.0.1:9"}
+    assert SearchTool(config).document_format == "ours"
+    assert SearchTool({**config, "document_format": "search_r1"}).document_format == "search_r1"
+    with pytest.raises(ValueError, match="document_format must be one of ours, search_r1"):
+        SearchTool({**config, "document_format": "auto"})
