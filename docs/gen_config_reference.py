@@ -78,6 +78,9 @@ MEANINGS: dict[str, str] = {
     "search_loop.observation": (
         "`passages`, `extract` or `executor` (EviPath executor); null: `extract` with an extractor, else `passages`"
     ),
+    "search_loop.document_format": (
+        "passage layout: `ours`, `search_r1` (Search-R1's), `auto`: the prompt's (the row's `extra_info.method`)"
+    ),
     "search_loop.executor_prompt": "EviPath executor prompt (`observation: executor`); runs on the extractor's model",
     "search_loop.executor_max_tokens": "executor generation length",
     "search_loop.invalid_action_feedback": "appended (mask 0) after a turn without a valid action",
@@ -128,6 +131,7 @@ MEANINGS: dict[str, str] = {
     "search_tool.retrieval_url": "retrieval server (null: env `VERL_EVIDENCE_RETRIEVAL_URL`)",
     "search_tool.topk": "passages per query",
     "search_tool.max_queries": "queries per call; more is answered with an error text",
+    "search_tool.document_format": "passage layout: `ours` or `search_r1` (Search-R1's; docs/rollouts.md)",
     "search_tool.timeout": "seconds per retrieval request",
     "search_tool.max_retries": "retries of a failed request",
     "search_tool.backoff": "retry backoff base, seconds",
@@ -414,6 +418,7 @@ def render() -> str:
         "retrieval_url": None,
         "topk": service.topk,
         "max_queries": tool.max_queries,
+        "document_format": tool.document_format,
         "timeout": service.timeout,
         "max_retries": service.max_retries,
         "backoff": service.backoff,

@@ -83,7 +83,7 @@ def compose(jobs: list[list[str]], samples: dict[int, list[dict]] | None = None,
 # Variants composed along with the five recipes (one interpreter start for all of them).
 VARIANTS = {
     "typo": ("grace_dapo.sh", ["actor_rollout_ref.actor.clip_ratio_hgih=0.3"], {}),
-    "composite": ("eviomni_grpo.sh", ["reward_preset=composite"], {}),
+    "composite": ("evinote_grpo.sh", ["reward_preset=composite"], {}),
     "grace_manager": ("grace_dapo.sh", ["reward_preset=grace"], {}),
     "tool_agent": ("search_r1_baseline.sh", [], {"ROLLOUT_PRESET": "tool_agent"}),
     "renamed": ("eviomni_grpo.sh", ["reward.reward_manager.name=grace"], {}),

@@ -62,7 +62,8 @@ SMOKE_METHODS: dict[str, SmokeMethod] = {
         data="search_r1", family="search", settings={**_SEARCH_SETTINGS, "BATCH": "4", "TEMPERATURE": "1.3"}
     ),
     "grace": SmokeMethod(data="grace", family="grace"),
-    "composite": SmokeMethod(data="eviomni", family="eviomni"),
+    # EviNote + 0.5 x answer F1 (recipes/presets/reward_preset/composite.yaml): EviNote's rows, loop and judge
+    "composite": SmokeMethod(data="evinote", family="search", settings=_SEARCH_SETTINGS, nli_judge=True),
     # verl's SFT trainer from the random policy on every family's warm-up examples
     "evipath_sft": SmokeMethod(data=None, family=None),
 }
