@@ -732,9 +732,6 @@ def run_arm(
         "TEST_FREQ": str(steps),
         "RETRIEVAL_PORT": str(free_port()),  # never another run's (or another user's) server
     }
-    if negate:
-        # the same rows and loop as the plain arm; the pre-flight table describes the composite preset's own example
-        env["PREFLIGHT"] = "0"
     if arm.warmup:
         env[WARMUP_ENV] = arm.warmup
     if lr:
