@@ -421,47 +421,6 @@ for entry in yaml.safe_load(open({str(path)!r})):
     assert result.returncode == 0, result.stderr[-2000:]
 
 
-# ------------------------------------------------------------------ Slurm
-
-
-def test_slurm_dry_run(tmp_path: Path) -> None:
-    env = {
-        **os.environ,
-        "DRY_RUN": "1",
-        "NODES": "gpu01 gpu02 gpu03",
-        "REPO": str(REPO),
-        "SETUP": "true",
-        "RETRIEVAL_REPLICAS": "3",
-    }
-    result = subprocess.run(
-        ["bash", str(RECIPES / "slurm" / "train.sbatch"), "trainer.total_epochs=2"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    out = result.stdout
-    assert out.count("ray start --head") == 1 and out.count("ray start --address=gpu01:6379") == 2
-    assert "-w gpu02" in out and "-w gpu03" in out
-    assert "verl-evidence serve --address auto --host 0.0.0.0 --port 8000 --replicas 3" in out
-    assert out.index("ray start --head") < out.index("verl-evidence serve") < out.index("# trainer:")
-    values = overrides(trainer_argv(out))
-    assert values["trainer.nnodes"] == "3"
-    assert values["actor_rollout_ref.rollout.custom.evidence_search.retrieval_url"] == "http://gpu01:8000"
-    assert trainer_argv(out)[-1] == "trainer.total_epochs=2"
-
-    no_search = subprocess.run(
-        ["bash", str(RECIPES / "slurm" / "train.sbatch")],
-        capture_output=True,
-        text=True,
-        env={**env, "RECIPE": "grace_dapo.sh", "NODES": "gpu01"},
-        cwd=tmp_path,
-    )
-    assert no_search.returncode == 0 and "verl-evidence serve" not in no_search.stdout
-
-
 # ------------------------------------------------------------------ starting the real retrieval server
 
 
@@ -485,8 +444,7 @@ def test_recipe_starts_and_stops_the_retrieval_server(tmp_path: Path) -> None:
     """_common.sh's server step, for real: `verl-evidence serve` (bundled corpus).
 
     By default the recipe goes on at once (the trainer would start while the server loads) and the first search
-    waits for /health through the env the step exports. SERVER_FIRST=1 (waiting for /health in the script) is
-    run by test_a_server_for_other_nodes_is_behind_a_per_run_token: one server start less.
+    waits for /health through the env the step exports.
     """
     import signal
     import socket
@@ -543,68 +501,24 @@ PY
             os.kill(pid, signal.SIGKILL)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(700)
-def test_a_server_for_other_nodes_is_behind_a_per_run_token(tmp_path: Path) -> None:
-    """RETRIEVAL_URL naming this machine: the server listens on 0.0.0.0, so the run makes a token; the search client
-    (env VERL_EVIDENCE_RETRIEVAL_TOKEN) gets hits, a request without it gets 401. Only a fingerprint is printed.
-    SERVER_FIRST=1: the script waits for /health itself (no wait left to the search client), and its EXIT trap
-    stops the server it started."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    host = socket.gethostname()
-    script = f"""
-set -euo pipefail
-source {RECIPES}/_common.sh
-ve_parse_args
-RETRIEVAL_URL=http://{host}:{port}
-ALLOW_DEMO_CORPUS=1  # the bundled corpus, meant
-SERVER_FIRST=1
-ve_retrieval_server
-ve_start_retrieval_server
-echo "pid=$VE_SERVER_PID"
-echo "wait_s=${{VERL_EVIDENCE_RETRIEVAL_WAIT_S:-unset}}"
-python - <<'PY'
-import asyncio, hashlib, json, os, time, httpx
-from verl_evidence.tools.search_tool import SearchService
-url = os.environ["VERL_EVIDENCE_RETRIEVAL_URL"]
-print("fingerprint=" + hashlib.sha256(os.environ["VERL_EVIDENCE_RETRIEVAL_TOKEN"].encode()).hexdigest()[:12])
-print("server_token_same=" + str(os.environ["RETRIEVAL_SERVER_TOKEN"] == os.environ["VERL_EVIDENCE_RETRIEVAL_TOKEN"]))
-bare = httpx.post(url + "/retrieve", json={{"queries": ["Where do the two Niles meet?"], "topk": 1}}, timeout=30)
-print(f"without_token={{bare.status_code}}")
-started = time.monotonic()
-hits = asyncio.run(SearchService(topk=1).search(["Where do the two Niles meet?"]))[0]
-print(f"searched_after={{time.monotonic() - started:.1f}}")
-print("hits=" + json.dumps([h["document"]["id"] for h in hits]))
-PY
-"""
-    env = {
-        **{
-            k: v
-            for k, v in os.environ.items()
-            if k not in ("RETRIEVAL_SERVER_TOKEN", "VERL_EVIDENCE_RETRIEVAL_TOKEN", "VERL_EVIDENCE_RETRIEVAL_WAIT_S")
-        },
-        "HF_HUB_OFFLINE": "1",
-        "SERVER_WAIT": "300",
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-    }
-    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=600, env=env)
-    lines = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line and not line.startswith("#"))
-    try:
-        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-        assert f"# retrieval token of the search clients: sha256 {lines['fingerprint']}" in result.stdout
-        assert lines["server_token_same"] == "True"
-        assert lines["without_token"] == "401"
-        assert len(json.loads(lines["hits"])) == 1
-        # SERVER_FIRST: the server answered before the search, which waited for nothing
-        assert lines["wait_s"] == "unset" and float(lines["searched_after"]) < 5
-        _assert_stopped_by_the_exit_trap(int(lines["pid"]), f"http://{host}:{port}")
-    finally:
-        if "pid" in lines and Path(f"/proc/{lines['pid']}").exists():
-            os.kill(int(lines["pid"]), 9)
+def test_a_server_for_other_nodes_gets_a_per_run_token() -> None:
+    """RETRIEVAL_URL naming this machine: the recipe would serve on 0.0.0.0, so it makes a token for the run (only its
+    fingerprint printed); a server on 127.0.0.1 gets none. A server behind such a token, for real (401 without it,
+    hits with it): tests/recipes/test_slurm_job.py."""
+    tokens = ("RETRIEVAL_SERVER_TOKEN", "VERL_EVIDENCE_RETRIEVAL_TOKEN")
+    env = {k: v for k, v in recipe_env().items() if k not in tokens}
+    wide = subprocess.run(
+        ["bash", str(RECIPES / "evinote_grpo.sh"), "--dry-run"],
+        capture_output=True,
+        text=True,
+        env={**env, "RETRIEVAL_URL": f"http://{socket.gethostname()}:8123"},
+        cwd=REPO,
+        timeout=60,
+    )
+    assert wide.returncode == 0, wide.stderr
+    assert "# retrieval token of the search clients: sha256 " in wide.stdout
+    local = dry_run("evinote_grpo.sh", RETRIEVAL_URL="http://127.0.0.1:8123")
+    assert "retrieval token" not in local.stdout
 
 
 @pytest.mark.slow
