@@ -94,12 +94,13 @@ def join_cluster(address: str) -> None:
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     except ConnectionError as err:
         if address == "auto" and not os.environ.get("RAY_ADDRESS"):
-            source = f"the address file {get_ray_address_file(None)} (the last `ray start` on this node)"
-            fix = f"if that Ray is gone, remove {get_ray_address_file(None)}, or pass --address host:port"
-        else:
-            source = "RAY_ADDRESS" if address == "auto" else "--address"
-            fix = "check the address and that the cluster's head runs (`ray status --address host:port`)"
-        raise ConnectionError(f"{err} (the address of {source}): {fix}") from err
+            found = get_ray_address_file(None)
+            raise ConnectionError(
+                f"{err}, the address in {found} (written by the last `ray start` on this node): if that Ray has "
+                f"stopped, remove {found} or pass --address host:port (not `ray stop`: it stops every Ray on the node)"
+            ) from err
+        source = "RAY_ADDRESS" if address == "auto" else "--address"
+        raise ConnectionError(f"{err} ({source}): is the cluster's head running at that address?") from err
     finally:
         ray_logger.removeFilter(no_advice)
 
