@@ -20,7 +20,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes"
 SCRIPTS = ["eviomni_grpo.sh", "lear_grpo.sh", "evinote_grpo.sh", "grace_dapo.sh", "search_r1_baseline.sh"]
-SHELL_FILES = sorted([*RECIPES.glob("*.sh"), *RECIPES.glob("slurm/*.sbatch")])
+SHELL_FILES = sorted([*RECIPES.glob("*.sh"), *RECIPES.glob("slurm/*.sbatch"), *RECIPES.glob("slurm/*.sh")])
 # What each recipe must wire up (manager class, estimator, default agent loop).
 EXPECTED = {
     "eviomni_grpo.sh": ("EviOmniRewardManager", "compute_grpo_clipstd_advantage", "eviomni"),

@@ -1,9 +1,10 @@
-"""recipes/slurm/train.sbatch for real (not DRY_RUN) with stand-ins for the cluster: its waits end.
+"""recipes/slurm/train.sbatch: its DRY_RUN output, and its waits and failure paths with stand-ins for the cluster.
 
-`srun`, `ray` and `verl-evidence` are small scripts on PATH and `import ray` finds a
-stub whose ``nodes()`` reports the nodes the fake `ray start` brought up; the job
-script itself, its readiness checks (the real `python -c` probes, httpx against a
-real port) and its deadlines run unchanged.
+The failure paths (a step that fails, one that never becomes ready) run the job for real (not DRY_RUN) with
+`srun`, `ray` and `verl-evidence` as small scripts on PATH and `import ray` finding a stub whose ``nodes()``
+reports the nodes the fake `ray start` brought up; the job script itself, its readiness checks (the real
+`python -c` probes, httpx against a real port) and its deadlines run unchanged. The job with a real Ray, server and
+trainer (only `srun` standing in): tests/recipes/test_slurm_job.py.
 """
 
 from __future__ import annotations
@@ -290,7 +291,8 @@ def test_rays_authentication_is_set_for_every_step(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "variable", ["RAY_START_TIMEOUT", "RETRIEVAL_START_TIMEOUT", "CHECK_INTERVAL", "CHECK_TIMEOUT", "LOG_DIR"]
+    "variable",
+    ["RAY_START_TIMEOUT", "RETRIEVAL_START_TIMEOUT", "CHECK_INTERVAL", "CHECK_TIMEOUT", "STOP_TIMEOUT", "LOG_DIR"],
 )
 def test_wait_settings_are_documented(variable):
     assert f"`{variable}`" in (REPO / "recipes" / "slurm" / "README.md").read_text()
