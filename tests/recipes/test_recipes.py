@@ -36,7 +36,8 @@ RETRIEVAL_CHOICE = ("RETRIEVAL_URL", "SERVER_ARGS", "ALLOW_DEMO_CORPUS")
 
 
 def recipe_env(**env: str) -> dict[str, str]:
-    base = {key: value for key, value in os.environ.items() if key not in RETRIEVAL_CHOICE}
+    # (RAY_ADDRESS too: a test session's Ray must not make a --smoke run join its cluster)
+    base = {key: value for key, value in os.environ.items() if key not in (*RETRIEVAL_CHOICE, "RAY_ADDRESS")}
     return {**base, "PYTHON": "python", **env}
 
 
@@ -604,8 +605,11 @@ def test_unreachable_remote_server_fails_fast() -> None:
     assert "# trainer:" not in result.stdout  # the trainer never starts without its server
 
 
-def smoke_dry_run(tmp_path: Path, script: str, method: str, *args: str, **prepared: str) -> dict[str, str]:
-    """The trainer overrides of `script --smoke --dry-run`, with a stand-in `smoke prepare` answering ``prepared``."""
+def smoke_dry_run(
+    tmp_path: Path, script: str, method: str, *args: str, environment: dict[str, str] | None = None, **prepared: str
+) -> dict[str, str]:
+    """The trainer overrides of `script --smoke --dry-run` (in ``environment``), with a stand-in `smoke prepare`
+    answering ``prepared``."""
     python = tmp_path / "python"  # a stand-in for `smoke prepare`: its answer, without building the tiny policy
     answer = {
         "MODEL_PATH": "/smoke/policy",
@@ -620,7 +624,7 @@ def smoke_dry_run(tmp_path: Path, script: str, method: str, *args: str, **prepar
         "  exit 0\nfi\nexit 9\n"
     )
     python.chmod(0o755)
-    result = dry_run(script, "--smoke", *args, PYTHON=str(python))
+    result = dry_run(script, "--smoke", *args, PYTHON=str(python), **(environment or {}))
     assert result.returncode == 0, result.stderr
     command = result.stdout.split("# trainer:\n", 1)[1].replace("\\\n", " ")
     return overrides(shlex.split(command)[3:])
@@ -664,3 +668,16 @@ def test_smoke_prepare_entry_point_names_the_methods_on_bad_input(tmp_path: Path
     assert "evinote" in unknown.stderr and not unknown.stdout
     usage = subprocess.run(run, capture_output=True, text=True, env=env, timeout=120)
     assert usage.returncode == 2 and "usage: python -m verl_evidence.local.smoke prepare" in usage.stderr
+
+
+def test_a_smoke_run_joining_a_cluster_leaves_its_sizes_to_the_clusters_nodes(tmp_path: Path) -> None:
+    """RAY_ADDRESS (the Slurm job): ray.init refuses num_cpus/num_gpus when it joins a cluster, and the cluster's
+    workers never saw this run's environment, so the CPU mode's variables go in Ray's runtime environment."""
+    own = smoke_dry_run(tmp_path, "search_r1_baseline.sh", "search_r1")
+    assert own["ray_kwargs.ray_init.num_cpus"] == "16" and own["ray_kwargs.ray_init.num_gpus"] == "1"
+    assert not any(key.startswith("ray_kwargs.ray_init.runtime_env") for key in own)
+    joined = smoke_dry_run(tmp_path, "search_r1_baseline.sh", "search_r1", environment={"RAY_ADDRESS": "10.0.0.1:6379"})
+    assert not any(key in joined for key in ("ray_kwargs.ray_init.num_cpus", "ray_kwargs.ray_init.num_gpus"))
+    env_vars = {k.rsplit(".", 1)[1]: v for k, v in joined.items() if ".runtime_env.env_vars." in k}
+    assert env_vars["VERL_PLATFORM"] == "'cpu'" and env_vars["HF_HUB_OFFLINE"] == "'1'", env_vars  # strings for Ray
+    assert env_vars["VERL_FILE_LOGGER_PATH"].endswith("metrics.jsonl'")
