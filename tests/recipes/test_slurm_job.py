@@ -128,7 +128,8 @@ class SlurmJob:
         for directory in (self.bin, self.home / ".ray", self.run_dir, *(nodes / f"node{n}" for n in (1, 2, 3))):
             directory.mkdir(parents=True, exist_ok=True)
         # left by an earlier local ray.init() of the user's: Ray's `ray start --head` used to turn auth on for it
-        (self.home / ".ray" / "auth_token").write_text(uuid.uuid4().hex)
+        self.users_ray_token = uuid.uuid4().hex
+        (self.home / ".ray" / "auth_token").write_text(self.users_ray_token)
         for name, text in {"srun": SRUN, "hostname": HOSTNAME}.items():
             (self.bin / name).write_text(text)
             (self.bin / name).chmod(0o755)
@@ -291,3 +292,4 @@ def requeued_run(job: SlurmJob) -> None:
     assert list((job.nodes / "node3" / "ray").glob("session_*")), "the server did not start a Ray of its own"
     assert sum(row["rollout"]["num_searches"] for row in dumped(job.dump, 2)) > 0
     assert "# Ray: token authentication, a token made for this job: sha256 " in text
+    assert (job.home / ".ray" / "auth_token").read_text() == job.users_ray_token  # the user's file, untouched
