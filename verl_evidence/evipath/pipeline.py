@@ -6,7 +6,7 @@ Each search is answered by the executor side:
 
 (i)   a_i from q_i and F^ (teacher, one sentence);
 (ii)  F^_i ⊆ F^ by sentence-transformer cosine between a_i and each golden item
-      (≥ tau, else the best one);
+      (> tau, Eq. 6, else the best one);
 (iii) the teacher writes think → ``<select>[indices]</select>`` → ``<answer>`` over
       the noisy pool F, shuffled and numbered, told a_i and where F^_i sits.
 
