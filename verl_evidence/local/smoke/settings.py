@@ -90,9 +90,22 @@ def warmup_family(method: str, warmup: str | None = None) -> str | None:
     return warmup
 
 
+def prompts_digest() -> str:
+    """A digest of the packaged prompt files: the smoke rows and warm-up examples are rendered from them, so a
+    changed prompt gets a fresh cache (new rows, warm-ups trained again) instead of a policy warmed up on old text."""
+    import hashlib
+
+    from verl_evidence.prompts import PROMPT_DIR
+
+    digest = hashlib.sha256()
+    for path in sorted(PROMPT_DIR.glob("*.txt")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:10]
+
+
 def smoke_dir() -> Path:
     root = os.environ.get("VERL_EVIDENCE_SMOKE_DIR") or Path.home() / ".cache" / "verl-evidence" / "smoke"
-    return Path(root) / f"v{FORMAT_VERSION}"
+    return Path(root) / f"v{FORMAT_VERSION}-{prompts_digest()}"
 
 
 def locked(path: Path) -> FileLock:
