@@ -344,15 +344,15 @@ def render() -> str:
             "str",
             value(None),
             (
-                "`train` or `validation` forces one mode for every sample; null: "
-                "validation for rows whose `extra_info.split` is in `validation_splits`"
+                "`train` or `validation` forces one mode for every sample; null: the trainer's phase "
+                "(`extra_info.trainer_phase`, written by `PhaseAgentLoopManager`; docs/methods/grace.md)"
             ),
         ),
         (
             "`validation_splits`",
             "list[str]",
             value(scorers.DEFAULT_VALIDATION_SPLITS),
-            "splits scored with the validation defaults (unless `extra_info.validate` is set)",
+            "without the phase manager: splits scored with the validation defaults (unless `extra_info.validate`)",
         ),
     ]
     for field in dataclasses.fields(grace.GraceConfig):
