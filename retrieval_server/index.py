@@ -787,7 +787,7 @@ def check_search_params(index_dir: Path, manifest: dict, search_params: str) -> 
             space.set_index_parameters(index, setting)
         except RuntimeError:
             raise SearchParamsError(
-                f"--search-params {search_params!r}: {dense_path} is a {factory} index, which has no parameter "
+                f"--search-params {search_params!r}: {dense_path} ({factory}) has no search parameter "
                 f"{name.strip()!r}: {offer}"
             ) from None
 
@@ -884,10 +884,8 @@ def verify_index(
                 f"{checksum_problems[-1]}; if these are the files to serve, record them with "
                 f"`verl-evidence index verify --index-dir {index_dir} --record`, else rebuild or re-adopt the index"
             ]
-    if len(problems) == 1:
-        raise IndexMismatchError(f"refusing to serve {index_dir}: {problems[0]}")
-    if problems:
-        raise IndexMismatchError("refusing to serve this index:\n  - " + "\n  - ".join(problems))
+    if problems:  # one line, however many: a log or a terminal shows it whole
+        raise IndexMismatchError("refusing to serve this index: " + "; ".join(problems))
     return manifest
 
 
