@@ -98,7 +98,7 @@ def ensure_onnx_export(config: EncoderConfig, index_dir: Path | None, quantized:
             if target != cached and (cached / "export.json").exists():
                 _publish(cached, target)  # what the cache holds; an int8 graph it lacks is made below
             if not (target / "export.json").exists():  # another replica may have made it while we waited
-                export_onnx_in_subprocess(config, target)
+                make_export(config, target)
             if quantized and not (target / "model.int8.onnx").exists():
                 quantize_onnx(target)
     if target != cached and not (cached / needed).exists():
@@ -211,6 +211,14 @@ def export_onnx(config: EncoderConfig, target: Path) -> dict:
     seconds = meta["export_seconds"]
     logger.info("exported %s to ONNX at %s in %.1f s (max |torch - onnx| %.1e)", config.model, target, seconds, diff)
     return meta
+
+
+def make_export(config: EncoderConfig, target: Path) -> None:
+    """Export here when this process already holds torch (nothing to spare it), else in a subprocess."""
+    if "torch" in sys.modules:
+        export_onnx(config, target)
+    else:
+        export_onnx_in_subprocess(config, target)
 
 
 # The last stderr line of a child whose export was refused: the message to raise in the parent.
