@@ -105,7 +105,9 @@ def serve(
     topk: int = typer.Option(3, help="Default top-k when a request sends none"),
     rerank_model: str | None = typer.Option(None, help="Cross-encoder to rerank the top-n with"),
     rerank_top_n: int = typer.Option(20),
-    search_params: str = typer.Option("", help='faiss parameters, e.g. "nprobe=64"'),
+    search_params: str = typer.Option(
+        "", help='faiss parameters, e.g. "nprobe=64" (default: the setting index build/convert chose by recall)'
+    ),
     mmap_index: bool = typer.Option(
         False, help="Memory-map the FAISS index: replicas on a node share one copy via the page cache"
     ),
