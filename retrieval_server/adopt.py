@@ -473,7 +473,7 @@ def _adopt_locked(
             "metric": "inner_product",
             "file": DENSE_INDEX,
             "ntotal": ntotal,
-            "search_params": _file_search_setting(index),
+            **({"search_params": setting} if (setting := _file_search_setting(index)) else {}),
         },
         "docstore": DOCSTORE,
         "bm25": {"dir": BM25_DIR, "tokenizer": "bm25s.Tokenizer(stopwords=en)", "tokenizer_vocab": BM25_TOKENIZER_VOCAB}

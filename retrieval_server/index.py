@@ -164,7 +164,8 @@ def faiss_warnings_summarised(what: str) -> Iterator[None]:
 
     with pipes(stdout=None) as (_, captured):
         yield
-    for line, times in Counter(filter(None, map(str.strip, captured.getvalue().splitlines()))).items():
+    lines = (line.strip().removeprefix("WARNING").strip() for line in captured.getvalue().splitlines())
+    for line, times in Counter(filter(None, lines)).items():
         advice = " (raise --train-sample, or use fewer lists or PQ bits)" if "training points" in line else ""
         logger.warning("faiss, %s (%d time%s): %s%s", what, times, "" if times == 1 else "s", line, advice)
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
 
 from retrieval_server.config import RetrievalMethod, ServerConfig
+
+logger = logging.getLogger(__name__)
 
 
 def load_qa(path: Path) -> list[dict]:
@@ -159,6 +162,11 @@ def choose_search_params(
     else:
         best = max(row[key] for row in rows)
         chosen = next(row for row in rows if row[key] >= best - PLATEAU_GAIN)
+        logger.warning(
+            "no setting reached %s %.2f (best %.3f): the index's codes cap its recall; serving at %s, the smallest "
+            "within %.3f of the best",
+            key, target, best, chosen["search_params"] or "its defaults", PLATEAU_GAIN,
+        )  # fmt: skip
     if chosen["search_params"]:
         faiss.ParameterSpace().set_index_parameters(index, chosen["search_params"])
     return {"search_params": chosen["search_params"], "target_recall": target, "k": k, "recall": rows}

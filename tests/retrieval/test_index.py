@@ -407,12 +407,13 @@ def test_a_builder_waits_for_the_one_holding_the_lock_then_builds(tmp_path, capl
     index_dir.mkdir()
     corpus = write_corpus(tmp_path / "corpus.jsonl")
     config = BuildConfig(corpus=corpus, output_dir=index_dir, encoder=packaged_minilm_encoder(), bm25=False)
+    encoder = CountingEncoder()  # loaded first: on a busy machine loading it took longer than the other build
     other_builder = FileLock(index_dir / ".build.lock", thread_local=False)  # released from the timer thread
     other_builder.acquire()
     releaser = threading.Timer(1.0, other_builder.release)  # the other build ends a second later
     releaser.start()
     with caplog.at_level("INFO", logger="retrieval_server.index"):
-        manifest = build_index(config, encoder=CountingEncoder(), show_progress=False, lock_timeout_s=60.0)
+        manifest = build_index(config, encoder=encoder, show_progress=False, lock_timeout_s=60.0)
     releaser.join()
     assert f"waiting for another process building the index in {index_dir}" in caplog.text
     assert manifest["count"] == len(PASSAGES) and (index_dir / "manifest.json").exists()
