@@ -473,6 +473,54 @@ def test_convert_refuses_a_non_flat_source(tmp_path):
         convert_index(source, tmp_path / "out", "sq8", show_progress=False)
 
 
+def _clustered(n: int, d: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((32, d)).astype(np.float32)
+    vectors = centres[rng.integers(0, 32, n)] + 0.3 * rng.standard_normal((n, d)).astype(np.float32)
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+def test_convert_serves_ivf_at_the_smallest_nprobe_reaching_the_target_and_summarises_faiss(capfd, caplog):
+    import faiss
+
+    from retrieval_server.convert import convert_flat
+
+    source = faiss.IndexFlatIP(16)
+    source.add(_clustered(1000, 16))
+    with caplog.at_level("WARNING"):
+        index, tuning, _ = convert_flat(source, "IVF8,PQ4x4", train_sample=500, recall_queries=64, k=10)
+    rows = tuning["recall"]
+    reached = [r["search_params"] for r in rows if r["recall@10"] >= 0.95]
+    if reached:  # the sweep stops at the first setting reaching the target, and serves it
+        assert tuning["search_params"] == reached[0] == rows[-1]["search_params"]
+    else:  # PQ4's codes cap the recall: the smallest setting within 0.005 of the best
+        best = max(r["recall@10"] for r in rows)
+        assert tuning["search_params"] == next(r["search_params"] for r in rows if r["recall@10"] >= best - 0.005)
+    assert [r["search_params"] for r in rows] == [f"nprobe={2**i}" for i in range(len(rows))]
+    assert faiss.extract_index_ivf(index).nprobe == int(tuning["search_params"].split("=")[1])  # the file's default
+    # 4-bit PQ codebooks trained on 500 vectors: k-means warns once per sub-quantiser. One line, counted, not four.
+    assert "clustering 500 points to 16 centroids" not in capfd.readouterr().err
+    (summary,) = [r.getMessage() for r in caplog.records if "clustering" in r.getMessage()]
+    assert "(4 times)" in summary and "raise --train-sample" in summary
+
+
+def test_a_search_setting_list_is_measured_as_given_and_the_first_reaching_the_target_served():
+    import faiss
+
+    from retrieval_server.recall import choose_search_params
+
+    vectors = _clustered(2000, 16, seed=1)
+    index = faiss.index_factory(16, "IVF16,Flat", faiss.METRIC_INNER_PRODUCT)
+    index.train(vectors)
+    index.add(vectors)
+    exact = faiss.IndexFlatIP(16)
+    exact.add(vectors)
+    _, truth = exact.search(vectors[:50], 11)
+    tuning = choose_search_params(index, vectors[:50], truth, 10, exclude=np.arange(50), settings=["nprobe=16"])
+    assert tuning["search_params"] == "nprobe=16" and tuning["recall"][0]["recall@10"] == 1.0  # every list: exact
+    assert index.nprobe == 16
+
+
 def test_ivf_pq_preset_sizes_from_the_index():
     from retrieval_server.convert import ivf_pq_factory, resolve_factory
 
