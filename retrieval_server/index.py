@@ -79,6 +79,11 @@ class _CorpusFields(BaseModel):
     size: int
 
 
+class _EncoderFields(BaseModel):
+    model: str
+    fingerprint: str
+
+
 class _IndexFields(BaseModel):
     factory: str
     file: str
@@ -92,7 +97,7 @@ class _ManifestFields(BaseModel):
     version: int
     corpus: _CorpusFields
     count: int
-    encoder: dict
+    encoder: _EncoderFields
     dim: int
     index: _IndexFields
     docstore: str
