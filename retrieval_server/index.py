@@ -476,7 +476,11 @@ def tune_on_shards(index, shard_paths: list[Path], target_recall: float, k: int 
         offset += len(shard)
     exact.finalize()
     tuning = choose_search_params(index, sample, exact.I, k, exclude=rows, target=target_recall)
-    logger.info("serving at %s: %s", tuning["search_params"] or "no search parameters", tuning["recall"])
+    chosen = next(row for row in tuning["recall"] if row["search_params"] == tuning["search_params"])
+    logger.info(
+        "the index is written set to %s: recall@%d %.3f against exact search",
+        tuning["search_params"], k, chosen[f"recall@{k}"],
+    )  # fmt: skip
     return {**tuning, "queries": len(rows)}
 
 
