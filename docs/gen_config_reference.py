@@ -454,6 +454,8 @@ def render() -> str:
     add(table(("option", "default", "meaning"), typer_rows(server_cli.app, ["adopt"], "adopt")) + "\n")
     add("### `verl-evidence index convert` / `retrieval-server convert`\n")
     add(table(("option", "default", "meaning"), typer_rows(server_cli.app, ["convert"], "convert")) + "\n")
+    add("### `verl-evidence index verify` / `retrieval-server verify`\n")
+    add(table(("option", "default", "meaning"), typer_rows(server_cli.app, ["verify"], "verify")) + "\n")
     add("### `ServerConfig` (Python, `serve run retrieval_server.launch:app_builder key=value ...`)\n")
     add(
         "The fields `start_server(config)` and Ray's `serve run`/`serve deploy` builder take; the CLI "
