@@ -6,7 +6,7 @@ set. The assertions read verl's own metrics from verl's file logger
 (``trainer.logger=[console,file]``) at step 2: rewards that differ within a GRPO group
 (non-zero advantages), a gradient, and a rollout that generates from the synced weights
 (verl's rollout-vs-actor log-prob gap stays small after an update large enough to move it).
-The same runs check the per-step metrics of verl_evidence.step_sampler: at steps 1 and 2
+The same runs check the per-step metrics of verl_evidence.trainer.step_sampler: at steps 1 and 2
 every reward component is there and equals the mean of the per-sample values verl's
 rollout dump (``trainer.rollout_data_dir``) holds for that step, the rollout behaviour
 matches the dump too, and no retrieved or masked-answer token was trained.
@@ -22,7 +22,7 @@ import os
 import pytest
 from smoke_runs import SmokeRun, run_smoke
 
-from verl_evidence.step_metrics import ROLLOUT_STATS
+from verl_evidence.trainer.step_metrics import ROLLOUT_STATS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
