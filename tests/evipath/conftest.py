@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable
 
 import pytest
+from http_servers import ThreadedUvicorn
 from pydantic import BaseModel
 
 from verl_evidence.prompts import load_prompt
-from verl_evidence.testing import ThreadedUvicorn
 
 
 class ChatMessage(BaseModel):
