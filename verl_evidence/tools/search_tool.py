@@ -182,10 +182,6 @@ async def wait_until_ready(url: str, wait_s: float, token: str | None = None) ->
     await asyncio.shield(task)
 
 
-def resolve_retrieval_url(url: str | None) -> str:
-    return SearchSettings(retrieval_url=url).resolved().retrieval_url
-
-
 class SearchService:
     """Retrieval with a process-wide rate limit; raises :class:`RetrievalError` subclasses on failure.
 
