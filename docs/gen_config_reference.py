@@ -290,7 +290,8 @@ def render() -> str:
     from verl_evidence.reward_managers import MANAGER_NAMES, scorers
     from verl_evidence.reward_managers.judge import JudgeConfig
     from verl_evidence.rewards import evinote, eviomni, grace
-    from verl_evidence.tools.search_tool import RETRIEVAL_URL_ENV, SearchTool
+    from verl_evidence.tools.search_settings import RETRIEVAL_URL_ENV
+    from verl_evidence.tools.search_tool import SearchTool
     from verl_evidence.trainer import advantage
 
     header = ("key", "type", "default", "meaning")

@@ -28,7 +28,7 @@ from verl_evidence.evipath.records import QARecord
 from verl_evidence.evipath.writer import _row, planner_messages, write_parquet
 from verl_evidence.local.backends import ScriptedBackend
 from verl_evidence.prompts import load_prompt
-from verl_evidence.tools.search_tool import format_documents
+from verl_evidence.tools.documents import format_documents
 
 pytestmark = pytest.mark.slow
 

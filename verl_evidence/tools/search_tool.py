@@ -36,19 +36,8 @@ from retrieval_server.client import (
     RetrievalRequestError,
     RetrievalUnavailableError,
 )
-from verl_evidence.tools.documents import (  # noqa: F401  (re-exported: their old home; import from documents)
-    document_ids,
-    document_texts,
-    format_documents,
-    format_search_results,
-    split_contents,
-)
-from verl_evidence.tools.search_settings import (  # noqa: F401  (RETRIEVAL_*_ENV, DEFAULT_TOPK: imported from here)
-    DEFAULT_TOPK,
-    RETRIEVAL_URL_ENV,
-    RETRIEVAL_WAIT_ENV,
-    SearchSettings,
-)
+from verl_evidence.tools.documents import document_ids, format_search_results
+from verl_evidence.tools.search_settings import SearchSettings
 
 logger = logging.getLogger(__name__)
 
