@@ -25,7 +25,7 @@ from smoke_runs import EVIOMNI_SHARED_RUN_ENV
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 STEP_LINE = re.compile(r"\bstep:(\d+) - ")
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.longest_first(4)]  # reads the shared run
 
 
 def session_processes(session: int) -> list[int]:

@@ -59,6 +59,7 @@ def assert_learning_signal(metrics: dict[str, float]) -> None:
     assert metrics["training/rollout_probs_diff_mean"] < 1e-4, metrics
 
 
+@pytest.mark.run_last  # reads the shared run (eviomni_smoke_run) that longer tests start
 def test_eviomni_recipe_trains_on_cpu(eviomni_smoke_run):
     run = eviomni_smoke_run  # the session's one EviOmni run (tests/conftest.py), also read by tests/eval
     assert "actor_rollout_ref.rollout.name=hf" in run.output  # the printed command is the one that ran
@@ -73,6 +74,7 @@ def test_eviomni_recipe_trains_on_cpu(eviomni_smoke_run):
         )
 
 
+@pytest.mark.longest_first(2)
 def test_evinote_recipe_trains_on_cpu_with_the_search_server_and_nli_judge(retrieval_server_url, tmp_path):
     run = run_smoke("evinote_grpo.sh", tmp_path, env={"RETRIEVAL_URL": retrieval_server_url}).check_finished()
     metrics = run.step(2)
@@ -94,6 +96,7 @@ def test_evinote_recipe_trains_on_cpu_with_the_search_server_and_nli_judge(retri
         assert metrics["masking/retrieved_tokens_trained"] == 0
 
 
+@pytest.mark.longest_first(3)
 def test_grace_dapo_recipe_trains_on_cpu_through_verls_dapo_manager(tmp_path):
     run = run_smoke("grace_dapo.sh", tmp_path).check_finished()
     # verl pprints its resolved config: the reward manager is verl's own dapo, GRACE's score its custom function
@@ -119,6 +122,7 @@ class MisMaskingSearchLoop(EvidenceSearchAgentLoop):
 """
 
 
+@pytest.mark.longest_first(9)
 def test_a_loop_that_trains_retrieved_tokens_stops_the_run_before_any_update(retrieval_server_url, tmp_path):
     """A search recipe with ``evidence_search`` replaced (verl's agent_loop_config_path) by a subclass that
     trains its observations: the sampler's masking check stops the run at step 1, before the actor update.
