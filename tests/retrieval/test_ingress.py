@@ -351,7 +351,7 @@ def test_haproxy_left_on_our_port_is_stopped_and_no_other(tmp_path):
 
 
 # One interpreter starts servers one after another (each start is a Ray start: costly here), and two tests read what
-# it printed. tests/conftest.py keeps both tests on one pytest-xdist worker, so the script runs once.
+# it printed. Their one_worker_group mark keeps both on one pytest-xdist worker, so the script runs once.
 SERVER_SEQUENCE_SCRIPT = """
 import socket, sys, httpx, ray
 from pathlib import Path
