@@ -123,7 +123,7 @@ KEY_MEASURES = {
 
 def sample_values(entry: Mapping) -> dict[str, float]:
     """Every numeric field of one dumped trajectory: the training dump's ``rollout`` and ``reward_extra_info``
-    columns (verl_evidence.trainer_patches) and the validation dump's flat reward keys, one namespace."""
+    columns (verl_evidence.trainer.patches) and the validation dump's flat reward keys, one namespace."""
     values: dict[str, float] = {}
     nested = [entry.get("rollout"), entry.get("reward_extra_info")]
     for source in [entry, *[n for n in nested if isinstance(n, Mapping)]]:

@@ -289,13 +289,14 @@ def render() -> str:
     _used.clear()
     from retrieval_server import cli as server_cli
     from retrieval_server.config import BuildConfig, ServerConfig
-    from verl_evidence import advantage
     from verl_evidence.agent_loops.eviomni_loop import EviOmniLoopSettings
     from verl_evidence.agent_loops.search_loop import SearchLoopSettings
     from verl_evidence.reward_managers import MANAGER_NAMES, scorers
     from verl_evidence.reward_managers.judge import JudgeConfig
     from verl_evidence.rewards import evinote, eviomni, grace
-    from verl_evidence.tools.search_tool import RETRIEVAL_URL_ENV, SearchTool
+    from verl_evidence.tools.search_settings import RETRIEVAL_URL_ENV
+    from verl_evidence.tools.search_tool import SearchTool
+    from verl_evidence.trainer import advantage
 
     header = ("key", "type", "default", "meaning")
     out: list[str] = []

@@ -332,7 +332,7 @@ ve_common_overrides() {
     trainer.val_before_train="${VAL_BEFORE_TRAIN:-true}"
     # Every training step's reward components, rollout behaviour and masking check (docs/training-metrics.md);
     # MASK_CHECK=false logs the masking shares without stopping the run on a trained retrieved token.
-    trainer.v1.sampler.custom_sampler.path=pkg://verl_evidence.step_sampler
+    trainer.v1.sampler.custom_sampler.path=pkg://verl_evidence.trainer.step_sampler
     trainer.v1.sampler.custom_sampler.name=EvidenceReplayBuffer
     "++trainer.v1.sampler.sampler_kwargs.reward_manager=\${reward.reward_manager.name}"
     "++trainer.v1.sampler.sampler_kwargs.reward_function=\${reward.custom_reward_function.path}"

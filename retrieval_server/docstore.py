@@ -182,11 +182,6 @@ class DocumentStore:
         for batch in self._batches:
             yield batch.column(0).to_pylist()
 
-    def iter_contents(self) -> Iterator[list[str]]:
-        """The passages' texts, one list per record batch."""
-        for batch in self._batches:
-            yield batch.column(1).to_pylist()
-
     def ids(self) -> list[str]:
         """Every passage id as one list: for small stores and tests; large callers use :meth:`iter_ids`."""
         return [doc_id for ids in self.iter_ids() for doc_id in ids]

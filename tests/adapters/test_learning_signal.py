@@ -52,7 +52,7 @@ def reward_weighted_change(make_config, tokenizer, weight: float) -> tuple[float
     import verl.trainer.ppo.core_algos as core_algos
     from verl.utils.config import omega_conf_to_dataclass
 
-    import verl_evidence.advantage  # noqa: F401  (registers grpo_clipstd, as the plugin does in the trainer)
+    import verl_evidence.trainer.advantage  # noqa: F401  (registers grpo_clipstd, as the plugin does in the trainer)
     from verl_evidence.local.tiny_models import tiny_causal_lm
 
     config = composite_config(make_config, weight)

@@ -7,9 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+from http_servers import OpenAICompatibleServer
 from typer.testing import CliRunner
-
-from verl_evidence.testing import OpenAICompatibleServer
 
 pytestmark = pytest.mark.slow
 

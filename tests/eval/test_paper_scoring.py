@@ -1,7 +1,7 @@
 """Scoring as the papers score: EviOmni/LEAR's separate reader, GRACE's BERTScore F1 and LLM judge.
 
 Real parts, offline: a tiny random HF causal LM as the local reader, an OpenAI-compatible HTTP server on
-127.0.0.1 (verl_evidence.testing) as the endpoint form, the ``bert-score`` package on a tiny local BERT.
+127.0.0.1 (tests/http_servers.py) as the endpoint form, the ``bert-score`` package on a tiny local BERT.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+from http_servers import OpenAICompatibleServer
 
 from verl_evidence.eval import metrics
 from verl_evidence.eval.paper_scoring import (
@@ -22,7 +23,6 @@ from verl_evidence.eval.paper_scoring import (
 )
 from verl_evidence.eval.records import EvalRecord
 from verl_evidence.prompts import load_prompt, render_prompt
-from verl_evidence.testing import OpenAICompatibleServer
 
 
 def eviomni_record(i: int, evidence: str, prediction: str = "wrong") -> EvalRecord:

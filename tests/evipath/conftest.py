@@ -15,11 +15,11 @@ import time
 from collections.abc import Callable
 
 import pytest
+from http_servers import ThreadedUvicorn
 from pydantic import BaseModel
 
 from verl_evidence.evipath.demonstrations import load_demonstrations
 from verl_evidence.prompts import load_prompt
-from verl_evidence.testing import ThreadedUvicorn
 
 
 class ChatMessage(BaseModel):

@@ -327,6 +327,7 @@ def test_help_lists_usage() -> None:
 @pytest.mark.slow  # the composition subprocess (verl + Hydra, every recipe)
 @pytest.mark.timeout(600)  # its own limit
 @pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.one_worker_group("composed")  # the tests reading `composed` (one verl + Hydra subprocess)
 def test_recipe_composes_with_verl_config(composed: dict[str, dict], script: str) -> None:
     report = composed[script]
     assert report["ok"], report.get("trace") or report
@@ -339,6 +340,7 @@ def test_recipe_composes_with_verl_config(composed: dict[str, dict], script: str
 
 @pytest.mark.slow  # the composition subprocess (verl + Hydra, every recipe)
 @pytest.mark.timeout(600)  # its own limit
+@pytest.mark.one_worker_group("composed")
 def test_composed_values(composed: dict[str, dict]) -> None:
     eviomni = composed["eviomni_grpo.sh"]["config"]
     assert eviomni["algorithm"]["eps_std"] == 0.1
@@ -355,6 +357,7 @@ def test_composed_values(composed: dict[str, dict]) -> None:
 @pytest.mark.slow  # the composition subprocess (verl + Hydra, every recipe)
 @pytest.mark.timeout(600)  # its own limit
 @pytest.mark.parametrize("variant", ["grace_dapo.sh", "grace_manager"])
+@pytest.mark.one_worker_group("composed")
 def test_grace_validation_scores_with_alpha_beta_one_through_the_preset(
     composed: dict[str, dict], variant: str
 ) -> None:
@@ -370,6 +373,7 @@ def test_grace_validation_scores_with_alpha_beta_one_through_the_preset(
 
 @pytest.mark.slow  # the composition subprocess (verl + Hydra, every recipe)
 @pytest.mark.timeout(600)  # its own limit
+@pytest.mark.one_worker_group("composed")
 def test_clip_reaches_the_ratios_verls_loss_reads(composed: dict[str, dict]) -> None:
     """verl 0.9.1's policy loss reads clip_ratio_low/high (clip_ratio only as their fallback when null)."""
     default = composed["evinote_grpo.sh"]["config"]["actor_rollout_ref"]["actor"]
@@ -387,6 +391,7 @@ def test_clip_reaches_the_ratios_verls_loss_reads(composed: dict[str, dict]) -> 
 
 @pytest.mark.slow  # the composition subprocess (verl + Hydra, every recipe)
 @pytest.mark.timeout(600)  # its own limit
+@pytest.mark.one_worker_group("composed")
 def test_unknown_key_fails_composition(composed: dict[str, dict]) -> None:
     report = composed["typo"]
     assert not report["ok"] and "clip_ratio_hgih" in report["error"]
@@ -394,6 +399,7 @@ def test_unknown_key_fails_composition(composed: dict[str, dict]) -> None:
 
 @pytest.mark.slow  # the composition subprocess (verl + Hydra, every recipe)
 @pytest.mark.timeout(600)  # its own limit
+@pytest.mark.one_worker_group("composed")
 def test_switching_presets(composed: dict[str, dict]) -> None:
     composite, grace, tool, renamed = (composed[k] for k in ("composite", "grace_manager", "tool_agent", "renamed"))
     assert composite["ok"] and composite["manager"].endswith("CompositeRewardManager"), composite
@@ -441,6 +447,7 @@ def _assert_stopped_by_the_exit_trap(pid: int, url: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(700)  # the serve step may take its own 600 s limit
+@pytest.mark.longest_first(12)
 def test_recipe_starts_and_stops_the_retrieval_server(tmp_path: Path) -> None:
     """_common.sh's server step, for real: `verl-evidence serve` (bundled corpus).
 
@@ -585,6 +592,7 @@ def test_cfg_job_runs_the_real_entry_point() -> None:
 
 @pytest.mark.slow  # the composition subprocess (verl + Hydra, every recipe)
 @pytest.mark.timeout(600)  # its own limit
+@pytest.mark.one_worker_group("composed")
 def test_loop_settings_are_checked(composed: dict[str, dict]) -> None:
     assert composed["evinote_grpo.sh"]["loop_settings"] == ["evidence_search"]
     assert composed["eviomni_grpo.sh"]["loop_settings"] == ["eviomni"]

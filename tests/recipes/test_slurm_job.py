@@ -41,7 +41,8 @@ from verl_evidence.local.smoke.logs import read_metrics
 
 from .test_slurm import SBATCH, SRUN
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+# longest_first: the job trains, is cancelled, is requeued and resumes (the suite's longest test after the shared run)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.longest_first(4)]
 
 STEP_LINE = re.compile(r"\bstep:(\d+) - ")
 HOSTNAME = """#!/usr/bin/env bash

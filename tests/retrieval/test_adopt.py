@@ -23,6 +23,7 @@ from retrieval_server.config import EncoderConfig, packaged_minilm_path
 from verl_evidence.bundled import corpus_path as bundled_corpus_path
 from verl_evidence.bundled import qa_path as bundled_qa_path
 
+pytestmark = [pytest.mark.longest_first(6), pytest.mark.one_worker_group]
 PASSAGES = 64  # MiniLM encodes ~34 passages/s on 2 cores
 SAMPLE = 16
 

@@ -65,7 +65,7 @@ def _extra_fields(question: str, **values: Any) -> dict[str, Any]:
         "retrieval_failed": 0.0,
         "termination": "",
         # response positions of o_r / o_e tokens: none, they are never part of the trained response
-        # (the trainer's masking check, verl_evidence.step_metrics, reads this)
+        # (the trainer's masking check, verl_evidence.trainer.step_metrics, reads this)
         "masked_answer_spans": [],
         "turn_scores": [],
         "tool_rewards": [],

@@ -265,7 +265,7 @@ class _Trajectory:
         self.logprobs: list[float] = []
         self.has_logprobs = False
         # [start, end) response positions of each observation appended after a search (loss mask 0):
-        # what the trainer's masking check (verl_evidence.step_metrics) reads, independently of the mask
+        # what the trainer's masking check (verl_evidence.trainer.step_metrics) reads, independently of the mask
         self.retrieved_spans: list[list[int]] = []
 
     @property

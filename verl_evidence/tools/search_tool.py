@@ -36,20 +36,8 @@ from retrieval_server.client import (
     RetrievalRequestError,
     RetrievalUnavailableError,
 )
-from verl_evidence.tools.documents import (  # noqa: F401  (re-exported: their old home; import from documents)
-    check_document_format,
-    document_ids,
-    document_texts,
-    format_documents,
-    format_search_results,
-    split_contents,
-)
-from verl_evidence.tools.search_settings import (  # noqa: F401  (RETRIEVAL_*_ENV, DEFAULT_TOPK: imported from here)
-    DEFAULT_TOPK,
-    RETRIEVAL_URL_ENV,
-    RETRIEVAL_WAIT_ENV,
-    SearchSettings,
-)
+from verl_evidence.tools.documents import check_document_format, document_ids, format_search_results
+from verl_evidence.tools.search_settings import SearchSettings
 
 logger = logging.getLogger(__name__)
 
@@ -181,10 +169,6 @@ async def wait_until_ready(url: str, wait_s: float, token: str | None = None) ->
     if task.done() and (task.cancelled() or task.exception() is not None):
         return  # reported once, to the callers that waited
     await asyncio.shield(task)
-
-
-def resolve_retrieval_url(url: str | None) -> str:
-    return SearchSettings(retrieval_url=url).resolved().retrieval_url
 
 
 class SearchService:
