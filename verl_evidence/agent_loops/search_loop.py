@@ -68,7 +68,8 @@ from verl_evidence.evipath.protocol import (
     search_calls,
 )
 from verl_evidence.prompts import check_placeholders, load_prompt, render_prompt
-from verl_evidence.rewards.text import cut_at_stop, find_blocks
+from verl_evidence.text.stops import cut_at_stop
+from verl_evidence.text.tags import find_blocks
 from verl_evidence.tools.documents import (
     DOCUMENT_FORMATS,
     document_format_for_prompt,

@@ -40,7 +40,7 @@ from verl_evidence.dataprep.records import (
     read_jsonl,
 )
 from verl_evidence.dataprep.retrievers import Query, Retriever, stable_seed
-from verl_evidence.rewards.text import normalize
+from verl_evidence.rewards.qa_metrics import normalize
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ shows "n/a" rather than a misleading 0.
 
 Definitions (see docs/evaluation.md):
 
-- EM / F1: SQuAD normalisation (:mod:`verl_evidence.rewards.text`), max over
+- EM / F1: SQuAD normalisation (:mod:`verl_evidence.rewards.qa_metrics`), max over
   gold answers; a missing answer scores 0.
 - answer recall (EviOmni): a gold answer occurs in the policy's evidence.
 - compression ratio (EviOmni eq. 9): per example ``sum(L_p) / L_e``, averaged
@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 from statistics import fmean
 
 from verl_evidence.eval.records import EvalRecord
-from verl_evidence.rewards.text import answer_recall, exact_match, f1_score
+from verl_evidence.rewards.qa_metrics import answer_recall, exact_match, f1_score
 
 __all__ = [
     "ALL_SOURCES",

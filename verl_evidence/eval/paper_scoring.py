@@ -35,7 +35,7 @@ from typing import Any
 
 from verl_evidence.eval.records import EvalRecord
 from verl_evidence.prompts import check_placeholders, load_prompt, render_prompt
-from verl_evidence.rewards.text import extract_last, strip_thinking
+from verl_evidence.text.tags import extract_last, strip_thinking
 
 logger = logging.getLogger(__name__)
 

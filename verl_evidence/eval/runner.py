@@ -27,7 +27,8 @@ from omegaconf import DictConfig
 from verl_evidence.eval.cache import ResultsCache
 from verl_evidence.eval.records import EvalRecord
 from verl_evidence.eval.scoring import RewardScorer, build_reward_dataproto
-from verl_evidence.rewards.text import coerce_ground_truth, extract_last, strip_thinking
+from verl_evidence.text.ground_truth import coerce_ground_truth
+from verl_evidence.text.tags import extract_last, strip_thinking
 
 logger = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ from verl_evidence.evipath.protocol import executor_user, observation_text
 from verl_evidence.evipath.records import QARecord
 from verl_evidence.evipath.teacher import Teacher, TeacherError
 from verl_evidence.prompts import load_prompt
-from verl_evidence.rewards.text import exact_match, f1_score
+from verl_evidence.rewards.qa_metrics import exact_match, f1_score
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from typing import Any
 from verl_evidence.reward_managers.judge import JudgeClient, JudgeConfig, connect_judge
 from verl_evidence.reward_managers.sample import Sample
 from verl_evidence.rewards import evinote, eviomni, grace
-from verl_evidence.rewards.text import coerce_ground_truth
+from verl_evidence.text.ground_truth import coerce_ground_truth
 
 logger = logging.getLogger(__name__)
 

@@ -29,14 +29,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from verl_evidence.rewards.text import (
-    block_sequence,
-    coerce_ground_truth,
-    extract_last,
-    parse_bool,
-    rouge_l,
-    strip_thinking,
-)
+from verl_evidence.rewards.rouge import rouge_l
+from verl_evidence.text.ground_truth import coerce_ground_truth, parse_bool
+from verl_evidence.text.tags import block_sequence, extract_last, strip_thinking
 
 logger = logging.getLogger(__name__)
 
