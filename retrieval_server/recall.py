@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from retrieval_server.config import RetrievalMethod, ServerConfig
+from retrieval_server.jsonl import read_jsonl
 
 
 def load_qa(path: Path) -> list[dict]:
-    with open(path, encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+    return read_jsonl(path)
 
 
 def recall_at_k(index_dir: Path, qa_path: Path, ks: list[int], method: RetrievalMethod = "dense") -> dict:
