@@ -72,7 +72,8 @@ def test_corpus_readers_refuse_the_same_passages(tmp_path: Path, line: str, mess
 
 
 def test_evipath_refuses_duplicate_passage_ids_as_data_prep_does(tmp_path: Path) -> None:
-    corpus = write(tmp_path / "corpus.jsonl", '{"id": "p1", "contents": "A\\none"}\n{"id": "p1", "contents": "B\\ntwo"}\n')
+    passage = '{"id": "p1", "contents": "A\\none"}\n'
+    corpus = write(tmp_path / "corpus.jsonl", passage + passage)
     write(tmp_path / "qa.jsonl", '{"id": "q", "question": "Q?", "golden_answers": ["x"], "gold_evidence": ["one"]}\n')
     with pytest.raises(DataPrepError, match=r"corpus.jsonl:2: duplicate passage id 'p1'"):
         load_records(tmp_path / "qa.jsonl", "bundled", corpus_path=corpus)
