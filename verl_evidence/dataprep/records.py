@@ -24,9 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from retrieval_server import jsonl
 
 logger = logging.getLogger(__name__)
@@ -290,6 +287,9 @@ class ParquetInput:
         allow_new_source: bool = False,
         batch_rows: int | None = None,
     ) -> None:
+        import pyarrow as pa  # here, not at the top: the readers of JSON files (evipath's CLI too) stay light
+        import pyarrow.parquet as pq
+
         self.path = Path(path)
         if not self.path.is_file():
             raise DataPrepError(f"{self.path}: no such file")
