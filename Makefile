@@ -58,7 +58,7 @@ lint: install
 SMOKE_RECIPES ?= eviomni_grpo lear_grpo evinote_grpo search_r1_baseline grace_dapo evipath_sft
 smoke: install
 	@for r in $(SMOKE_RECIPES); do echo "== $$r --smoke"; PYTHON=$(abspath $(PY)) bash recipes/$$r.sh --smoke || exit 1; done
-	@echo "== eviomni_grpo --smoke reward_preset=composite"; PYTHON=$(abspath $(PY)) bash recipes/eviomni_grpo.sh --smoke reward_preset=composite
+	@echo "== evinote_grpo --smoke reward_preset=composite"; PYTHON=$(abspath $(PY)) bash recipes/evinote_grpo.sh --smoke reward_preset=composite
 
 demo: install
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/verl-evidence demo $(DEMO_ARGS)

@@ -105,10 +105,8 @@ ARMS: dict[str, Arm] = {
         "evinote",
         "search",
         warmup="search_neutral",
+        # the pre-flight check reads these components' own needs: EviNote's rows and loop fit both
         overrides=("reward_preset=composite", f"++reward.reward_kwargs.components={SEARCH_R1_COMPONENTS}"),
-        # The composite preset's pre-flight block describes its EviOmni+GRACE example (the EviOmni loop); this run
-        # composes a search reward on EviNote's rows and loop, checked here instead (same rows as the evinote arm).
-        env={"PREFLIGHT": "0"},
     ),
 }
 # The measures shown per kind of arm (table and plot), in order
@@ -734,9 +732,6 @@ def run_arm(
         "TEST_FREQ": str(steps),
         "RETRIEVAL_PORT": str(free_port()),  # never another run's (or another user's) server
     }
-    if negate:
-        # the same rows and loop as the plain arm; the pre-flight table describes the composite preset's own example
-        env["PREFLIGHT"] = "0"
     if arm.warmup:
         env[WARMUP_ENV] = arm.warmup
     if lr:

@@ -63,6 +63,9 @@ MEANINGS: dict[str, str] = {
     "search_loop.observation": (
         "`passages`, `extract` or `executor` (EviPath executor); null: `extract` with an extractor, else `passages`"
     ),
+    "search_loop.document_format": (
+        "passage layout: `ours`, `search_r1` (Search-R1's), `auto`: the prompt's (the row's `extra_info.method`)"
+    ),
     "search_loop.executor_prompt": "EviPath executor prompt (`observation: executor`); runs on the extractor's model",
     "search_loop.executor_max_tokens": "executor generation length",
     "search_loop.invalid_action_feedback": "appended (mask 0) after a turn without a valid action",
@@ -113,6 +116,7 @@ MEANINGS: dict[str, str] = {
     "search_tool.retrieval_url": "retrieval server (null: env `VERL_EVIDENCE_RETRIEVAL_URL`)",
     "search_tool.topk": "passages per query",
     "search_tool.max_queries": "queries per call; more is answered with an error text",
+    "search_tool.document_format": "passage layout: `ours` or `search_r1` (Search-R1's; docs/rollouts.md)",
     "search_tool.timeout": "seconds per retrieval request",
     "search_tool.max_retries": "retries of a failed request",
     "search_tool.backoff": "retry backoff base, seconds",
@@ -327,15 +331,15 @@ def render() -> str:
             "str",
             value(None),
             (
-                "`train` or `validation` forces one mode for every sample; null: "
-                "validation for rows whose `extra_info.split` is in `validation_splits`"
+                "`train` or `validation` forces one mode for every sample; null: the trainer's phase "
+                "(`extra_info.trainer_phase`, written by `PhaseAgentLoopManager`; docs/methods/grace.md)"
             ),
         ),
         (
             "`validation_splits`",
             "list[str]",
             value(scorers.DEFAULT_VALIDATION_SPLITS),
-            "splits scored with the validation defaults (unless `extra_info.validate` is set)",
+            "without the phase manager: splits scored with the validation defaults (unless `extra_info.validate`)",
         ),
     ]
     for field in dataclasses.fields(grace.GraceConfig):
@@ -401,6 +405,7 @@ def render() -> str:
         "retrieval_url": None,
         "topk": service.topk,
         "max_queries": tool.max_queries,
+        "document_format": tool.document_format,
         "timeout": service.timeout,
         "max_retries": service.max_retries,
         "backoff": service.backoff,
@@ -436,6 +441,8 @@ def render() -> str:
     add(table(("option", "default", "meaning"), typer_rows(server_cli.app, ["adopt"], "adopt")) + "\n")
     add("### `verl-evidence index convert` / `retrieval-server convert`\n")
     add(table(("option", "default", "meaning"), typer_rows(server_cli.app, ["convert"], "convert")) + "\n")
+    add("### `verl-evidence index verify` / `retrieval-server verify`\n")
+    add(table(("option", "default", "meaning"), typer_rows(server_cli.app, ["verify"], "verify")) + "\n")
     add("### `ServerConfig` (Python, `serve run retrieval_server.launch:app_builder key=value ...`)\n")
     add(
         "The fields `start_server(config)` and Ray's `serve run`/`serve deploy` builder take; the CLI "

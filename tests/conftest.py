@@ -79,10 +79,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 # Node-id prefixes, longest first as `make test --durations` measured them; the other tests follow in collection order.
 LONGEST_FIRST = (
     "tests/eval/test_checkpoint_eval.py",  # trains the shared EviOmni run in its set-up
+    "tests/recipes/test_slurm_job.py",  # the Slurm job on two Ray nodes: trains, is cancelled, requeued, resumes
     "tests/adapters/test_judge_ray.py",  # (a whole module: ONE_WORKER_MODULES)
     "tests/recipes/test_smoke_training.py::test_evinote_recipe",
     "tests/recipes/test_smoke_training.py::test_grace_dapo_recipe",
-    "tests/recipes/test_resume.py",  # resumes from the shared run's checkpoints: by now they are written
     "tests/retrieval/test_docstore.py",
     "tests/retrieval/test_adopt.py",
     "tests/retrieval/test_ingress.py::test_servers_started_one_after_another",  # (with the next: ONE_WORKER_TESTS)
@@ -91,7 +91,6 @@ LONGEST_FIRST = (
     "tests/retrieval/test_ingress.py::test_python_proxy_ingress_from_the_command_line",
     "tests/retrieval/test_ingress.py::test_a_hard_killed_server",
     "tests/recipes/test_recipes.py::test_recipe_starts_and_stops_the_retrieval_server",
-    "tests/recipes/test_recipes.py::test_a_server_for_other_nodes_is_behind_a_per_run_token",
 )
 # Readers of what a long test leaves: last, so that they find it done instead of waiting for it on another worker.
 RUN_LAST = ("tests/recipes/test_smoke_training.py::test_eviomni_recipe_trains_on_cpu",)

@@ -210,7 +210,7 @@ def test_grace_cli_prints_statistics(tiny_set, tmp_path: Path) -> None:
         assert truth["evidence"] == (by_id[extra["id"]]["gold_evidence"] if truth["answerable"] else [])
         assert extra["validate"] is True  # split "test": GRACE's validation weights
         assert row["agent_name"] == "single_turn_agent"
-        assert format_passages([PASSAGES[p] for p in extra["passage_ids"]]) in row["prompt"][0]["content"]
+        assert format_passages([PASSAGES[p] for p in extra["passage_ids"]]) in row["prompt"][-1]["content"]
     contexts = [(r["extra_info"]["question"], tuple(r["extra_info"]["passage_ids"])) for r in rows]
     assert len(contexts) == len(set(contexts))
 

@@ -59,6 +59,7 @@ from verl_evidence.agent_loops.common import (
     stop_sampling_params,
 )
 from verl_evidence.agent_loops.extractor import EvidenceExtractor, SubQuestionExecutor
+from verl_evidence.dataprep.templates import DEFAULT_PROMPTS
 from verl_evidence.evipath.protocol import (
     PAPER_QUESTION_PROMPT,
     PLANNER_LAYOUTS,
@@ -68,7 +69,12 @@ from verl_evidence.evipath.protocol import (
 )
 from verl_evidence.prompts import check_placeholders, load_prompt, render_prompt
 from verl_evidence.rewards.text import cut_at_stop, find_blocks
-from verl_evidence.tools.documents import document_ids, format_documents
+from verl_evidence.tools.documents import (
+    DOCUMENT_FORMATS,
+    document_format_for_prompt,
+    document_ids,
+    format_documents,
+)
 from verl_evidence.tools.search_settings import LoopSearchFields
 from verl_evidence.tools.search_tool import SearchService
 
@@ -126,6 +132,9 @@ class SearchLoopSettings(LoopSearchFields):
     observation_role: str = "inline"
     # passages | extract | executor; None: extract if an extractor is set, else passages
     observation: str | None = None
+    # How passages are laid out (verl_evidence.tools.documents): ours | search_r1 | auto (the layout of the prompt:
+    # `prompt` above, else the one the row was written with, from its extra_info.method)
+    document_format: str = "auto"
     invalid_action_feedback: str = SEARCH_INVALID_ACTION_FEEDBACK
     final_turn_notice: str = "\nNo searches are left: give your final answer now inside <answer> and </answer>.\n"
     search_failed_text: str = "The search failed: the search engine is unavailable. Continue with what you know."
@@ -175,6 +184,8 @@ class SearchLoopSettings(LoopSearchFields):
             raise ValueError(f"observation_role must be one of {OBSERVATION_ROLES}, got {self.observation_role!r}")
         if self.observation is not None and self.observation not in OBSERVATIONS:
             raise ValueError(f"observation must be one of {OBSERVATIONS}, got {self.observation!r}")
+        if self.document_format not in ("auto", *DOCUMENT_FORMATS):
+            raise ValueError(f"document_format must be auto or one of {DOCUMENT_FORMATS}, got {self.document_format!r}")
         if self.observation == "passages" and self.extractor != "none":
             raise ValueError(f"extractor {self.extractor!r} is only used with observation extract or executor")
 
@@ -330,6 +341,7 @@ class SearchAgentData:
         self.search_errors = 0
         self.extractor_failures = 0
         self.termination = "max_turns"
+        self.document_format = "ours"
 
     def end(self, termination: str) -> TurnState:
         self.termination = termination
@@ -396,6 +408,14 @@ class EvidenceSearchAgentLoop(SettingsAgentLoop):
         kept = [m for m in messages if m.get("role") == "system"]
         return kept + [user]
 
+    def _document_format(self, kwargs: dict[str, Any]) -> str:
+        """The setting, or (auto) the layout of the prompt the policy reads: Search-R1's rows see Search-R1's."""
+        if self.settings.document_format != "auto":
+            return self.settings.document_format
+        extra_info = kwargs.get("extra_info") or {}
+        method = extra_info.get("method") if isinstance(extra_info, dict) else None
+        return document_format_for_prompt(self.settings.prompt or DEFAULT_PROMPTS.get(str(method)))
+
     def _policy_turn(self, token_ids: list[int]) -> tuple[list[int], str]:
         """Drop anything generated after the first complete action; return kept ids and their text."""
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
@@ -448,6 +468,7 @@ class EvidenceSearchAgentLoop(SettingsAgentLoop):
         question = question_of(kwargs)
         prompt_ids = await self.ct_build_initial_tokens(self._messages(kwargs, question))
         data = SearchAgentData(question, prompt_ids, self.response_length)
+        data.document_format = self._document_format(kwargs)
         state = TurnState.GENERATING
         while state is not TurnState.TERMINATED:
             if state is TurnState.GENERATING:
@@ -559,7 +580,7 @@ class EvidenceSearchAgentLoop(SettingsAgentLoop):
             return self.settings.search_failed_text, 0, []
         self.search.record(step, None)
         ids = document_ids(results)
-        documents = format_documents(results)
+        documents = format_documents(results, data.document_format)
         raw_tokens = len(encode(self.tokenizer, documents))
         if self.executor is not None:
             contents = [r["document"]["contents"] for r in results]
