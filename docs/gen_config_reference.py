@@ -44,21 +44,6 @@ MEANINGS: dict[str, str] = {
     "grace.path_reward": "paid for the right path (`<evidence>` iff answerable)",
     "grace.alpha": "weight of ROUGE-L(evidence, gold evidence)",
     "grace.beta": "weight of ROUGE-L(answer, gold answers)",
-    # verl_evidence.reward_managers.judge.JudgeConfig (reward_kwargs prefix nli_)
-    "judge.model": "NLI checkpoint, hub name or local directory (required by `evinote`)",
-    "judge.device": "`auto` (GPU if the actor has one), `cpu`, `cuda`, `cuda:1`",
-    "judge.batch_size": "pairs per forward pass",
-    "judge.max_length": "token limit of a pair (null: the model's limit); only the premise is truncated",
-    "judge.fp16_on_gpu": "float16 weights on GPU",
-    "judge.in_process": "load the judge in each reward worker instead of one shared Ray actor",
-    "judge.num_gpus": "GPUs reserved for the judge actor (e.g. 1, or 0.2 to share one)",
-    "judge.num_cpus": "CPUs reserved for the judge actor",
-    "judge.max_wait_ms": "how long a batch waits for more requests",
-    "judge.actor_name": "name of the shared actor (null: derived from model, device, max length)",
-    "judge.detached": "detached actor, outlives the worker that created it",
-    "judge.torch_threads": (
-        "torch threads of a CPU judge (null: the actor uses its `num_cpus`, in-process leaves torch's setting)"
-    ),
     # verl_evidence.agent_loops.search_loop.SearchLoopSettings
     "search_loop.retrieval_url": "retrieval server (null: env `VERL_EVIDENCE_RETRIEVAL_URL`)",
     "search_loop.topk": "passages per search",
@@ -250,11 +235,13 @@ def dataclass_rows(cls: type, section: str, prefix: str = "") -> list[tuple[str,
     return rows
 
 
-def pydantic_rows(model: type, section: str) -> list[tuple[str, ...]]:
+def pydantic_rows(model: type, section: str, prefix: str = "") -> list[tuple[str, ...]]:
     rows = []
     for name, field in model.model_fields.items():
         default = "required" if field.is_required() else value(field.get_default(call_default_factory=True))
-        rows.append((f"`{name}`", type_name(field.annotation), default, meaning(section, name, field.description)))
+        rows.append(
+            (f"`{prefix}{name}`", type_name(field.annotation), default, meaning(section, name, field.description))
+        )
     return rows
 
 
@@ -378,7 +365,7 @@ def render() -> str:
     )
 
     add("### NLI judge (`nli_*`, for `evinote` and `composite`)\n")
-    add(table(header, dataclass_rows(JudgeConfig, "judge", JudgeConfig.PREFIX)) + "\n")
+    add(table(header, pydantic_rows(JudgeConfig, "judge", JudgeConfig.PREFIX)) + "\n")
 
     # ---- estimator
     add("## Advantage estimator\n")

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
 import numpy as np
 
 from retrieval_server.config import RetrievalMethod, ServerConfig
+from retrieval_server.jsonl import read_jsonl
 
 logger = logging.getLogger(__name__)
 
 
 def load_qa(path: Path) -> list[dict]:
-    with open(path, encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+    return read_jsonl(path)
 
 
 def recall_at_k(

@@ -45,16 +45,16 @@ from enum import Enum
 from typing import Any
 from uuid import uuid4
 
-from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 from verl.utils.profiler import simple_timer
 from verl.utils.rollout_trace import rollout_trace_op
 
 from retrieval_server.client import RetrievalError
+from verl_evidence.agent_loops.base import SettingsAgentLoop
 from verl_evidence.agent_loops.common import (
     EngineFields,
     encode,
     encode_cached,
-    loop_setup,
     question_of,
     stop_sampling_params,
 )
@@ -349,35 +349,17 @@ class SearchAgentData:
         return TurnState.TERMINATED
 
 
-class EvidenceSearchAgentLoop(AgentLoopBase):
+class EvidenceSearchAgentLoop(SettingsAgentLoop):
     """Search-R1 / EviNote text-tag search loop; registered as ``evidence_search``."""
 
     loop_name = LOOP_NAME
+    settings_cls = SearchLoopSettings
 
-    def __init__(
-        self,
-        trainer_config,
-        server_manager,
-        tokenizer,
-        processor,
-        dataset_cls,
-        data_config,
-        tools=None,
-        hf_model_type: str | None = None,
-        retriever=None,
-        remote_extractor=None,
-        **settings: Any,
-    ):
-        # `tools` is what verl passes every loop (its tool list); this loop searches through its own service.
-        # `retriever` / `remote_extractor` replace the HTTP clients when the loop is built by hand.
-        super().__init__(
-            trainer_config, server_manager, tokenizer, processor, dataset_cls, data_config, hf_model_type=hf_model_type
-        )
-        self.settings, self.response_length, self.rollout_name = loop_setup(
-            self.config, SearchLoopSettings, self.loop_name, settings
-        )
+    def __init__(self, *args: Any, remote_extractor=None, **kwargs: Any):
+        # `remote_extractor` replaces the extractor's HTTP client when the loop is built by hand.
+        super().__init__(*args, **kwargs)
         s = self.settings
-        self.search = SearchService(settings=s.search_settings(), retriever=retriever)
+        self.search = SearchService(settings=s.search_settings(), retriever=self.retriever)
         self.prompt_template = None
         if s.prompt:
             self.prompt_template = load_prompt(s.prompt)

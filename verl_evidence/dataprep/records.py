@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+from retrieval_server import jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -187,38 +186,12 @@ def check_unique_ids(records: Sequence[QARecord], source: str) -> None:
         ids.add(record, number)
 
 
-PARQUET_MAGIC = b"PAR1"
-
-
 def read_jsonl(path: str | Path) -> list[dict]:
-    """JSON Lines: one object per line; a line that is not UTF-8 or not JSON is refused by its number."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataPrepError(f"{path}: no such file")
-    rows = []
-    with path.open("rb") as handle:
-        if handle.read(len(PARQUET_MAGIC)) == PARQUET_MAGIC:
-            raise DataPrepError(f"{path}: a parquet file, not JSON lines: name it .parquet")
-        handle.seek(0)
-        for line_number, raw in enumerate(handle, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise DataPrepError(
-                    f"{path}:{line_number}: not UTF-8 text (byte 0x{raw[err.start]:02x} at column {err.start + 1})"
-                ) from err
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataPrepError(f"{path}:{line_number}: not valid JSON ({err.msg})") from err
-            if not isinstance(row, dict):
-                raise DataPrepError(f"{path}:{line_number}: expected a JSON object per line")
-            rows.append(row)
-    if not rows:
-        raise DataPrepError(f"{path}: no rows")
-    return rows
+    """JSON Lines: one object per line; a line that is not UTF-8 or not JSON is refused by its number.
+
+    The project's one JSON Lines reader (``retrieval_server.jsonl``), raising ``DataPrepError``.
+    """
+    return jsonl.read_jsonl(path, DataPrepError)
 
 
 def read_json(path: str | Path) -> Any:
@@ -227,7 +200,7 @@ def read_json(path: str | Path) -> Any:
     if not path.is_file():
         raise DataPrepError(f"{path}: no such file")
     raw = path.read_bytes()
-    if raw.startswith(PARQUET_MAGIC):
+    if raw.startswith(jsonl.PARQUET_MAGIC):
         raise DataPrepError(f"{path}: a parquet file, not JSON: name it .parquet")
     try:
         text = raw.decode("utf-8")
@@ -314,6 +287,9 @@ class ParquetInput:
         allow_new_source: bool = False,
         batch_rows: int | None = None,
     ) -> None:
+        import pyarrow as pa  # here, not at the top: the readers of JSON files (evipath's CLI too) stay light
+        import pyarrow.parquet as pq
+
         self.path = Path(path)
         if not self.path.is_file():
             raise DataPrepError(f"{self.path}: no such file")
@@ -409,13 +385,10 @@ def load_records(source: str, data_source: str | None, allow_new_source: bool) -
 def read_corpus(path: str | Path) -> dict[str, str]:
     """Read a FlashRAG corpus into ``{id: "Title\\ntext"}``, refusing duplicate ids."""
     corpus: dict[str, str] = {}
-    for number, row in enumerate(read_jsonl(path), start=1):
-        where = f"{path}:{number}"
-        _require(row, ("id", "contents"), where)
-        passage_id = _text(row, "id", where)
+    for number, passage_id, contents in jsonl.iter_passages(path, DataPrepError):
         if passage_id in corpus:
-            raise DataPrepError(f"{where}: duplicate passage id {passage_id!r}")
-        corpus[passage_id] = _text(row, "contents", where)
+            raise DataPrepError(f"{path}:{number}: duplicate passage id {passage_id!r}")
+        corpus[passage_id] = contents
     return corpus
 
 
