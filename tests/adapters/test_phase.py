@@ -188,3 +188,18 @@ def test_legacy_trainer_batches_are_marked_too() -> None:
     mark_phase_dataproto(batch)
     assert [e["trainer_phase"] for e in batch.non_tensor_batch["extra_info"]] == ["validation", "validation"]
     assert extra[0] == {"split": "train"}
+
+
+def test_evaluation_scores_a_train_split_row_as_validation() -> None:
+    """`verl-evidence eval` is validation: a row built with the default --split train still scores alpha = beta = 1,
+    and the row it was given is not touched."""
+    from verl_evidence.eval.runner import loop_kwargs_from_row, validation_row
+    from verl_evidence.rewards import grace
+
+    response = "<evidence>Paris is the capital of France.</evidence><answer>Paris</answer>"
+    truth = {"target": ["Paris"], "evidence": ["Paris is the capital of France."], "answerable": True}
+    row = {"prompt": [{"role": "user", "content": "q"}], "extra_info": {"split": "train", "index": 3}}
+    marked = validation_row(row)
+    assert row["extra_info"] == {"split": "train", "index": 3}
+    assert grace.compute_score("x", response, truth, marked["extra_info"])["score"] == pytest.approx(3.5)
+    assert loop_kwargs_from_row(marked)["extra_info"]["trainer_phase"] == "validation"
