@@ -44,7 +44,7 @@ MEANINGS: dict[str, str] = {
     "grace.path_reward": "paid for the right path (`<evidence>` iff answerable)",
     "grace.alpha": "weight of ROUGE-L(evidence, gold evidence)",
     "grace.beta": "weight of ROUGE-L(answer, gold answers)",
-    # verl_evidence.agent_loops.search_loop.SearchLoopSettings
+    # verl_evidence.agent_loops.search_loop_settings.SearchLoopSettings
     "search_loop.retrieval_url": "retrieval server (null: env `VERL_EVIDENCE_RETRIEVAL_URL`)",
     "search_loop.topk": "passages per search",
     "search_loop.max_turns": "generations per trajectory; the last one may only answer",
@@ -277,7 +277,7 @@ def render() -> str:
     from retrieval_server import cli as server_cli
     from retrieval_server.config import BuildConfig, ServerConfig
     from verl_evidence.agent_loops.eviomni_loop import EviOmniLoopSettings
-    from verl_evidence.agent_loops.search_loop import SearchLoopSettings
+    from verl_evidence.agent_loops.search_loop_settings import SearchLoopSettings
     from verl_evidence.reward_managers import MANAGER_NAMES, scorers
     from verl_evidence.reward_managers.judge import JudgeConfig
     from verl_evidence.rewards import evinote, eviomni, grace

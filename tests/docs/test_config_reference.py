@@ -35,7 +35,7 @@ def test_every_setting_of_the_code_is_on_the_page(generated: str) -> None:
 
     from retrieval_server.config import ServerConfig
     from verl_evidence.agent_loops.eviomni_loop import EviOmniLoopSettings
-    from verl_evidence.agent_loops.search_loop import SearchLoopSettings
+    from verl_evidence.agent_loops.search_loop_settings import SearchLoopSettings
     from verl_evidence.reward_managers.judge import JudgeConfig
 
     for cls in (SearchLoopSettings, EviOmniLoopSettings):

@@ -9,6 +9,7 @@ import re
 import pytest
 from typer.testing import CliRunner
 
+from verl_evidence.agent_loops.protocol import observation_text
 from verl_evidence.cli import app
 from verl_evidence.evipath.demonstrations import DEFAULT_DEMONSTRATIONS, demonstration_messages, load_demonstrations
 from verl_evidence.evipath.parsing import (
@@ -18,7 +19,6 @@ from verl_evidence.evipath.parsing import (
     render_planner_turn,
 )
 from verl_evidence.evipath.pipeline import Prompts, SynthesisConfig, Synthesizer, executor_synth_user
-from verl_evidence.evipath.protocol import observation_text
 from verl_evidence.evipath.teacher import Teacher, TeacherConfig
 
 

@@ -8,18 +8,18 @@ writer's rows here, and token by token in a real rollout by tests/rollout/test_e
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 import pytest
 
-from verl_evidence.agent_loops import search_loop
+from verl_evidence.agent_loops.protocol import planner_action
+from verl_evidence.agent_loops.search_loop_settings import EVIPATH_SETTINGS, Opening, SearchLoopSettings
 from verl_evidence.evipath.pipeline import Synthesizer, Trajectory
 from verl_evidence.evipath.records import ReadReport, load_records
 from verl_evidence.evipath.teacher import Teacher, TeacherConfig
 from verl_evidence.evipath.writer import planner_messages
 from verl_evidence.prompts import load_prompt
 
-LAYOUTS = sorted(search_loop.EVIPATH_SETTINGS)
+LAYOUTS = sorted(EVIPATH_SETTINGS)
 
 
 @pytest.fixture(scope="module")
@@ -39,26 +39,19 @@ def trajectories(chat_server, selector, scripted, hotpot_records) -> list[Trajec
 
 
 def loop_opening(layout: str, question: str) -> list[dict]:
-    """The messages the loop sends first under a layout's preset, for a data row holding only the question.
-
-    The loop's own ``_messages``, on the two attributes its constructor derives from the preset's prompts.
-    """
-    settings = search_loop.SearchLoopSettings(**search_loop.EVIPATH_SETTINGS[layout])
-    loop = SimpleNamespace(
-        prompt_template=load_prompt(settings.prompt) if settings.prompt else None,
-        system_text=load_prompt(settings.system_prompt).strip() if settings.system_prompt else None,
-    )
-    row = {"raw_prompt": [{"role": "user", "content": question}]}
-    return search_loop.EvidenceSearchAgentLoop._messages(loop, row, question)
+    """The messages the loop sends first under a layout's preset, for a data row holding only the question: the
+    loop's own opening (``EvidenceSearchAgentLoop`` builds its ``opening`` exactly so from its settings)."""
+    opening = Opening.from_settings(SearchLoopSettings(**EVIPATH_SETTINGS[layout]))
+    return opening.messages([{"role": "user", "content": question}], question)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_the_loop_reads_our_planner_turns(trajectories, layout):
-    action_format = search_loop.EVIPATH_SETTINGS[layout]["action_format"]
+    action_format = EVIPATH_SETTINGS[layout]["action_format"]
     for trajectory in trajectories:
         messages = planner_messages(trajectory, layout)
         assistants = [m["content"] for m in messages if m["role"] == "assistant"]
-        actions = [search_loop.planner_action(text, action_format) for text in assistants]
+        actions = [planner_action(text, action_format) for text in assistants]
         assert None not in actions, assistants  # every assistant turn holds one complete action
         # the searches in the synthesised order (one per turn in `search`, a step's searches per turn in `paper`),
         # then the answer
@@ -83,7 +76,7 @@ def test_the_loop_opens_the_dialogue_as_the_sft_rows_do(trajectories, layout):
 def test_the_loop_refuses_a_planner_prompt_without_the_question():
     from verl_evidence.prompts import check_placeholders
 
-    check_placeholders(load_prompt(search_loop.EVIPATH_SETTINGS["search"]["prompt"]), ["question"])
+    check_placeholders(load_prompt(EVIPATH_SETTINGS["search"]["prompt"]), ["question"])
     with pytest.raises(ValueError, match=r"lacks placeholder\(s\) \['\{question\}'\]"):
         check_placeholders("Answer the question.", ["question"])
 

@@ -55,7 +55,7 @@ def build_manager(cfg) -> str:
 
 def loop_settings_classes() -> dict[str, type]:
     from verl_evidence.agent_loops.eviomni_loop import EviOmniLoopSettings
-    from verl_evidence.agent_loops.search_loop import SearchLoopSettings
+    from verl_evidence.agent_loops.search_loop_settings import SearchLoopSettings
 
     return {"evidence_search": SearchLoopSettings, "eviomni": EviOmniLoopSettings}
 

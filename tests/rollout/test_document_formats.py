@@ -34,7 +34,7 @@ def test_the_prompt_picks_the_layout_and_an_unknown_layout_is_refused() -> None:
 
 def test_the_search_loop_resolves_auto_from_the_rows_prompt() -> None:
     """`document_format: auto` reads the row's method, whose data-prep prompt names the layout."""
-    from verl_evidence.agent_loops.search_loop import SearchLoopSettings
+    from verl_evidence.agent_loops.search_loop_settings import SearchLoopSettings
     from verl_evidence.dataprep.templates import DEFAULT_PROMPTS
 
     assert documents.document_format_for_prompt(DEFAULT_PROMPTS["search_r1"]) == "search_r1"

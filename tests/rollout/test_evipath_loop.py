@@ -15,15 +15,11 @@ from rollout_helpers import make_row, run_worker, unpad, with_settings
 from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
 
 from retrieval_server.client import RetrievalClient
-from verl_evidence.agent_loops.search_loop import (
-    EVIPATH_SETTINGS,
-    PAPER_INVALID_ACTION_FEEDBACK,
-    assistant_turn_end_ids,
-    planner_action,
-)
+from verl_evidence.agent_loops.protocol import planner_action, pool_item
+from verl_evidence.agent_loops.search_loop_settings import EVIPATH_SETTINGS, PAPER_INVALID_ACTION_FEEDBACK
+from verl_evidence.agent_loops.trajectory import assistant_turn_end_ids
 from verl_evidence.evipath.parsing import ExecutorStep, PlannerTurn, render_planner_turn
 from verl_evidence.evipath.pipeline import SubQuestion, Trajectory
-from verl_evidence.evipath.protocol import pool_item
 from verl_evidence.evipath.records import QARecord
 from verl_evidence.evipath.writer import _row, planner_messages, write_parquet
 from verl_evidence.local.backends import ScriptedBackend

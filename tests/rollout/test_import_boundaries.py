@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-# EviPath's text protocol is the contract its SFT data and the planner rollout share; the rest is synthesis.
+# The planner protocol EviPath's SFT data and the rollout share lives with the loops (agent_loops/protocol.py).
 # The local package's __init__ is what the plugin asks whether the CPU mode is selected (os.environ only).
-ALLOWED = {"verl_evidence.evipath", "verl_evidence.evipath.protocol", "verl_evidence.local"}
+ALLOWED = {"verl_evidence.local"}
 FORBIDDEN_PREFIXES = ("verl_evidence.local", "verl_evidence.evipath.")
 
 

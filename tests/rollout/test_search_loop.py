@@ -342,7 +342,7 @@ def test_smoke_warm_up_lays_out_tokens_as_the_loop_does(
 ):
     """The smoke policy's search warm-up (verl_evidence.local.smoke) is the token sequence this loop builds and
     continues."""
-    from verl_evidence.agent_loops.search_loop import SearchLoopSettings
+    from verl_evidence.agent_loops.search_loop_settings import SearchLoopSettings
     from verl_evidence.local.smoke import settings as smoke_settings
     from verl_evidence.local.smoke.training import example_ids
     from verl_evidence.local.smoke.warmup_data import warmup_examples

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from rollout_helpers import make_row, run_worker, unpad, with_settings
 
-from verl_evidence.agent_loops.search_loop import SEARCH_INVALID_ACTION_FEEDBACK, SearchLoopSettings
+from verl_evidence.agent_loops.search_loop_settings import SEARCH_INVALID_ACTION_FEEDBACK, SearchLoopSettings
 from verl_evidence.local.backends import ScriptedBackend
 
 pytestmark = pytest.mark.slow

@@ -38,9 +38,7 @@ retrieved passages (its one-sentence ``<answer>`` is the observation).
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 from uuid import uuid4
@@ -59,253 +57,34 @@ from verl_evidence.agent_loops.common import (
     stop_sampling_params,
 )
 from verl_evidence.agent_loops.extractor import EvidenceExtractor, SubQuestionExecutor
-from verl_evidence.dataprep.templates import DEFAULT_PROMPTS
-from verl_evidence.evipath.protocol import (
-    PAPER_QUESTION_PROMPT,
-    PLANNER_LAYOUTS,
+from verl_evidence.agent_loops.protocol import (
+    first_action,
     information_text,
+    last_thought,
     observation_text,
-    search_calls,
+    planner_action,
 )
-from verl_evidence.prompts import check_placeholders, load_prompt, render_prompt
+from verl_evidence.agent_loops.search_loop_settings import (
+    EVIPATH_SETTINGS,
+    INFORMATION_CLOSE,
+    INFORMATION_OPEN,
+    Opening,
+    SearchLoopSettings,
+)
+from verl_evidence.agent_loops.trajectory import Trajectory, assistant_turn_end_ids
+from verl_evidence.dataprep.templates import DEFAULT_PROMPTS
 from verl_evidence.text.stops import cut_at_stop
 from verl_evidence.text.tags import find_blocks
 from verl_evidence.tools.documents import (
-    DOCUMENT_FORMATS,
     document_format_for_prompt,
     document_ids,
     format_documents,
 )
-from verl_evidence.tools.search_settings import LoopSearchFields
 from verl_evidence.tools.search_tool import SearchService
 
 logger = logging.getLogger(__name__)
 
 LOOP_NAME = "evidence_search"
-ACTION_STOPS = ["</search>", "</answer>"]
-# What wraps an inline observation's document tokens (each piece encoded on its own)
-INFORMATION_OPEN = "\n\n<information>"
-INFORMATION_CLOSE = "</information>\n\n"
-PAPER_ACTION_STOPS = ["</action>", "</answer>"]
-OBSERVATION_ROLES = ("inline", "user")
-OBSERVATIONS = ("passages", "extract", "executor")
-SEARCH_INVALID_ACTION_FEEDBACK = (
-    "\nThat was not a valid action. To search, write <search> query </search>. "
-    "To finish, write <answer> final answer </answer>.\n"
-)
-PAPER_INVALID_ACTION_FEEDBACK = (
-    '\nThat was not a valid action. To search, write <action> Search("a complete question") </action>. '
-    "To finish, write <answer> final answer </answer>.\n"
-)
-
-# Settings that run an EviPath SFT'd planner as it was trained (``planner_format`` of the writer).
-EVIPATH_SETTINGS: dict[str, dict[str, Any]] = {
-    "paper": {
-        "action_format": "paper",
-        "observation_role": "user",
-        "observation": "executor",
-        "system_prompt": "evipath_planner",
-        "prompt": PAPER_QUESTION_PROMPT,
-    },
-    "search": {
-        "action_format": "search",
-        "observation_role": "user",
-        "observation": "executor",
-        "prompt": "evipath_planner_search",
-    },
-}
-
-
-@dataclass(frozen=True)
-class SearchLoopSettings(LoopSearchFields):
-    """Settings of ``evidence_search`` (see docs/rollouts.md for where to set them); search keys: the base class."""
-
-    max_turns: int = 6
-    max_tokens_per_turn: int | None = None
-    max_obs_tokens: int = 512
-    # None: use the row's chat prompt as is; a prompt name/path: rebuild the user turn from it ({question})
-    prompt: str | None = None
-    # None: the row's system messages; a prompt name/path: the system message (replacing the row's)
-    system_prompt: str | None = None
-    # search: <search> q </search>; paper: <action> Search("q") ... </action> (EviPath's planner)
-    action_format: str = "search"
-    # inline: <information> inside the assistant turn; user: a user chat turn (EviPath's SFT layout)
-    observation_role: str = "inline"
-    # passages | extract | executor; None: extract if an extractor is set, else passages
-    observation: str | None = None
-    # How passages are laid out (verl_evidence.tools.documents): ours | search_r1 | auto (the layout of the prompt:
-    # `prompt` above, else the one the row was written with, from its extra_info.method)
-    document_format: str = "auto"
-    invalid_action_feedback: str = SEARCH_INVALID_ACTION_FEEDBACK
-    final_turn_notice: str = "\nNo searches are left: give your final answer now inside <answer> and </answer>.\n"
-    search_failed_text: str = "The search failed: the search engine is unavailable. Continue with what you know."
-    # evidence extractor (EviOmni Algorithm 2): none | policy | openai
-    extractor: str = "none"
-    extractor_prompt: str = "evidence_extractor"
-    extractor_max_tokens: int = 256
-    extractor_url: str | None = None
-    extractor_model: str | None = None
-    extractor_api_key: str = "EMPTY"
-    extractor_temperature: float = 0.0
-    # EviPath executor (observation: executor); it runs on the extractor's model (policy or endpoint)
-    executor_prompt: str = "evipath_executor"
-    executor_max_tokens: int = 512
-
-    @property
-    def observation_mode(self) -> str:
-        if self.observation is not None:
-            return self.observation
-        return "extract" if self.extractor != "none" else "passages"
-
-    @property
-    def observation_model(self) -> str:
-        """Who runs the extractor/executor: ``policy`` unless an ``openai`` endpoint is configured."""
-        return "policy" if self.extractor == "none" else self.extractor
-
-    @property
-    def stops(self) -> list[str]:
-        return PAPER_ACTION_STOPS if self.action_format == "paper" else ACTION_STOPS
-
-    @property
-    def feedback(self) -> str:
-        if self.action_format == "paper" and self.invalid_action_feedback == SEARCH_INVALID_ACTION_FEEDBACK:
-            return PAPER_INVALID_ACTION_FEEDBACK
-        return self.invalid_action_feedback
-
-    def __post_init__(self) -> None:
-        if self.max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
-        if self.max_obs_tokens < 1:
-            raise ValueError(f"max_obs_tokens must be >= 1, got {self.max_obs_tokens}")
-        if self.extractor not in ("none", "policy", "openai"):
-            raise ValueError(f"extractor must be none, policy or openai, got {self.extractor!r}")
-        if self.action_format not in PLANNER_LAYOUTS:
-            raise ValueError(f"action_format must be one of {PLANNER_LAYOUTS}, got {self.action_format!r}")
-        if self.observation_role not in OBSERVATION_ROLES:
-            raise ValueError(f"observation_role must be one of {OBSERVATION_ROLES}, got {self.observation_role!r}")
-        if self.observation is not None and self.observation not in OBSERVATIONS:
-            raise ValueError(f"observation must be one of {OBSERVATIONS}, got {self.observation!r}")
-        if self.document_format not in ("auto", *DOCUMENT_FORMATS):
-            raise ValueError(f"document_format must be auto or one of {DOCUMENT_FORMATS}, got {self.document_format!r}")
-        if self.observation == "passages" and self.extractor != "none":
-            raise ValueError(f"extractor {self.extractor!r} is only used with observation extract or executor")
-
-
-def first_action(text: str) -> tuple[str, str, int] | None:
-    """``(kind, content, end offset)`` of the first complete ``<search>`` or ``<answer>`` block."""
-    return first_block(text, ("search", "answer"))
-
-
-def first_block(text: str, kinds: tuple[str, ...]) -> tuple[str, str, int] | None:
-    """``(kind, content, end offset)`` of the first complete block of one of ``kinds``."""
-    best = None
-    for kind in kinds:
-        close = text.find(f"</{kind}>")
-        if close < 0:
-            continue
-        opening = text.rfind(f"<{kind}>", 0, close)
-        if opening < 0:
-            continue
-        end = close + len(kind) + 3
-        if best is None or end < best[2]:
-            best = (kind, text[opening + len(kind) + 2 : close].strip(), end)
-    return best
-
-
-def planner_action(text: str, action_format: str = "search") -> tuple[str, list[str], int] | None:
-    """The turn's first complete action: ``("search", queries, end)`` or ``("answer", [answer], end)``.
-
-    ``search`` layout: one ``<search> q </search>``; ``paper`` layout: the ``Search("…")`` calls of
-    an ``<action>`` block (EviPath). A search without a (non-empty) query has ``queries == []``.
-    """
-    if action_format == "paper":
-        block = first_block(text, ("action", "answer"))
-        if block is None or block[0] == "answer":
-            return None if block is None else ("answer", [block[1]], block[2])
-        return "search", [q for q in search_calls(block[1]) if q], block[2]
-    block = first_action(text)
-    if block is None:
-        return None
-    if block[0] == "answer":
-        return "answer", [block[1]], block[2]
-    return "search", [block[1]] if block[1] else [], block[2]
-
-
-@functools.lru_cache(maxsize=16)
-def _turn_end_text(tokenizer, template_kwargs: tuple) -> str:
-    sentinel = "ZQXJ-END-OF-CONTENT"
-    rendered = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "q"}, {"role": "assistant", "content": sentinel}],
-        tokenize=False,
-        add_generation_prompt=False,
-        **dict(template_kwargs),
-    )
-    return rendered[rendered.rindex(sentinel) + len(sentinel) :]
-
-
-def assistant_turn_end_ids(tokenizer, chat_template_kwargs: dict | None = None) -> list[int]:
-    """Tokens the chat template puts after an assistant message's content (ChatML: ``<|im_end|>\n``)."""
-    kwargs = tuple(sorted((chat_template_kwargs or {}).items()))
-    return encode_cached(tokenizer, _turn_end_text(tokenizer, kwargs))
-
-
-def last_thought(turn_text: str) -> str:
-    thoughts = find_blocks(turn_text, "think")
-    if thoughts:
-        return thoughts[-1]
-    return turn_text.split("<search>")[0].strip()
-
-
-class _Trajectory:
-    """Token bookkeeping: response ids, mask and logprobs grow together."""
-
-    def __init__(self, response_length: int) -> None:
-        self.response_length = response_length
-        self.ids: list[int] = []
-        self.mask: list[int] = []
-        self.logprobs: list[float] = []
-        self.has_logprobs = False
-        # [start, end) response positions of each observation appended after a search (loss mask 0):
-        # what the trainer's masking check (verl_evidence.trainer.step_metrics) reads, independently of the mask
-        self.retrieved_spans: list[list[int]] = []
-
-    @property
-    def remaining(self) -> int:
-        return self.response_length - len(self.ids)
-
-    def add_policy(self, ids: list[int], logprobs: list[float] | None) -> None:
-        if logprobs is not None:
-            if not self.has_logprobs and self.ids:
-                self.logprobs = [0.0] * len(self.ids)
-            self.has_logprobs = True
-            self.logprobs.extend(logprobs[: len(ids)] + [0.0] * (len(ids) - len(logprobs)))
-        elif self.has_logprobs:
-            self.logprobs.extend([0.0] * len(ids))
-        self.ids.extend(ids)
-        self.mask.extend([1] * len(ids))
-
-    def drop_last(self, n: int) -> None:
-        """Remove the last ``n`` tokens (a chat-template boundary the builder replaces)."""
-        if n > 0:
-            del self.ids[-n:], self.mask[-n:]
-            if self.has_logprobs:
-                del self.logprobs[-n:]
-            end = len(self.ids)
-            self.retrieved_spans = [[a, min(b, end)] for a, b in self.retrieved_spans if a < end]
-
-    def add_context(self, ids: list[int], retrieved: bool = False) -> int:
-        """Append tool/system tokens (mask 0) up to the budget; returns how many fit.
-
-        ``retrieved``: the tokens are a search's observation (recorded in :attr:`retrieved_spans`).
-        """
-        ids = ids[: max(0, self.remaining)]
-        if retrieved and ids:
-            self.retrieved_spans.append([len(self.ids), len(self.ids) + len(ids)])
-        self.ids.extend(ids)
-        self.mask.extend([0] * len(ids))
-        if self.has_logprobs:
-            self.logprobs.extend([0.0] * len(ids))
-        return len(ids)
 
 
 class TurnState(Enum):
@@ -324,7 +103,7 @@ class SearchAgentData:
         self.question = question
         self.prompt_ids = prompt_ids
         self.request_id = uuid4().hex
-        self.traj = _Trajectory(response_length)
+        self.traj = Trajectory(response_length)
         self.engine = EngineFields()  # weight versions etc. from every policy turn, as verl's trainer expects
         self.timing: dict[str, float] = {}
         self.turn = 0  # index of the policy turn being written (or last written)
@@ -360,11 +139,7 @@ class EvidenceSearchAgentLoop(SettingsAgentLoop):
         super().__init__(*args, **kwargs)
         s = self.settings
         self.search = SearchService(settings=s.search_settings(), retriever=self.retriever)
-        self.prompt_template = None
-        if s.prompt:
-            self.prompt_template = load_prompt(s.prompt)
-            check_placeholders(self.prompt_template, ["question"], name=f"search prompt {s.prompt!r}")
-        self.system_text = load_prompt(s.system_prompt).strip() if s.system_prompt else None
+        self.opening = Opening.from_settings(s)
         self.turn_end_ids = (
             assistant_turn_end_ids(self.tokenizer, self.apply_chat_template_kwargs)
             if s.observation_role == "user"
@@ -397,17 +172,7 @@ class EvidenceSearchAgentLoop(SettingsAgentLoop):
     # -- pieces -----------------------------------------------------------------
 
     def _messages(self, kwargs: dict[str, Any], question: str) -> list[dict]:
-        messages = [dict(m) for m in kwargs["raw_prompt"]]
-        if self.system_text is not None:
-            messages = [{"role": "system", "content": self.system_text}] + [
-                m for m in messages if m.get("role") != "system"
-            ]
-        if self.prompt_template is None:
-            return messages
-        # stripped, as the data preparation and EviPath's writer store their rendered prompts
-        user = {"role": "user", "content": render_prompt(self.prompt_template.strip(), question=question)}
-        kept = [m for m in messages if m.get("role") == "system"]
-        return kept + [user]
+        return self.opening.messages(kwargs["raw_prompt"], question)
 
     def _document_format(self, kwargs: dict[str, Any]) -> str:
         """The setting, or (auto) the layout of the prompt the policy reads: Search-R1's rows see Search-R1's."""
@@ -426,7 +191,7 @@ class EvidenceSearchAgentLoop(SettingsAgentLoop):
             text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
         return token_ids, text
 
-    def _user_turn(self, content: str, runtime_ids: list[int], turn_ids: list[int], traj: _Trajectory) -> list[int]:
+    def _user_turn(self, content: str, runtime_ids: list[int], turn_ids: list[int], traj: Trajectory) -> list[int]:
         """Context tokens (mask 0) that close the assistant turn and add ``content`` as a user turn.
 
         The layout of verl's multi-turn SFT data and of its ToolAgentLoop: the template's

@@ -27,7 +27,7 @@ def search_settings_from_options(evipath: str | None, settings: list[str] | None
 
     import yaml
 
-    from verl_evidence.agent_loops.search_loop import EVIPATH_SETTINGS, SearchLoopSettings
+    from verl_evidence.agent_loops.search_loop_settings import EVIPATH_SETTINGS, SearchLoopSettings
 
     merged: dict = {}
     if evipath is not None:

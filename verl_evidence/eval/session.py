@@ -118,7 +118,7 @@ def open_session(
     builds a tiny random NLI judge and adds :data:`RANDOM_JUDGE_NOTE` to the notes.
     ``response_length`` caps a whole trajectory (all turns and observations),
     ``max_tokens_per_turn`` one generation of the search loop; ``search_settings``
-    are further ``evidence_search`` settings (:data:`~verl_evidence.agent_loops.search_loop.EVIPATH_SETTINGS`).
+    are further ``evidence_search`` settings (:data:`~verl_evidence.agent_loops.search_loop_settings.EVIPATH_SETTINGS`).
     """
     from transformers import AutoTokenizer
 

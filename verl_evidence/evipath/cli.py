@@ -13,10 +13,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from verl_evidence.agent_loops.protocol import PLANNER_LAYOUTS as PLANNER_FORMATS
 from verl_evidence.evipath.demonstrations import DEFAULT_DEMONSTRATIONS
 from verl_evidence.evipath.evidence import DEFAULT_TAU, EvidenceSelector
 from verl_evidence.evipath.pipeline import Prompts, Statistics, SynthesisConfig, Synthesizer
-from verl_evidence.evipath.protocol import PLANNER_LAYOUTS as PLANNER_FORMATS
 from verl_evidence.evipath.records import FORMATS, ReadReport, load_records
 from verl_evidence.evipath.teacher import ReplyCache, Teacher, TeacherConfig
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from verl_evidence.evipath.protocol import SEARCH_WORD, search_calls
+from verl_evidence.agent_loops.protocol import SEARCH_WORD, search_calls
 from verl_evidence.text.tags import extract_last, find_blocks, strip_thinking
 
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"

@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from verl_evidence.agent_loops.protocol import executor_user, observation_text
 from verl_evidence.evipath.demonstrations import DEFAULT_DEMONSTRATIONS, demonstration_messages
 from verl_evidence.evipath.evidence import EvidenceSelector
 from verl_evidence.evipath.parsing import (
@@ -37,7 +38,6 @@ from verl_evidence.evipath.parsing import (
     parse_planner_turn,
     render_planner_turn,
 )
-from verl_evidence.evipath.protocol import executor_user, observation_text
 from verl_evidence.evipath.records import QARecord
 from verl_evidence.evipath.teacher import Teacher, TeacherError
 from verl_evidence.prompts import load_prompt

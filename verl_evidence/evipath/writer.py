@@ -31,9 +31,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from verl_evidence.evipath.parsing import render_executor_step
-from verl_evidence.evipath.pipeline import Rejection, Trajectory
-from verl_evidence.evipath.protocol import (
+from verl_evidence.agent_loops.protocol import (
     PAPER_QUESTION_PROMPT,
     PLANNER_LAYOUTS,
     executor_user,
@@ -41,6 +39,8 @@ from verl_evidence.evipath.protocol import (
     observation_text,
     user_prompt,
 )
+from verl_evidence.evipath.parsing import render_executor_step
+from verl_evidence.evipath.pipeline import Rejection, Trajectory
 from verl_evidence.prompts import load_prompt
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ def example_ids(tokenizer, example: dict) -> tuple[list[int], list[int]]:
         full = tokenizer.apply_chat_template(messages, tokenize=False)
         full_ids = tokenizer(full, add_special_tokens=False)["input_ids"]
         return full_ids, [-100] * len(prompt_ids) + full_ids[len(prompt_ids) :]
-    from verl_evidence.agent_loops.search_loop import assistant_turn_end_ids
+    from verl_evidence.agent_loops.trajectory import assistant_turn_end_ids
 
     ids, labels = list(prompt_ids), [-100] * len(prompt_ids)
     for segment in example["segments"]:

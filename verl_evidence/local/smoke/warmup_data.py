@@ -99,7 +99,7 @@ def _search_target(with_note: bool, tokenizer) -> Callable[[dict], list[dict] | 
     Context pieces carry no loss (``trained: False``), as they carry no loss in RL.
     """
     from verl_evidence.agent_loops.common import encode
-    from verl_evidence.agent_loops.search_loop import INFORMATION_CLOSE, INFORMATION_OPEN, SearchLoopSettings
+    from verl_evidence.agent_loops.search_loop_settings import INFORMATION_CLOSE, INFORMATION_OPEN, SearchLoopSettings
     from verl_evidence.bundled import load_corpus
     from verl_evidence.tools.documents import format_documents
 
