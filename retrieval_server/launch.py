@@ -362,7 +362,7 @@ def _start_once(config: ServerConfig, address: str | None, ray_num_cpus: int | N
             claims=claims,
         )
         if wait_ready:
-            _wait_healthy(handle.url)
+            _wait_healthy(handle.url, token=config.token)
         return handle
     except BaseException as err:
         # Leave nothing behind; a Serve instance we only joined is left alone.
@@ -379,14 +379,15 @@ def _start_once(config: ServerConfig, address: str | None, ray_num_cpus: int | N
         raise
 
 
-def _wait_healthy(url: str, timeout_s: float = 120.0) -> None:
+def _wait_healthy(url: str, timeout_s: float = 120.0, token: str | None = None) -> None:
     import httpx
 
+    headers = {"Authorization": f"Bearer {token}"} if token else {}  # /health is behind the token when one is set
     deadline = time.monotonic() + timeout_s
     last = ""
     while time.monotonic() < deadline:
         try:
-            response = httpx.get(f"{url}/health", timeout=5.0)
+            response = httpx.get(f"{url}/health", timeout=5.0, headers=headers)
             if response.status_code == 200:
                 return
             last = f"HTTP {response.status_code}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import httpx
 import pytest
 
 from retrieval_server.client import RetrievalClient, RetrievalRequestError
@@ -57,6 +58,9 @@ def test_bearer_token_is_required(two_replica_app):
         with pytest.raises(RetrievalRequestError) as info:
             anonymous.retrieve(["Nile"])
         assert info.value.status_code == 401 and "bearer token" in info.value.message
+        with pytest.raises(RetrievalRequestError, match="HTTP 401"):
+            anonymous.health()  # its paths and pids are for the token's holders
+        assert httpx.get(f"{two_replica_app.url}/healthz", timeout=30).text == "ok"  # open for load balancers
     with (
         RetrievalClient(two_replica_app.url, token="wrong", max_retries=0) as wrong,
         pytest.raises(RetrievalRequestError),
@@ -64,7 +68,7 @@ def test_bearer_token_is_required(two_replica_app):
         wrong.retrieve(["Nile"])
     with RetrievalClient(two_replica_app.url, token=TOKEN) as client:
         assert len(client.retrieve(["Nile"], topk=2)[0]) == 2
-        assert client.health()["index_size"] > 0  # health stays open for load balancers
+        assert client.health()["index_size"] > 0
 
 
 def test_killed_replica_under_load_loses_no_request(two_replica_app):
