@@ -138,7 +138,9 @@ class _RetryPolicy:
 
         return retrying_cls(
             # Both must be spent: max_retries retries, and no time left before the deadline for another wait.
-            stop=stop_after_attempt(self.max_retries + 1) & stop_before_delay(self.deadline_s),
+            # max_retries=0 asks for no retries at all: the deadline does not add any.
+            stop=stop_after_attempt(self.max_retries + 1)
+            & stop_before_delay(self.deadline_s if self.max_retries else 0),
             wait=wait,
             retry=retry_if_exception_type(_RetryableFailure),
             before_sleep=log_retry,
@@ -168,8 +170,8 @@ class RetrievalClient:
     """Blocking client; one instance can be shared by threads (httpx.Client is thread-safe).
 
     A call retries what a retry can fix for ``max_retries`` retries or ``deadline_s`` seconds, whichever lasts
-    longer (``deadline_s=0``: the retries only), waiting ``backoff * 2**attempt`` (at most 4 s, or the server's
-    Retry-After) between attempts.
+    longer (``deadline_s=0``: the retries only; ``max_retries=0``: no retries), waiting ``backoff * 2**attempt``
+    (at most 4 s, or the server's Retry-After) between attempts.
     """
 
     def __init__(

@@ -202,7 +202,7 @@ def test_an_ingress_restart_longer_than_the_retries_is_ridden_out_within_the_dea
 def test_retries_stop_at_the_deadline_and_say_how_long_they_tried():
     started = time.monotonic()
     with (
-        RetrievalClient(f"http://127.0.0.1:{free_port()}", max_retries=0, backoff=0.1, deadline_s=1.0) as client,
+        RetrievalClient(f"http://127.0.0.1:{free_port()}", max_retries=1, backoff=0.1, deadline_s=1.0) as client,
         pytest.raises(
             RetrievalUnavailableError, match=r"failed after [3-9] attempts in (0\.[5-9]|1\.\d) s.*ConnectError"
         ),
@@ -231,3 +231,10 @@ def test_a_retry_after_from_the_server_is_waited_out(flaky, caplog):
     assert [r.getMessage() for r in caplog.records if "retry" in r.getMessage()] == [
         "retrieval POST /retrieve failed (HTTP 503: server busy); retry 1 in 1.00s"
     ]
+
+
+def test_max_retries_zero_turns_retrying_off_whatever_the_deadline(flaky):
+    flaky.reset([503])
+    with RetrievalClient(flaky.url, max_retries=0, deadline_s=60) as client, pytest.raises(RetrievalUnavailableError):
+        client.retrieve(["q"])
+    assert flaky.attempts == 1

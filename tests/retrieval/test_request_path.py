@@ -313,3 +313,33 @@ def test_repeated_queries_are_searched_once_and_answered_identically(serve_in_pr
     _, no_cache_client = serve_in_process(result_cache_size=0)
     assert asyncio.run(scenario(no_cache_client)) == cached  # exactly what a search answers
     assert cached[0]["result"][0] == cached[0]["result"][1] and _ids(cached[1]) == [_ids(cached[0])[0]]
+
+
+def test_the_token_comes_from_a_file_or_the_environment_and_a_command_line_token_is_warned_about(
+    tmp_path, monkeypatch, caplog
+):
+    from typer.testing import CliRunner
+
+    from retrieval_server.cli import _bearer_token
+    from retrieval_server.cli import app as server_app
+
+    token_file = tmp_path / "token"
+    token_file.write_text(f"{TOKEN}\n")
+    monkeypatch.delenv("RETRIEVAL_SERVER_TOKEN", raising=False)
+    with caplog.at_level("WARNING", logger="retrieval_server.cli"):
+        assert _bearer_token(None, token_file) == TOKEN
+        assert _bearer_token(None, None) is None
+        monkeypatch.setenv("RETRIEVAL_SERVER_TOKEN", "from-env")
+        assert _bearer_token(None, None) == "from-env"
+        assert not caplog.records
+        assert _bearer_token("on-the-command-line", None) == "on-the-command-line"
+    assert ["visible to every user" in r.getMessage() for r in caplog.records] == [True]
+    (tmp_path / "empty").write_text("\n")
+    for args, problem in (
+        (["--token", "x", "--token-file", str(token_file)], "give the token once"),
+        (["--token-file", str(tmp_path / "empty")], "holds no token"),
+        (["--token-file", str(tmp_path / "missing")], "cannot read"),
+    ):
+        result = CliRunner().invoke(server_app, ["serve", "--index-dir", str(tmp_path), *args])
+        said = " ".join(result.output.replace("│", " ").split())  # rich wraps the message in a box
+        assert result.exit_code == 2 and problem in said, result.output
