@@ -15,6 +15,7 @@ from pathlib import Path
 
 from retrieval_server.config import BuildConfig, ServerConfig, cache_dir, packaged_minilm_encoder
 from retrieval_server.haproxy_front import (
+    FrontLimits,
     PortClaim,
     PortInUseError,
     free_port,
@@ -326,7 +327,9 @@ def _start_once(config: ServerConfig, address: str | None, ray_num_cpus: int | N
                     workdir = haproxy_workdir(port)
                     shutil.rmtree(workdir, ignore_errors=True)  # files of a killed server on this port: ours now
                     workdir.mkdir(mode=0o700, parents=True)
-                    launcher = write_launcher(workdir / "haproxy", config.host, haproxy_binary())
+                    launcher = write_launcher(
+                        workdir / "haproxy", config.host, haproxy_binary(), FrontLimits.of(config)
+                    )
                     env_vars |= haproxy_environment(
                         workdir, stats_port, metrics_port, launcher, fallback_http, fallback_grpc
                     )
@@ -345,7 +348,15 @@ def _start_once(config: ServerConfig, address: str | None, ray_num_cpus: int | N
             else:
                 port = config.port or free_port(config.host)
             config = config.model_copy(update={"port": port})
-            serve.start(http_options={"host": config.host, "port": port})
+            # Serve's Python proxy (no HAProxy): of the front's limits, it takes the idle and the request timeouts.
+            serve.start(
+                http_options={
+                    "host": config.host,
+                    "port": port,
+                    "keep_alive_timeout_s": config.keep_alive_timeout_s,
+                    "request_timeout_s": FrontLimits.of(config).server_timeout_s,
+                }
+            )
             owns_serve = True
         else:
             http = serve.context._get_global_client().http_config
