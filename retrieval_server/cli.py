@@ -195,6 +195,9 @@ def serve(
     max_connections_per_client: int = typer.Option(
         1024, help="HAProxy: connections one source address may hold at once"
     ),
+    max_replica_restarts: int = typer.Option(
+        5, min=0, help="Exit non-zero when replicas stopped more often than this within 10 minutes (each logged)"
+    ),
     token: str | None = typer.Option(
         None,
         help="Require 'Authorization: Bearer <token>' (visible in ps: prefer --token-file or RETRIEVAL_SERVER_TOKEN)",
@@ -211,7 +214,7 @@ def serve(
     verl-evidence with no arguments: the bundled corpus, packaged MiniLM, 127.0.0.1.
     """
     from retrieval_server.config import ServerConfig
-    from retrieval_server.launch import ensure_index, start_server
+    from retrieval_server.launch import ReplicasKeepDying, ReplicaWatch, ensure_index, start_server
 
     served = corpus
     if index_dir is None and corpus is None:
@@ -238,6 +241,7 @@ def serve(
         "max_queued_queries": max_queued_queries, "request_timeout_s": request_timeout_s,
         "result_cache_size": result_cache_size, "client_timeout_s": client_timeout_s,
         "http_request_timeout_s": http_request_timeout_s, "max_connections_per_client": max_connections_per_client,
+        "max_replica_restarts": max_replica_restarts,
     }  # fmt: skip
     with _settings_from_options():  # checked before an index is built for them
         ServerConfig(index_dir=index_dir or Path("."), **settings)
@@ -255,9 +259,13 @@ def serve(
         "POST /retrieve, GET /health, GET /metrics); "
         "Ctrl-C to stop"
     )
+    watch = ReplicaWatch(config.app_name, config.max_replica_restarts)
     try:
         while not stop.wait(1.0):
-            pass
+            watch.check()
+    except ReplicasKeepDying as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=3) from None
     finally:
         handle.shutdown()
 

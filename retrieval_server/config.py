@@ -217,6 +217,12 @@ class ServerConfig(BaseModel):
         description="HAProxy: connections one source address may hold at once; more are refused (a rollout node's "
         "clients stay far below it)",
     )
+    max_replica_restarts: int = Field(
+        default=5,
+        ge=0,
+        description="`serve` exits non-zero when the replicas stopped more often than this within 10 minutes (a "
+        "replica that keeps dying), each stop logged with its cause",
+    )
     route_prefix: str = "/"
     app_name: str = "retrieval"
     token: str | None = None

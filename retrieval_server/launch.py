@@ -406,3 +406,67 @@ def _wait_healthy(url: str, timeout_s: float = 120.0, token: str | None = None) 
             last = str(err)
         time.sleep(0.25)
     raise TimeoutError(f"retrieval server at {url} not healthy after {timeout_s:.0f}s ({last})")
+
+
+class ReplicasKeepDying(RuntimeError):
+    """The app's replicas stopped more often than ``max_replica_restarts`` allows: serving is given up."""
+
+
+class ReplicaWatch:
+    """The replicas of one app, watched from the process that serves it (``serve``, once a second).
+
+    Serve replaces a replica that dies, forever: one that dies again at once (a docstore truncated under it, a
+    constructor that cannot load the index) keeps requests waiting while ``serve`` still says ready. Here every
+    replica that stops is logged once, with the cause Serve records for the deployment, and more than
+    ``max_restarts`` of them within ``window_s`` raise :class:`ReplicasKeepDying` (``serve`` then exits non-zero).
+    """
+
+    def __init__(self, app_name: str, max_restarts: int, window_s: float = 600.0) -> None:
+        self.app_name, self.max_restarts, self.window_s = app_name, max_restarts, window_s
+        self._prefix = f"SERVE_REPLICA::{app_name}#"
+        self._alive = self._replicas()
+        self._deaths: list[float] = []
+
+    def _replicas(self) -> set[str]:
+        import ray
+
+        named = ray.util.list_named_actors(all_namespaces=True)
+        return {actor["name"] for actor in named if actor["name"].startswith(self._prefix)}
+
+    def cause(self) -> str:
+        """What Serve says of the app's deployment (its last error, the status otherwise), on one line."""
+        from ray import serve
+
+        application = serve.status().applications.get(self.app_name)
+        if application is None:
+            return "the application is gone"
+        deployment = next(iter(application.deployments.values()), None)
+        message = (deployment.message if deployment else "") or ""
+        lines = [line.strip() for line in message.splitlines() if line.strip()]
+        # Serve's message: a sentence, then "Error:" and a traceback whose last line is the exception.
+        summary = lines[0] if lines else f"status {deployment.status if deployment else application.status}"
+        return summary if len(lines) < 2 else f"{summary} {lines[-1]}"
+
+    def check(self) -> None:
+        alive = self._replicas()
+        stopped = sorted(self._alive - alive)
+        self._alive = alive
+        if not stopped:
+            return
+        now = time.monotonic()
+        self._deaths = [t for t in self._deaths if now - t < self.window_s] + [now] * len(stopped)
+        cause = self.cause()
+        for name in stopped:
+            logger.error(
+                "replica %s stopped (%d in the last %.0f s; giving up after %d): %s",
+                name.removeprefix(self._prefix),
+                len(self._deaths),
+                self.window_s,
+                self.max_restarts,
+                cause,
+            )
+        if len(self._deaths) > self.max_restarts:
+            raise ReplicasKeepDying(
+                f"the replicas of {self.app_name!r} stopped {len(self._deaths)} times within {self.window_s:.0f} s "
+                f"(more than --max-replica-restarts {self.max_restarts}); last cause: {cause}"
+            )
