@@ -6,7 +6,7 @@ another, each for a bounded time and beside one small client (one query, topk 3,
   flood        16 clients sending 512 queries x topk 100 per request (distinct queries: no cache help)
   slow         1,200 connections from 127.0.0.2 that send half a request line and then nothing (a slow-loris),
                more than the per-source bound (1,024); the small client connects from 127.0.0.1
-  big bodies   24 bodies of 60 MB at once: 12 declaring it in Content-Length, 12 chunked (no length)
+  big bodies   rounds of 24 bodies of 60 MB at once: 12 declaring it in Content-Length, 12 chunked (no length)
   crash loop   (a second server, on a copy of the index) its docstore truncated while it serves: the replica
                dies, its replacements cannot start; requests keep coming
 
@@ -261,11 +261,13 @@ def big_bodies(url: str, seconds: float) -> dict:
         codes[status.split(" ", 2)[1] if status.startswith("HTTP/") else status or "closed"] += 1
         refusal_times.append(time.perf_counter() - started)
 
-    threads = [threading.Thread(target=send, args=(i % 2 == 0,)) for i in range(BIG_BODIES)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=seconds + 60)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:  # rounds of 24 at once, for the scenario's length
+        threads = [threading.Thread(target=send, args=(i % 2 == 0,)) for i in range(BIG_BODIES)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=seconds + 60)
     return {"abuser_codes": dict(codes), "abuser_slowest_refusal_s": max(refusal_times, default=0.0)}
 
 

@@ -305,13 +305,17 @@ class RetrievalServer:
         # 3. admit: a full queue sheds the request at once (a small one still fits where a large one does not)
         pieces = [(queries, topk, body.return_scores) for queries in request_pieces(body.queries, topk, self.config)]
         cost = sum(piece_cost(queries, topk, self.config) for queries, _, _ in pieces)
-        if self.batcher.queued_size and self.batcher.queued_size + cost > self.config.max_queued_queries:
+        # The last batch's worth of room is kept for requests of one piece: a flood of large requests never sheds
+        # the small ones, which then go into the next batch (the pieces take turns).
+        room = self.config.max_queued_queries - (self.config.max_batch_queries if len(pieces) > 1 else 0)
+        if self.batcher.queued_size and self.batcher.queued_size + cost > room:
             self.metrics.shed.inc()
             self.metrics.requests.labels("retrieve", "503").inc()
             return _problem(
                 503,
                 f"server busy: {self.batcher.queued_size} queries queued, this request's {len(body.queries)} would "
-                f"pass the bound max_queued_queries={self.config.max_queued_queries}; retry later",
+                f"pass the bound max_queued_queries={self.config.max_queued_queries} (large requests: "
+                f"{room}); retry later",
                 headers={"Retry-After": "1"},
             )
         # 4. batch -> 5. encode -> 6. search -> 7. look up (in _retrieve_batch, shared with concurrent requests)
@@ -374,38 +378,40 @@ class RetrievalServer:
     def _search_and_render(
         self, pieces: list[Piece], wanted: list[tuple], known: dict[tuple, tuple], missing: list[tuple]
     ) -> tuple[list[list[bytes]], dict[tuple, tuple]]:
+        """Encode + search the missing queries, look up every distinct query's hits once, write each as JSON.
+
+        A query's result is (rows, scores); the cache keeps those, not the passages (a topk-100 answer's passages
+        weigh ~100 KB, its rows and scores ~1 KB), and the lookup of a cached answer is one more Arrow take.
+        """
         found = dict(known)
         if missing:
             queries, query_topk = [key[0] for key in missing], [key[1] for key in missing]
-            rows, scores, documents = self._encode_search_lookup(queries, query_topk)
-            width = rows.shape[1]
+            t0 = time.perf_counter()
+            vectors = self.retriever.encode(queries)
+            t1 = time.perf_counter()
+            rows, scores = self.retriever.search(queries, vectors, query_topk)
+            self.metrics.stage.labels("encode").observe(t1 - t0)
+            self.metrics.stage.labels("search").observe(time.perf_counter() - t1)
             hits = (rows >= 0).sum(axis=1).tolist()  # search blanked the columns past each query's k (and misses)
-            score_lists = scores.tolist()  # Python floats once per batch, not one numpy scalar at a time
+            row_lists, score_lists = rows.tolist(), scores.tolist()  # Python numbers once per batch
             for q, key in enumerate(missing):
-                found[key] = (documents[q * width : q * width + hits[q]], score_lists[q][: hits[q]])
-        t0 = time.perf_counter()
+                found[key] = (row_lists[q][: hits[q]], score_lists[q][: hits[q]])
+        t2 = time.perf_counter()
+        distinct = list(dict.fromkeys(wanted))
+        documents = self.retriever.lookup(np.asarray([row for key in distinct for row in found[key][0]], np.int64))
+        t3 = time.perf_counter()
+        passages, at = {}, 0
+        for key in distinct:
+            passages[key], at = documents[at : at + len(found[key][0])], at + len(found[key][0])
         out, at = [], 0
         for queries, _, return_scores in pieces:
-            out.append([hits_json(*found[key], return_scores) for key in wanted[at : at + len(queries)]])
+            out.append(
+                [hits_json(passages[key], found[key][1], return_scores) for key in wanted[at : at + len(queries)]]
+            )
             at += len(queries)
-        self.metrics.stage.labels("render").observe(time.perf_counter() - t0)
-        return out, found
-
-    def _encode_search_lookup(
-        self, queries: list[str], query_topk: list[int]
-    ) -> tuple[np.ndarray, np.ndarray, list[dict]]:
-        t0 = time.perf_counter()
-        vectors = self.retriever.encode(queries)
-        t1 = time.perf_counter()
-        rows, scores = self.retriever.search(queries, vectors, query_topk)
-        t2 = time.perf_counter()
-        # Misses (-1) fetch row 0 as a placeholder and are dropped by the caller.
-        documents = self.retriever.lookup(np.where(rows >= 0, rows, 0).reshape(-1))
-        t3 = time.perf_counter()
-        self.metrics.stage.labels("encode").observe(t1 - t0)
-        self.metrics.stage.labels("search").observe(t2 - t1)
         self.metrics.stage.labels("lookup").observe(t3 - t2)
-        return rows, scores, documents
+        self.metrics.stage.labels("render").observe(time.perf_counter() - t3)
+        return out, found
 
     # ------------------------------------------------------------ the other routes
     @fastapi_app.get("/healthz")

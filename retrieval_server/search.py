@@ -233,7 +233,8 @@ class Retriever:
 
 
 class ResultCache:
-    """The recent answers of one replica: (query, topk, method, index) -> that query's hits, least recently used out.
+    """The recent answers of one replica: (query, topk, method, index) -> that query's (rows, scores), least recently
+    used out.
 
     In GRPO the n samples of a prompt often send the same first query; a repeat is answered from here exactly as
     the search answered it the first time. ``size`` 0 keeps nothing. Not thread-safe: the server uses it on its
@@ -250,9 +251,9 @@ class ResultCache:
     def key(self, query: str, topk: int) -> tuple:
         return (query, topk, *self._scope)
 
-    def get(self, key: tuple) -> tuple[list[dict], list[float]] | None:
+    def get(self, key: tuple) -> tuple[list[int], list[float]] | None:
         return self._entries.get(key) if self.size else None
 
-    def put(self, key: tuple, hits: tuple[list[dict], list[float]]) -> None:
+    def put(self, key: tuple, hits: tuple[list[int], list[float]]) -> None:
         if self.size:
             self._entries[key] = hits

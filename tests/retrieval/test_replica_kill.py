@@ -123,3 +123,47 @@ def _wait(condition, what: str, limit_s: float = 240.0) -> None:
         if time.time() > deadline:
             raise AssertionError(f"gave up waiting for {what} after {limit_s:.0f}s")
         time.sleep(0.2)
+
+
+def test_a_replica_that_keeps_dying_fails_fast_is_logged_and_given_up_on(
+    retrieval_server, bundled_index_dir, tmp_path, caplog
+):
+    """A docstore truncated under a serving replica (SIGBUS on its next lookup; its replacements cannot open it)."""
+    import shutil
+
+    from retrieval_server.config import ServerConfig
+    from retrieval_server.launch import ReplicasKeepDying, ReplicaWatch, start_server
+
+    index = tmp_path / "index"
+    shutil.copytree(bundled_index_dir, index)
+    handle = start_server(
+        ServerConfig(index_dir=index, method="bm25", app_name="crash-loop", route_prefix="/crash", request_timeout_s=5)
+    )
+    failures: list[tuple[str, float]] = []
+    try:
+        watch = ReplicaWatch("crash-loop", max_restarts=2)
+        with RetrievalClient(handle.url, max_retries=0) as client:
+            assert len(client.retrieve(["Nile"])[0]) == 3
+            store = index / "docstore.arrow"
+            with store.open("r+b") as handle_file:
+                handle_file.truncate(store.stat().st_size // 3)
+            deadline = time.monotonic() + 240
+            with caplog.at_level("ERROR", logger="retrieval_server.launch"), pytest.raises(ReplicasKeepDying) as info:
+                while time.monotonic() < deadline:
+                    started = time.monotonic()
+                    try:
+                        client.retrieve([f"Nile {started}"])
+                        outcome = "200"
+                    except Exception as err:  # what a caller sees, recorded
+                        outcome = type(err).__name__
+                    failures.append((outcome, time.monotonic() - started))
+                    watch.check()
+                    time.sleep(0.25)
+    finally:
+        handle.shutdown()
+    stops = [r.getMessage() for r in caplog.records if "stopped" in r.getMessage()]
+    assert len(stops) >= 3 and "giving up after 2" in stops[0]
+    assert "more than --max-replica-restarts 2" in str(info.value)
+    assert all(outcome != "200" for outcome, _ in failures[1:])  # nothing answered from the broken store
+    # Every failure is bounded: the replica's own timeout, or the front's 5xx when the replica dies under it.
+    assert max(seconds for _, seconds in failures) < 35 + 5, failures
