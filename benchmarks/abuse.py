@@ -39,6 +39,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import psutil
+from scale import wait_healthy  # benchmarks/scale.py: /health of a server subprocess, or why not
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -67,18 +68,7 @@ class Server:
             self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait_ready(self, timeout_s: float = 300.0) -> dict:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited ({self.process.returncode}): {self.log.read_text()[-2000:]}")
-            try:
-                response = httpx.get(f"{self.url}/health", timeout=2)
-                if response.status_code == 200:
-                    return response.json()
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"no server at {self.url} after {timeout_s:.0f} s")
+        return wait_healthy(self.url, self.process, timeout_s)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -88,6 +78,16 @@ class Server:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, 9)
                 self.process.wait(timeout=30)
+
+
+def post_status(http: httpx.Client, url: str, body: dict) -> str:
+    """The status code of one POST, or what stopped it (a timeout, a connection error)."""
+    try:
+        return str(http.post(url, json=body).status_code)
+    except httpx.TimeoutException:
+        return "timeout"
+    except httpx.TransportError as err:
+        return type(err).__name__
 
 
 class RssPeak:
@@ -125,12 +125,7 @@ class SmallClient:
         with httpx.Client(timeout=30) as http:
             while not self._stop.is_set():
                 started = time.perf_counter()
-                try:
-                    code = str(http.post(f"{self.url}/retrieve", json=SMALL).status_code)
-                except httpx.TimeoutException:
-                    code = "timeout"
-                except httpx.TransportError as err:
-                    code = type(err).__name__
+                code = post_status(http, f"{self.url}/retrieve", SMALL)
                 elapsed = time.perf_counter() - started
                 self.latencies.append(elapsed)
                 self.codes[code] += 1
@@ -286,13 +281,7 @@ def crash_loop(index_dir: Path, workdir: Path, seconds: float) -> dict:
         with httpx.Client(timeout=30) as http:
             while time.monotonic() - started < seconds * 4 and exited_after is None:
                 t0 = time.perf_counter()
-                try:
-                    query = {"queries": [f"crash {time.monotonic()} Nile"], "topk": 3}
-                    code = str(http.post(f"{server.url}/retrieve", json=query).status_code)
-                except httpx.TimeoutException:
-                    code = "timeout"
-                except httpx.TransportError as err:
-                    code = type(err).__name__
+                code = post_status(http, f"{server.url}/retrieve", {"queries": [f"crash {t0} Nile"], "topk": 3})
                 codes[code] += 1
                 if code != "200":
                     slowest = max(slowest, time.perf_counter() - t0)

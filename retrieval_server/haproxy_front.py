@@ -232,7 +232,7 @@ class FrontLimits:
     client_timeout_s: int = 60
     http_request_timeout_s: int = 10
     keep_alive_timeout_s: int = 30
-    server_timeout_s: int = 60  # a replica that does not answer within it: 504 (the replica bounds itself before)
+    server_timeout_s: int = 35  # a replica that does not answer within it: 504 (the replica bounds itself before)
     max_connections_per_client: int = 1024
     max_body_bytes: int = 8 * 2**20
 
@@ -243,7 +243,7 @@ class FrontLimits:
             client_timeout_s=config.client_timeout_s,
             http_request_timeout_s=config.http_request_timeout_s,
             keep_alive_timeout_s=config.keep_alive_timeout_s,
-            server_timeout_s=int(config.request_timeout_s) + 30,  # the replica's own 503 comes first
+            server_timeout_s=int(config.request_timeout_s) + 5,  # the replica's own 503 comes first
             max_connections_per_client=config.max_connections_per_client,
             max_body_bytes=config.max_body_bytes,
         )

@@ -37,6 +37,8 @@ INDEX_BUILD_LOCK_TIMEOUT_S = 900.0
 # `serve.start` then fails: seen on a node busy with rollouts or a test suite. Clusters started here give it this
 # long; a value in the environment wins.
 PROXY_READY_TIMEOUT_S = 60.0
+# Seconds between Serve's health checks of a replica (Serve's default: 10).
+REPLICA_HEALTH_CHECK_PERIOD_S = 2.0
 
 
 def serve_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -206,6 +208,9 @@ def build_application(config: ServerConfig):
     return RetrievalServer.options(
         num_replicas=config.num_replicas,
         max_ongoing_requests=config.effective_max_ongoing_requests,
+        # Serve's default checks a replica every 10 s: a replica that died is replaced (and its death reported by
+        # ReplicaWatch) that much later, while its callers wait.
+        health_check_period_s=REPLICA_HEALTH_CHECK_PERIOD_S,
         logging_config={"enable_access_log": config.access_log},
         ray_actor_options=replica_actor_options(config),
     ).bind(config.model_dump(mode="json"))

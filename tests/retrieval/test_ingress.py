@@ -559,7 +559,7 @@ def test_the_front_gets_timeouts_a_connection_bound_a_body_cap_and_a_local_stats
     limits = haproxy_front.FrontLimits(max_connections_per_client=7, max_body_bytes=1000)
     limited = haproxy_front.limit_front(bind_to_host(text, "0.0.0.0"), limits)
     assert "timeout client 3600s" not in limited and "    timeout client 60s\n" in limited
-    for line in ("timeout http-request 10s", "timeout http-keep-alive 30s", "timeout server 60s"):
+    for line in ("timeout http-request 10s", "timeout http-keep-alive 30s", "timeout server 35s"):
         assert f"    {line}\n" in limited.split("frontend")[0]  # in defaults: every listener gets it
     assert "tcp-request connection reject if { sc0_conn_cur gt 7 }" in limited
     assert "deny_status 413 if { req.hdr_val(content-length) gt 1000 }" in limited
