@@ -29,6 +29,7 @@ reloads and signals reach HAProxy itself):
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import re
@@ -275,12 +276,20 @@ def limit_front(config_text: str, limits: FrontLimits) -> str:
             line = f"    timeout {name} {seconds}s\n"
             config_text = _DEFAULTS.sub(lambda m, line=line: m.group(0) + line, config_text, count=1)
     if _LIMITS_MARK not in config_text:
+        # The replica's own words and format (JSON "detail"), said by HAProxy before the body is forwarded.
+        too_large = json.dumps(
+            {
+                "detail": f"request body is larger than this server's cap of {limits.max_body_bytes} bytes; "
+                "send fewer or shorter queries per request"
+            }
+        ).replace('"', '\\"')
         rules = (
             f"{_LIMITS_MARK}\n"
             "    stick-table type ipv6 size 100k expire 60s store conn_cur\n"
             "    tcp-request connection track-sc0 src\n"
             f"    tcp-request connection reject if {{ sc0_conn_cur gt {limits.max_connections_per_client} }}\n"
-            f"    http-request deny deny_status 413 if {{ req.hdr_val(content-length) gt {limits.max_body_bytes} }}\n"
+            f'    http-request return status 413 content-type application/json string "{too_large}" '
+            f"if {{ req.hdr_val(content-length) gt {limits.max_body_bytes} }}\n"
         )
         config_text = _FRONTEND.sub(lambda m: m.group(1) + rules, config_text, count=1)
     return _STATS_BIND.sub(lambda m: f"{m.group(1)}127.0.0.1:{m.group(2)}", config_text)

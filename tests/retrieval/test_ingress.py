@@ -562,7 +562,8 @@ def test_the_front_gets_timeouts_a_connection_bound_a_body_cap_and_a_local_stats
     for line in ("timeout http-request 10s", "timeout http-keep-alive 30s", "timeout server 35s"):
         assert f"    {line}\n" in limited.split("frontend")[0]  # in defaults: every listener gets it
     assert "tcp-request connection reject if { sc0_conn_cur gt 7 }" in limited
-    assert "deny_status 413 if { req.hdr_val(content-length) gt 1000 }" in limited
+    assert "http-request return status 413 content-type application/json" in limited
+    assert "if { req.hdr_val(content-length) gt 1000 }" in limited
     assert "  bind 127.0.0.1:8404\n" in limited  # the stats page stays local though the server listens everywhere
     assert "    bind :9101\n" in limited  # ... and the rest follows --host
     assert haproxy_front.limit_front(limited, limits) == limited  # Ray rewrites and reloads: applied again, the same
@@ -604,7 +605,7 @@ def test_slow_clients_many_connections_and_big_bodies_are_refused_by_a_real_hapr
                 sock.close()
         time.sleep(0.2)
         big = httpx.post(f"http://127.0.0.1:{front}/retrieve", content=b"x" * 2000, timeout=10)
-        assert big.status_code == 413
+        assert big.status_code == 413 and "cap of 1000 bytes" in big.json()["detail"]
         assert httpx.post(f"http://127.0.0.1:{front}/retrieve", content=b"x" * 500, timeout=10).status_code == 200
     finally:
         haproxy.kill()
