@@ -130,7 +130,7 @@ async def receive_body(request: Request, limit: int) -> bytes:
     ``limit``: a 60 MB body is never held whole."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge(f"request body of {int(declared)} bytes is larger than this server's cap {limit}")
+        raise BodyTooLarge(f"request body of {int(declared)} bytes is larger than this server's cap of {limit} bytes")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
