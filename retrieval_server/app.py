@@ -12,6 +12,7 @@ unexpected after validation becomes a 503 with a message (clients retry it); not
 # No `from __future__ import annotations` here: FastAPI must see real types (Request) on the ingress methods.
 import asyncio
 import hmac
+import itertools
 import logging
 import os
 import sys
@@ -258,6 +259,7 @@ class RetrievalServer:
         self.started = time.time()
         self.cache = ResultCache(self.config.result_cache_size, self.config.method, str(self.config.index_dir))
         self.queries_seen = self.queries_searched = 0  # the cache's hit rate: repeats in a batch count as hits
+        self.request_ids = itertools.count()
         self.batcher = BacklogBatcher(
             self._retrieve_batch,
             self.config.max_batch_queries,
@@ -320,13 +322,13 @@ class RetrievalServer:
             )
         # 4. batch -> 5. encode -> 6. search -> 7. look up (in _retrieve_batch, shared with concurrent requests)
         queued = time.perf_counter()
-        answer = asyncio.gather(*(self.batcher.submit(piece, group=id(pieces)) for piece in pieces))
-        left = _client_left(request)
+        request_id = next(self.request_ids)  # its pieces take turns with other requests' as one group
+        waiting = [asyncio.ensure_future(self.batcher.submit(piece, group=request_id)) for piece in pieces]
+        answer, left = asyncio.gather(*waiting), _client_left(request)
         try:
             done, _ = await asyncio.wait({answer, left}, timeout=self.config.request_timeout_s,
                                          return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
             if answer not in done:
-                answer.cancel()  # its pieces still queued are skipped by the batcher: no work for nobody
                 if left in done:
                     self.metrics.client_left.inc()
                     self.metrics.requests.labels("retrieve", "499").inc()
@@ -345,6 +347,8 @@ class RetrievalServer:
             return _problem(503, f"retrieval failed: {type(err).__name__}: {err}")
         finally:
             left.cancel()
+            for piece in waiting:  # pieces still queued (timed out, client left, a sibling failed) are never run
+                piece.cancel()
         self.metrics.stage.labels("batch_wait_and_run").observe(time.perf_counter() - queued)
         # 8. respond: the hits are JSON already (built in the batch's thread); here they are only joined
         self.metrics.requests.labels("retrieve", "200").inc()
