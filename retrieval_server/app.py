@@ -323,7 +323,7 @@ class RetrievalServer:
         # 4. batch -> 5. encode -> 6. search -> 7. look up (in _retrieve_batch, shared with concurrent requests)
         queued = time.perf_counter()
         request_id = next(self.request_ids)  # its pieces take turns with other requests' as one group
-        waiting = [asyncio.ensure_future(self.batcher.submit(piece, group=request_id)) for piece in pieces]
+        waiting = [self.batcher.enqueue(piece, group=request_id) for piece in pieces]  # queued before any await
         answer, left = asyncio.gather(*waiting), _client_left(request)
         try:
             done, _ = await asyncio.wait({answer, left}, timeout=self.config.request_timeout_s,

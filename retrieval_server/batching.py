@@ -91,6 +91,11 @@ class BacklogBatcher(Generic[Item, Result]):
         return self._queued_size
 
     async def submit(self, item: Item, group: object = None) -> Result:
+        return await self.enqueue(item, group)
+
+    def enqueue(self, item: Item, group: object = None) -> asyncio.Future[Result]:
+        """Queue ``item`` now (no await between a caller's look at :attr:`queued_size` and its place in the queue);
+        the future of its result. Cancelling the future takes the item out of any batch not yet run."""
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._bind(loop)
@@ -101,7 +106,7 @@ class BacklogBatcher(Generic[Item, Result]):
         if self._queued_size >= self.max_batch_size:
             self._full.set()
         self._spawn()
-        return await future
+        return future
 
     def close(self) -> None:
         """Stop the workers; callers still waiting get CancelledError."""
