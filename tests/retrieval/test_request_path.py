@@ -89,6 +89,10 @@ def _alone(replica, query: str, k: int) -> list[str]:
     return [d["id"] for d in replica.retriever.lookup(rows[0][rows[0] >= 0])]
 
 
+def _shed(replica) -> float:
+    return float(re.search(r"^retrieval_shed_requests_total (\S+)$", replica.metrics.render().decode(), re.M)[1])
+
+
 QUESTIONS = [f"question {i}: which river flows through {place}?" for i, place in enumerate(["Cairo", "Paris"] * 15)]
 
 
@@ -160,6 +164,28 @@ def test_a_full_queue_sheds_a_big_request_with_503_and_retry_after_but_takes_a_s
     assert refusal_s < 1.0
     assert statuses == [200, 200, 200]
     assert "retrieval_shed_requests_total 1.0" in replica.metrics.render().decode()
+
+
+def test_concurrent_large_requests_cannot_all_pass_the_queue_bound(serve_in_process, monkeypatch):
+    """Admission and queueing happen with no await between: requests arriving together are counted one by one."""
+    replica, client = serve_in_process(max_batch_queries=4, max_queued_queries=12, result_cache_size=0)
+    gate, batches = _gate_search(replica, monkeypatch)
+
+    async def scenario() -> tuple[list[int], int]:
+        async with client() as http:
+            running = asyncio.create_task(http.post("/retrieve", json={"queries": ["Nile"], "topk": 2}))
+            await _until(lambda: len(batches) == 1, "a batch to run")
+            posts = [http.post("/retrieve", json={"queries": QUESTIONS[i : i + 8], "topk": 2}) for i in range(6)]
+            together = asyncio.gather(*posts)
+            await _until(lambda: _shed(replica) + replica.batcher.queued / 2 >= 6, "every request admitted or shed")
+            queued = replica.batcher.queued_size
+            gate.set()
+            statuses = [r.status_code for r in await asyncio.wait_for(together, 30)]
+            assert (await running).status_code == 200
+        return statuses, queued
+
+    statuses, queued = asyncio.run(scenario())
+    assert queued <= 12 and statuses.count(200) == 1 and statuses.count(503) == 5
 
 
 def test_a_request_that_waits_past_its_time_gets_503_with_the_cause(serve_in_process, monkeypatch):
