@@ -486,7 +486,7 @@ def render() -> str:
                     "seconds to wait for the server's `/health` before the first search; the searching recipes set "
                     "it (to `SERVER_WAIT`) when they start their own server beside the trainer",
                 ),
-                ("`RETRIEVAL_SERVER_TOKEN`", "`serve`", "same as `--token`"),
+                ("`RETRIEVAL_SERVER_TOKEN`", "`serve`", "the bearer token (not on the command line, unlike `--token`)"),
                 (
                     "`VERL_EVIDENCE_CACHE`",
                     "`serve`, `index`, demo",
