@@ -233,11 +233,15 @@ def slow_clients(url: str, seconds: float) -> dict:
 
 
 def big_bodies(url: str, seconds: float) -> dict:
+    """Rounds of BIG_BODIES bodies at once; each sends until the server answers, timed to its first answer byte."""
+    import select
+
     port = int(url.rsplit(":", 1)[1])
-    codes, refusal_times = collections.Counter(), []
+    codes, refusal_times = collections.Counter(), collections.defaultdict(list)
     chunk = b'{"queries": ["' + b"x" * (2**20 - 14)
 
     def send(declared: bool) -> None:
+        kind = "declared" if declared else "chunked"
         started = time.perf_counter()
         with socket.create_connection(("127.0.0.1", port), timeout=seconds + 30) as sock:
             length = f"Content-Length: {BIG_BODY_BYTES}" if declared else "Transfer-Encoding: chunked"
@@ -245,27 +249,31 @@ def big_bodies(url: str, seconds: float) -> dict:
             try:
                 sock.sendall(head.encode())
                 for _ in range(BIG_BODY_BYTES // len(chunk)):
-                    piece = chunk if declared else b"%x\r\n%s\r\n" % (len(chunk), chunk)
-                    sock.sendall(piece)
-                    if time.perf_counter() - started > seconds:
+                    if select.select([sock], [], [], 0)[0]:  # the server answered (or closed): stop sending
                         break
+                    sock.sendall(chunk if declared else b"%x\r\n%s\r\n" % (len(chunk), chunk))
             except OSError:
                 pass  # the server stopped reading: its answer says why
             try:
                 status = sock.recv(64).split(b"\r\n")[0].decode(errors="replace")
             except OSError as err:
                 status = type(err).__name__
-        codes[status.split(" ", 2)[1] if status.startswith("HTTP/") else status or "closed"] += 1
-        refusal_times.append(time.perf_counter() - started)
+            answered = time.perf_counter() - started
+        codes[f"{kind} " + (status.split(" ", 2)[1] if status.startswith("HTTP/") else status or "closed")] += 1
+        refusal_times[kind].append(answered)
 
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:  # rounds of 24 at once, for the scenario's length
+    while time.monotonic() < deadline:  # rounds of BIG_BODIES at once, for the scenario's length
         threads = [threading.Thread(target=send, args=(i % 2 == 0,)) for i in range(BIG_BODIES)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(timeout=seconds + 60)
-    return {"abuser_codes": dict(codes), "abuser_slowest_refusal_s": max(refusal_times, default=0.0)}
+    return {
+        "abuser_codes": dict(codes),
+        "abuser_slowest_refusal_s": max((t for times in refusal_times.values() for t in times), default=0.0),
+        **{f"refusal_p99_s_{kind}": float(np.percentile(times, 99)) for kind, times in refusal_times.items()},
+    }
 
 
 def crash_loop(index_dir: Path, workdir: Path, seconds: float) -> dict:
