@@ -69,7 +69,14 @@ class Server:
             self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait_ready(self, timeout_s: float = 300.0) -> dict:
-        return wait_healthy(self.url, self.process, timeout_s)
+        """/health answers and `serve` said so (its replica watch starts only then)."""
+        health = wait_healthy(self.url, self.process, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while "retrieval server ready at" not in self.log.read_text():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"`serve` never said it was ready: {self.log.read_text()[-2000:]}")
+            time.sleep(0.25)
+        return health
 
     def stop(self) -> None:
         if self.process.poll() is None:
