@@ -28,9 +28,10 @@ Measures, in one run and on one index (bundled corpus, packaged MiniLM, Flat):
   * --grpo-only: repeated queries (issue 33): a GRPO-shaped trace (64 prompts x 5
     samples, two searches each; the samples of a prompt send the same first query, as
     the smoke rollouts' dumps show) beside the same trace with every query distinct,
-    against our server with its result cache and the same server without (one Serve
-    instance, two apps): time to serve the trace, p50/p99, the cache's hit rate, and
-    that both answer every request byte for byte alike.
+    against our server with its result cache and the same server without it (one Serve
+    instance, two apps; both still search a query repeated within one batch once):
+    time to serve the trace, p50/p99, the share answered without a search, and that
+    both give every request the same passages in the same order.
 
     python benchmarks/retrieval.py [--quick] [--rounds N] [--servers onnx,searchr1,torch,naive]
                                    [--skip-encoder] [--skip-memory] [--skip-recall]
@@ -851,8 +852,11 @@ def grpo_comparison(rounds: int) -> None:
             asyncio.run(run_trace(url, [[f"warm-up {i}"] for i in range(16)]))
         for round_number in range(rounds):
             for trace_name, repeated in (("grpo (first query x5)", True), ("all distinct", False)):
-                # A fresh trace each round (its queries suffixed), so the cache never holds a previous round's.
-                trace = [[f"{q} [r{round_number}]" for q in rollout] for rollout in grpo_trace(questions, repeated)]
+                # Fresh queries for each trace and round (suffixed), so the cache never holds another run's answers.
+                trace = [
+                    [f"{q} [{trace_name}, round {round_number}]" for q in rollout]
+                    for rollout in grpo_trace(questions, repeated)
+                ]
                 answers = {}
                 for name, url in servers.items():
                     before = cache_counts(url)
