@@ -164,8 +164,9 @@ def _client_left(request: Request) -> "asyncio.Task[None]":
     """A task that ends when the client disconnects (the ASGI server's http.disconnect after the body)."""
 
     async def wait() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
+        if (await request.receive())["type"] != "http.disconnect":
+            # Per ASGI nothing but a disconnect follows a whole body; a server that sends more tells us nothing here.
+            await asyncio.Event().wait()
 
     return asyncio.ensure_future(wait())
 
