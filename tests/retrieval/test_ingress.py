@@ -383,8 +383,8 @@ except haproxy_front.PortInUseError as err:
 # once everything is up (here: scripted right after the health wait) leaves nothing behind either.
 intruders.clear()
 real_wait = launch._wait_healthy
-def healthy_then_failing(url, timeout_s=120.0):
-    real_wait(url, timeout_s)
+def healthy_then_failing(url, timeout_s=120.0, token=None):
+    real_wait(url, timeout_s, token)
     print("healthy", url, httpx.get(url + "/health").status_code, flush=True)
     raise TimeoutError("scripted: a failure once everything is up")
 launch._wait_healthy = healthy_then_failing
