@@ -25,8 +25,17 @@ Measures, in one run and on one index (bundled corpus, packaged MiniLM, Flat):
   * recall@10 / bytes per vector of fp16 Flat and IVF-PQ on a synthetic 768-d set
     (the memory plan of docs/retrieval-server.md).
 
+  * --grpo-only: repeated queries (issue 33): a GRPO-shaped trace (64 prompts x 5
+    samples, two searches each; the samples of a prompt send the same first query, as
+    the smoke rollouts' dumps show) beside the same trace with every query distinct,
+    against our server with its result cache and the same server without it (one Serve
+    instance, two apps; both still search a query repeated within one batch once):
+    time to serve the trace, p50/p99, the share answered without a search, and that
+    both give every request the same passages in the same order.
+
     python benchmarks/retrieval.py [--quick] [--rounds N] [--servers onnx,searchr1,torch,naive]
                                    [--skip-encoder] [--skip-memory] [--skip-recall]
+    python benchmarks/retrieval.py --grpo-only [--rounds N]
 """
 
 from __future__ import annotations
@@ -579,7 +588,13 @@ def main() -> None:
         default=1.5,
         help="wait (up to 5 min) for the 1-minute load average to drop below this",
     )
+    parser.add_argument(
+        "--grpo-only", action="store_true", help="only the repeated-queries comparison (GRPO trace, cache on/off)"
+    )
     args = parser.parse_args()
+    if args.grpo_only:
+        grpo_comparison(args.rounds)
+        return
     servers = [name for name in SERVERS if name in {"onnx", "searchr1", *args.servers.split(",")}]
 
     import ray
@@ -739,6 +754,145 @@ def _spread(values: list[float], digits: str = ".2f") -> str:
     if len(values) == 1:
         return f"{values[0]:{digits}}"
     return f"{float(np.median(values)):{digits}} ({min(values):{digits}}-{max(values):{digits}})"
+
+
+# ---------------------------------------------------------------- repeated queries: a GRPO-shaped trace
+GRPO_PROMPTS, GRPO_SAMPLES = 64, 5
+GRPO_CONCURRENCY = 64  # the search tool's default max_concurrency per worker process
+
+
+def grpo_trace(questions: list[str], repeated_first_query: bool) -> list[list[str]]:
+    """One list of queries per rollout (prompt x sample), in the order a rollout sends them: its first query, then a
+    follow-up of its own. With ``repeated_first_query`` the samples of a prompt share the first query."""
+    rollouts = []
+    for prompt in range(GRPO_PROMPTS):
+        question = questions[prompt % len(questions)]
+        for sample in range(GRPO_SAMPLES):
+            first = question if repeated_first_query else f"{question} (sample {sample})"
+            rollouts.append([first, f"{question.rstrip('?')}: more about it, sample {sample}"])
+    return rollouts
+
+
+async def run_trace(url: str, rollouts: list[list[str]]) -> dict:
+    """Every rollout's searches, one after another per rollout, GRPO_CONCURRENCY rollouts at a time."""
+    import aiohttp
+
+    latencies: list[float] = []
+    answers: dict[tuple[int, int], bytes] = {}
+    errors = 0
+    gate = asyncio.Semaphore(GRPO_CONCURRENCY)
+    connector = aiohttp.TCPConnector(limit=GRPO_CONCURRENCY + 4)
+    async with aiohttp.ClientSession(
+        base_url=url.rstrip("/") + "/", connector=connector, timeout=aiohttp.ClientTimeout(total=120)
+    ) as http:
+
+        async def rollout(n: int, queries: list[str]) -> None:
+            nonlocal errors
+            async with gate:
+                for turn, query in enumerate(queries):
+                    t0 = time.perf_counter()
+                    async with http.post("retrieve", json={"queries": [query], "topk": 3}) as response:
+                        answers[n, turn] = await response.read()
+                        errors += response.status != 200
+                    latencies.append(time.perf_counter() - t0)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(rollout(n, queries) for n, queries in enumerate(rollouts)))
+        elapsed = time.perf_counter() - started
+    lat = np.asarray(latencies) * 1000
+    return {
+        "seconds": elapsed,
+        "qps": len(latencies) / elapsed,
+        "p50_ms": float(np.percentile(lat, 50)),
+        "p99_ms": float(np.percentile(lat, 99)),
+        "errors": errors,
+        "answers": answers,
+    }
+
+
+def compare_answers(first: dict, second: dict) -> tuple[bool, float]:
+    """(every request got the same passages in the same order, the largest score difference) of two runs."""
+    same, largest = first.keys() == second.keys(), 0.0
+    for key in first.keys() & second.keys():
+        a, b = json.loads(first[key])["result"], json.loads(second[key])["result"]
+        same &= [[h["document"] for h in q] for q in a] == [[h["document"] for h in q] for q in b]
+        diffs = [abs(x["score"] - y["score"]) for qa, qb in zip(a, b) for x, y in zip(qa, qb)]
+        largest = max([largest, *diffs])
+    return same, largest
+
+
+def cache_counts(url: str) -> tuple[float, float]:
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    counts = {
+        outcome: float(re.search(rf'^retrieval_cache_lookups_total{{outcome="{outcome}"}} (\S+)$', text, re.M)[1])
+        for outcome in ("hit", "miss")
+    }
+    return counts["hit"], counts["miss"]
+
+
+def grpo_comparison(rounds: int) -> None:
+    """The GRPO trace and its all-distinct twin against one server with its result cache and one without."""
+    from retrieval_server.config import ServerConfig
+    from retrieval_server.launch import ensure_index, start_server
+    from retrieval_server.recall import load_qa
+    from verl_evidence.bundled import corpus_path as bundled_corpus_path
+    from verl_evidence.bundled import qa_path as bundled_qa_path
+
+    index_dir = ensure_index(bundled_corpus_path(), show_progress=False)
+    questions = [q["question"] for q in load_qa(bundled_qa_path())]
+    settings = {"index_dir": index_dir, "port": 0, "num_cpus_per_replica": 1.0}
+    cached = start_server(ServerConfig(**settings), ray_num_cpus=4)
+    uncached = start_server(
+        ServerConfig(**settings, result_cache_size=0, app_name="uncached", route_prefix="/uncached")
+    )
+    servers = {"cache": cached.url, "no cache": uncached.url}
+    rows = []
+    try:
+        for url in servers.values():  # warm-up: the encoder's first batches, connections
+            asyncio.run(run_trace(url, [[f"warm-up {i}"] for i in range(16)]))
+        for round_number in range(rounds):
+            for trace_name, repeated in (("grpo (first query x5)", True), ("all distinct", False)):
+                # Fresh queries for each trace and round (suffixed), so the cache never holds another run's answers.
+                trace = [
+                    [f"{q} [{trace_name}, round {round_number}]" for q in rollout]
+                    for rollout in grpo_trace(questions, repeated)
+                ]
+                answers = {}
+                for name, url in servers.items():
+                    before = cache_counts(url)
+                    row = asyncio.run(run_trace(url, trace))
+                    after = cache_counts(url)
+                    hits, misses = after[0] - before[0], after[1] - before[1]
+                    answers[name] = row.pop("answers")
+                    row.update(trace=trace_name, server=name, round=round_number, hit_rate=hits / (hits + misses))
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                same_ids, score_diff = compare_answers(answers["cache"], answers["no cache"])
+                print(
+                    f"  {trace_name}: same passages in the same order for every request with and without the cache: "
+                    f"{same_ids}; largest score difference {score_diff:.1e} (batches of other sizes: float noise)",
+                    flush=True,
+                )
+                assert same_ids, "the cache changed an answer"
+    finally:
+        uncached.shutdown()
+        cached.shutdown()
+    print(
+        f"\nrepeated queries: {GRPO_PROMPTS} prompts x {GRPO_SAMPLES} samples x 2 searches of one query, "
+        f"{GRPO_CONCURRENCY} rollouts at once, topk 3"
+    )
+    print("trace                  | server   | seconds | queries/s | p50 ms | p99 ms | answered w/o search | errors")
+    for row in rows:
+        print(
+            f"{row['trace']:<22} | {row['server']:<8} | {row['seconds']:7.2f} | {row['qps']:9.1f} | "
+            f"{row['p50_ms']:6.1f} | {row['p99_ms']:6.1f} | {row['hit_rate']:19.0%} | {row['errors']}"
+        )
+    for trace_name in dict.fromkeys(row["trace"] for row in rows):
+        by = {
+            name: np.median([r["seconds"] for r in rows if r["trace"] == trace_name and r["server"] == name])
+            for name in servers
+        }
+        print(f"{trace_name}: no-cache / cache time = {by['no cache'] / by['cache']:.2f}x")
 
 
 def print_report(report: dict) -> None:

@@ -78,6 +78,9 @@ MEANINGS: dict[str, str] = {
         "which a recipe sets when it starts its own server beside the trainer; else 0)"
     ),
     "search_loop.search_backoff": "retry backoff base, seconds (`backoff * 2**attempt`)",
+    "search_loop.search_retry_deadline_s": (
+        "retries go on this long (a restarting server is waited for); 0: max retries only"
+    ),
     "search_loop.search_failure_threshold": (
         "stop the rollout when more than this share of a step's searches in one worker failed (1: never)"
     ),
@@ -100,6 +103,9 @@ MEANINGS: dict[str, str] = {
     "eviomni_loop.search_timeout": "seconds per retrieval request",
     "eviomni_loop.search_max_retries": "retries of a failed request",
     "eviomni_loop.search_backoff": "retry backoff base, seconds (`backoff * 2**attempt`)",
+    "eviomni_loop.search_retry_deadline_s": (
+        "retries go on this long (a restarting server is waited for); 0: max retries only"
+    ),
     "eviomni_loop.search_failure_threshold": (
         "stop the rollout when more than this share of a step's searches in one worker failed (1: never)"
     ),
@@ -120,6 +126,7 @@ MEANINGS: dict[str, str] = {
     "search_tool.timeout": "seconds per retrieval request",
     "search_tool.max_retries": "retries of a failed request",
     "search_tool.backoff": "retry backoff base, seconds",
+    "search_tool.retry_deadline_s": "retries go on this long (a restarting server is waited for); 0: max retries only",
     "search_tool.token": "bearer token (null: env `VERL_EVIDENCE_RETRIEVAL_TOKEN`)",
     "search_tool.max_concurrency": "requests in flight per worker process, server and limits",
     "search_tool.requests_per_second": "rate limit per worker process, server and limits (null: none)",
@@ -141,7 +148,6 @@ MEANINGS: dict[str, str] = {
     "server.max_queries_per_request": "more queries in one request: 422",
     "server.max_topk": "larger `topk`: 422",
     "server.max_query_chars": "longer query: 422",
-    "server.max_batch_size": "requests merged into one encoder pass",
     "server.batch_wait_timeout_s": "how long a batch waits to fill",
     "server.num_replicas": "Serve replicas (each holds its own index copy)",
     "server.num_cpus_per_replica": "CPUs per replica",
@@ -150,14 +156,14 @@ MEANINGS: dict[str, str] = {
     "server.port": "HTTP port (0: a free port)",
     "server.route_prefix": "Serve route prefix",
     "server.app_name": "Serve application name",
-    "server.token": "require `Authorization: Bearer <token>` (`/health` stays open)",
+    "server.token": "require `Authorization: Bearer <token>` on every route but `/healthz`",
     # typer options without a help text
     "serve.rerank-top-n": "candidates the cross-encoder re-scores",
     "serve.port": "HTTP port",
     "serve.replicas": "Serve replicas; each holds its own copy of the index",
     "serve.cpus-per-replica": "CPUs per replica",
     "serve.gpus-per-replica": "GPUs per replica (faiss-gpu: the index is sharded over them, fp16)",
-    "serve.max-batch-size": "requests merged into one encoder pass and one search",
+    "serve.max-batch-size": "requests (or pieces of one) merged into one batch",
     "serve.batch-wait-ms": "how long a batch waits to fill",
     "serve.max-queries-per-request": "more queries in one request: 422",
     "serve.max-topk": "larger `topk`: 422",
@@ -410,6 +416,7 @@ def render() -> str:
         "timeout": service.timeout,
         "max_retries": service.max_retries,
         "backoff": service.backoff,
+        "retry_deadline_s": service.retry_deadline_s,
         "token": None,
         "max_concurrency": service.max_concurrency,
         "requests_per_second": service.requests_per_second,
@@ -474,7 +481,7 @@ def render() -> str:
                     "seconds to wait for the server's `/health` before the first search; the searching recipes set "
                     "it (to `SERVER_WAIT`) when they start their own server beside the trainer",
                 ),
-                ("`RETRIEVAL_SERVER_TOKEN`", "`serve`", "same as `--token`"),
+                ("`RETRIEVAL_SERVER_TOKEN`", "`serve`", "the bearer token (not on the command line, unlike `--token`)"),
                 (
                     "`VERL_EVIDENCE_CACHE`",
                     "`serve`, `index`, demo, `--smoke`",

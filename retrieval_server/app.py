@@ -1,14 +1,18 @@
-"""The Ray Serve application. One request, top to bottom:
+"""The Ray Serve application. One request, top to bottom (``RetrievalServer._retrieve``):
 
-    parse JSON -> validate (pydantic, 422 on any bad input) -> join a dynamic batch ->
-    encode all queries of the batch -> one index search -> one document-store lookup -> respond
+    receive the body (413 past --max-body-bytes, before it is read whole) -> parse JSON -> validate (pydantic, 422
+    on any bad input) -> admit (503 + Retry-After when the queue is full) -> split into pieces of bounded work ->
+    batch with other requests' pieces -> answer repeats from the result cache -> encode each distinct query once ->
+    one index search -> one document-store lookup -> the hits as JSON (in the batch's thread) -> respond
 
-Anything unexpected after validation becomes a 503 with a message (clients retry
-it); nothing reaches the caller as a 500.
+A request waits at most --request-timeout-s, and its queued pieces are dropped when its client leaves. Anything
+unexpected after validation becomes a 503 with a message (clients retry it); nothing reaches the caller as a 500.
 """
 
 # No `from __future__ import annotations` here: FastAPI must see real types (Request) on the ingress methods.
 import asyncio
+import hmac
+import itertools
 import logging
 import os
 import sys
@@ -39,7 +43,14 @@ from retrieval_server.config import ServerConfig
 
 logger = logging.getLogger(__name__)
 
-fastapi_app = FastAPI(title="retrieval-server", description="POST /retrieve: top-k passages per query")
+# FastAPI's own /docs and /openapi.json are off: the deployment serves them itself, behind the token when one is set.
+fastapi_app = FastAPI(
+    title="retrieval-server",
+    description="POST /retrieve: top-k passages per query",
+    docs_url=None,
+    redoc_url=None,
+    openapi_url=None,
+)
 
 
 # ---------------------------------------------------------------- validation
@@ -107,8 +118,57 @@ def parse_and_validate(raw: bytes, config: ServerConfig) -> RetrieveRequest:
         raise BadRequest(_describe_validation_error(err)) from err
 
 
-def _problem(status: int, message: str) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"detail": message})
+def _problem(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"detail": message}, headers=headers)
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def receive_body(request: Request, limit: int) -> bytes:
+    """The request's body, refused (:class:`BodyTooLarge`) as soon as its Content-Length or the bytes so far pass
+    ``limit``: a 60 MB body is never held whole."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(f"request body of {int(declared)} bytes is larger than this server's cap of {limit} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"request body is larger than this server's cap of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def request_pieces(queries: list[str], topk: int, config: ServerConfig) -> list[list[str]]:
+    """A request's queries in pieces of bounded work: at most max_batch_queries queries and max_batch_hits hits."""
+    per_piece = max(1, min(config.max_batch_queries, config.max_batch_hits // topk))
+    return [queries[i : i + per_piece] for i in range(0, len(queries), per_piece)]
+
+
+def piece_cost(queries: list[str], topk: int, config: ServerConfig) -> int:
+    """A piece's share of a batch, in queries: a query asking many hits counts as several (hits bound the lookup)."""
+    n = len(queries)
+    return max(n, -(-n * topk * config.max_batch_queries // config.max_batch_hits))
+
+
+def hits_json(documents: list[dict], scores: list[float], return_scores: bool) -> bytes:
+    """One query's hits as the JSON the contract sends (orjson: ~100x faster than json.dumps for these types)."""
+    if return_scores:
+        return orjson.dumps([{"document": doc, "score": score} for doc, score in zip(documents, scores)])
+    return orjson.dumps([{"document": doc} for doc in documents])
+
+
+def _client_left(request: Request) -> "asyncio.Task[None]":
+    """A task that ends when the client disconnects (the ASGI server's http.disconnect after the body)."""
+
+    async def wait() -> None:
+        if (await request.receive())["type"] != "http.disconnect":
+            # Per ASGI nothing but a disconnect follows a whole body; a server that sends more tells us nothing here.
+            await asyncio.Event().wait()
+
+    return asyncio.ensure_future(wait())
 
 
 # Safety nets for anything raised outside the handlers' own try blocks (routing, framework parsing).
@@ -159,6 +219,21 @@ class ServerMetrics:
             "retrieval_request_latency_seconds", "Latency of /retrieve inside the replica", registry=self.registry
         )
         self.stage = Histogram("retrieval_stage_seconds", "Time per batch stage", ["stage"], registry=self.registry)
+        self.cache_lookups = Counter(
+            "retrieval_cache_lookups",
+            "Queries by outcome: hit (answered by the result cache or a copy in the same batch) or miss (searched)",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.cache_hit_rate = Gauge(
+            "retrieval_cache_hit_rate", "Share of queries answered without a search so far", registry=self.registry
+        )
+        self.shed = Counter(
+            "retrieval_shed_requests", "Requests refused with 503 because the queue was full", registry=self.registry
+        )
+        self.client_left = Counter(
+            "retrieval_client_left", "Requests whose client left before their answer", registry=self.registry
+        )
 
     def render(self) -> bytes:
         from prometheus_client import generate_latest
@@ -167,11 +242,15 @@ class ServerMetrics:
 
 
 # ---------------------------------------------------------------- deployment
+# One piece of a request in a batch: (queries, topk, return_scores); its result: one JSON array of hits per query.
+Piece = tuple[list[str], int, bool]
+
+
 @serve.deployment(name="RetrievalServer")
 @serve.ingress(fastapi_app)
 class RetrievalServer:
     def __init__(self, config: dict[str, Any]) -> None:
-        from retrieval_server.search import Retriever
+        from retrieval_server.search import ResultCache, Retriever
 
         self.config = ServerConfig.model_validate(config)
         self.retriever = Retriever(self.config)
@@ -179,18 +258,29 @@ class RetrievalServer:
             torch.set_num_threads(self.config.torch_threads)  # explicit: Ray's OMP_NUM_THREADS follows num_cpus instead
         self.metrics = ServerMetrics()
         self.started = time.time()
+        self.cache = ResultCache(self.config.result_cache_size, self.config.method, str(self.config.index_dir))
+        self.queries_seen = self.queries_searched = 0  # the cache's hit rate: repeats in a batch count as hits
+        self.request_ids = itertools.count()
         self.batcher = BacklogBatcher(
             self._retrieve_batch,
-            self.config.max_batch_size,
+            self.config.max_batch_queries,
             self.config.batch_wait_timeout_s,
             concurrency=self.config.batch_concurrency_for(getattr(self.retriever.encoder, "backend", None)),
+            size_of=lambda piece: piece_cost(piece[0], piece[1], self.config),
+            strict=True,
+            max_items=self.config.max_batch_size,
         )
         logger.info("retrieval replica ready: %d passages, method=%s", self.retriever.size, self.config.method)
 
-    def _unauthorized(self, request: Request) -> JSONResponse | None:
-        if self.config.token and request.headers.get("authorization") != f"Bearer {self.config.token}":
-            return _problem(401, "missing or wrong bearer token (send 'Authorization: Bearer <token>')")
-        return None
+    def _unauthorized(self, request: Request, endpoint: str) -> JSONResponse | None:
+        if not self.config.token:
+            return None
+        given = request.headers.get("authorization", "").encode()
+        # Constant time: how much of a guess matched must not show in the answer's timing.
+        if hmac.compare_digest(given, f"Bearer {self.config.token}".encode()):
+            return None
+        self.metrics.requests.labels(endpoint, "401").inc()
+        return _problem(401, "missing or wrong bearer token (send 'Authorization: Bearer <token>')")
 
     @fastapi_app.post("/retrieve")
     async def retrieve(self, request: Request) -> Response:
@@ -199,102 +289,182 @@ class RetrievalServer:
 
     async def _retrieve(self, request: Request) -> Response:
         started = time.perf_counter()
-        if (denied := self._unauthorized(request)) is not None:
-            self.metrics.requests.labels("retrieve", "401").inc()
+        if (denied := self._unauthorized(request, "retrieve")) is not None:
             return denied
-        # 1. parse + 2. validate (behind Serve's proxy, reading the body is a round trip to the proxy: timed)
-        raw = await request.body()
+        # 1. receive (behind Serve's proxy, reading the body is a round trip to the proxy: timed)
+        try:
+            raw = await receive_body(request, self.config.max_body_bytes)
+        except BodyTooLarge as err:
+            self.metrics.requests.labels("retrieve", "413").inc()
+            return _problem(413, f"{err}; send fewer or shorter queries per request")
         self.metrics.stage.labels("receive_body").observe(time.perf_counter() - started)
+        # 2. parse + validate
         try:
             body = parse_and_validate(raw, self.config)
         except BadRequest as err:
             self.metrics.requests.labels("retrieve", "422").inc()
             return _problem(422, err.message)
         topk = body.topk or self.config.default_topk
-        # 3. batch -> 4. encode -> 5. search -> 6. look up (all in _retrieve_batch, shared with concurrent requests)
+        # 3. admit: a full queue sheds the request at once (a small one still fits where a large one does not)
+        pieces = [(queries, topk, body.return_scores) for queries in request_pieces(body.queries, topk, self.config)]
+        cost = sum(piece_cost(queries, topk, self.config) for queries, _, _ in pieces)
+        # The last batch's worth of room is kept for requests of one piece: a flood of large requests never sheds
+        # the small ones, which then go into the next batch (the pieces take turns).
+        room = self.config.max_queued_queries - (self.config.max_batch_queries if len(pieces) > 1 else 0)
+        if self.batcher.queued_size and self.batcher.queued_size + cost > room:
+            self.metrics.shed.inc()
+            self.metrics.requests.labels("retrieve", "503").inc()
+            return _problem(
+                503,
+                f"server busy: {self.batcher.queued_size} queries queued, this request's {len(body.queries)} would "
+                f"pass the bound max_queued_queries={self.config.max_queued_queries} (large requests: "
+                f"{room}); retry later",
+                headers={"Retry-After": "1"},
+            )
+        # 4. batch -> 5. encode -> 6. search -> 7. look up (in _retrieve_batch, shared with concurrent requests)
+        queued = time.perf_counter()
+        request_id = next(self.request_ids)  # its pieces take turns with other requests' as one group
+        waiting = [self.batcher.enqueue(piece, group=request_id) for piece in pieces]  # queued before any await
+        answer, left = asyncio.gather(*waiting), _client_left(request)
         try:
-            queued = time.perf_counter()
-            documents, scores = await self.batcher.submit((body.queries, topk))
-            self.metrics.stage.labels("batch_wait_and_run").observe(time.perf_counter() - queued)
+            done, _ = await asyncio.wait({answer, left}, timeout=self.config.request_timeout_s,
+                                         return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+            if answer not in done:
+                if left in done:
+                    self.metrics.client_left.inc()
+                    self.metrics.requests.labels("retrieve", "499").inc()
+                    return _problem(499, "client left")  # nobody reads it; nginx's code for it, not a 5xx
+                self.metrics.requests.labels("retrieve", "503").inc()
+                return _problem(
+                    503,
+                    f"retrieval took longer than request_timeout_s={self.config.request_timeout_s:g} s "
+                    f"({self.batcher.queued_size} queries still queued in this replica)",
+                    headers={"Retry-After": "1"},
+                )
+            per_piece = answer.result()
         except Exception as err:  # a failure of the batch must not surface as a 500
             logger.exception("batch failed")
             self.metrics.requests.labels("retrieve", "503").inc()
             return _problem(503, f"retrieval failed: {type(err).__name__}: {err}")
-        # 7. respond
-        if body.return_scores:
-            result = [
-                [{"document": doc, "score": score} for doc, score in zip(query_docs, query_scores)]
-                for query_docs, query_scores in zip(documents, scores)
-            ]
-        else:
-            result = [[{"document": doc} for doc in query_docs] for query_docs in documents]
+        finally:
+            left.cancel()
+            for piece in waiting:  # pieces still queued (timed out, client left, a sibling failed) are never run
+                piece.cancel()
+        self.metrics.stage.labels("batch_wait_and_run").observe(time.perf_counter() - queued)
+        # 8. respond: the hits are JSON already (built in the batch's thread); here they are only joined
         self.metrics.requests.labels("retrieve", "200").inc()
         self.metrics.queries.inc(len(body.queries))
         self.metrics.latency.observe(time.perf_counter() - started)
-        # orjson: ~100x faster than json.dumps for a 32-query answer (1 ms -> 0.01 ms), same bytes for these types.
-        return Response(orjson.dumps({"result": result}), media_type="application/json")
+        hits = b",".join(query_hits for piece in per_piece for query_hits in piece)
+        return Response(b'{"result":[' + hits + b"]}", media_type="application/json")
 
-    async def _retrieve_batch(
-        self, items: list[tuple[list[str], int]]
-    ) -> list[tuple[list[list[dict]], list[list[float]]]]:
-        """One encoder pass, one index search and one store lookup for every query of every waiting request."""
-        queries = [q for request_queries, _ in items for q in request_queries]
-        query_topk = [k for request_queries, k in items for _ in request_queries]  # each query keeps its request's k
-        self.metrics.batch_requests.observe(len(items))
-        self.metrics.batch_queries.observe(len(queries))
-        # The heavy work runs in a thread so the event loop keeps receiving requests for the next batch meanwhile.
-        rows, scores, documents = await asyncio.to_thread(self._encode_search_lookup, queries, query_topk)
-        width = rows.shape[1]
-        hits = (rows >= 0).sum(axis=1).tolist()  # search blanked the columns past each query's k (and misses)
-        score_lists = scores.tolist()  # Python floats once per batch, not one numpy scalar at a time
-        out = []
-        offset = 0
-        for request_queries, _ in items:
-            per_request = range(offset, offset + len(request_queries))
-            per_request_docs = [documents[q * width : q * width + hits[q]] for q in per_request]
-            per_request_scores = [score_lists[q][: hits[q]] for q in per_request]
-            out.append((per_request_docs, per_request_scores))
-            offset += len(request_queries)
-        return out
+    async def _retrieve_batch(self, pieces: list[Piece]) -> list[list[bytes]]:
+        """One encoder pass, one index search and one store lookup for the distinct queries of every waiting piece.
 
-    def _encode_search_lookup(
-        self, queries: list[str], query_topk: list[int]
-    ) -> tuple[np.ndarray, np.ndarray, list[dict]]:
-        t0 = time.perf_counter()
-        vectors = self.retriever.encode(queries)
-        t1 = time.perf_counter()
-        rows, scores = self.retriever.search(queries, vectors, query_topk)
+        A query already answered (the result cache) or asked twice in the batch (the n samples of a GRPO prompt) is
+        encoded and searched once; every copy gets the same hits.
+        """
+        wanted = [self.cache.key(query, topk) for queries, topk, _ in pieces for query in queries]
+        known = {key: found for key in dict.fromkeys(wanted) if (found := self.cache.get(key)) is not None}
+        missing = [key for key in dict.fromkeys(wanted) if key not in known]  # distinct, first-come order
+        self.metrics.batch_requests.observe(len(pieces))
+        self.metrics.batch_queries.observe(len(missing))
+        self.metrics.cache_lookups.labels("hit").inc(len(wanted) - len(missing))
+        self.metrics.cache_lookups.labels("miss").inc(len(missing))
+        self.queries_seen, self.queries_searched = self.queries_seen + len(wanted), self.queries_searched + len(missing)
+        self.metrics.cache_hit_rate.set(1 - self.queries_searched / self.queries_seen)
+        # The heavy work runs in a thread so the event loop keeps receiving requests for the next batch meanwhile;
+        # so does turning hits into JSON (at topk 100, a 512-query answer is 51,200 dicts).
+        rendered, fresh = await asyncio.to_thread(self._search_and_render, pieces, wanted, known, missing)
+        for key in missing:  # here, on the loop: the cache is not shared with the batches' threads
+            self.cache.put(key, fresh[key])
+        return rendered
+
+    def _search_and_render(
+        self, pieces: list[Piece], wanted: list[tuple], known: dict[tuple, tuple], missing: list[tuple]
+    ) -> tuple[list[list[bytes]], dict[tuple, tuple]]:
+        """Encode + search the missing queries, look up every distinct query's hits once, write each as JSON.
+
+        A query's result is (rows, scores); the cache keeps those, not the passages (a topk-100 answer's passages
+        weigh ~100 KB, its rows and scores ~1 KB), and the lookup of a cached answer is one more Arrow take.
+        """
+        found = dict(known)
+        if missing:
+            queries, query_topk = [key[0] for key in missing], [key[1] for key in missing]
+            t0 = time.perf_counter()
+            vectors = self.retriever.encode(queries)
+            t1 = time.perf_counter()
+            rows, scores = self.retriever.search(queries, vectors, query_topk)
+            self.metrics.stage.labels("encode").observe(t1 - t0)
+            self.metrics.stage.labels("search").observe(time.perf_counter() - t1)
+            hits = (rows >= 0).sum(axis=1).tolist()  # search blanked the columns past each query's k (and misses)
+            row_lists, score_lists = rows.tolist(), scores.tolist()  # Python numbers once per batch
+            for q, key in enumerate(missing):
+                found[key] = (row_lists[q][: hits[q]], score_lists[q][: hits[q]])
         t2 = time.perf_counter()
-        # Misses (-1) fetch row 0 as a placeholder and are dropped by the caller.
-        documents = self.retriever.lookup(np.where(rows >= 0, rows, 0).reshape(-1))
+        distinct = list(dict.fromkeys(wanted))
+        documents = self.retriever.lookup(np.asarray([row for key in distinct for row in found[key][0]], np.int64))
         t3 = time.perf_counter()
-        self.metrics.stage.labels("encode").observe(t1 - t0)
-        self.metrics.stage.labels("search").observe(t2 - t1)
+        passages, at = {}, 0
+        for key in distinct:
+            passages[key], at = documents[at : at + len(found[key][0])], at + len(found[key][0])
+        out, at = [], 0
+        for queries, _, return_scores in pieces:
+            out.append(
+                [hits_json(passages[key], found[key][1], return_scores) for key in wanted[at : at + len(queries)]]
+            )
+            at += len(queries)
         self.metrics.stage.labels("lookup").observe(t3 - t2)
-        return rows, scores, documents
+        self.metrics.stage.labels("render").observe(time.perf_counter() - t3)
+        return out, found
+
+    # ------------------------------------------------------------ the other routes
+    @fastapi_app.get("/healthz")
+    async def healthz(self) -> PlainTextResponse:
+        """Liveness for load balancers and probes: open, and says nothing but ok."""
+        return PlainTextResponse("ok")
 
     @fastapi_app.get("/health")
-    async def health(self) -> dict:
+    async def health(self, request: Request) -> Response:
+        if (denied := self._unauthorized(request, "health")) is not None:
+            return denied  # paths and pids are for the token's holders
         torch = sys.modules.get("torch")
         self.metrics.requests.labels("health", "200").inc()
         manifest = self.retriever.manifest
-        return {
-            "status": "ok",
-            "index_size": self.retriever.size,
-            "model": manifest["encoder"]["model"],
-            "dim": manifest["dim"],
-            "index_type": manifest["index"]["factory"],
-            "method": self.config.method,
-            "reranker": self.config.rerank_model,
-            "uptime_s": round(time.time() - self.started, 3),
-            "replica_pid": os.getpid(),
-            "torch_threads": torch.get_num_threads() if torch else None,  # None: this replica runs without torch
-            "encoder_backend": getattr(self.retriever.encoder, "backend", None),  # None: bm25 needs no encoder
-            "batch_concurrency": self.batcher.concurrency,
-        }
+        return JSONResponse(
+            {
+                "status": "ok",
+                "index_size": self.retriever.size,
+                "model": manifest["encoder"]["model"],
+                "dim": manifest["dim"],
+                "index_type": manifest["index"]["factory"],
+                "method": self.config.method,
+                "reranker": self.config.rerank_model,
+                "uptime_s": round(time.time() - self.started, 3),
+                "replica_pid": os.getpid(),
+                "torch_threads": torch.get_num_threads() if torch else None,  # None: runs without torch
+                "encoder_backend": getattr(self.retriever.encoder, "backend", None),  # None: bm25 needs no encoder
+                "batch_concurrency": self.batcher.concurrency,
+            }
+        )
 
     @fastapi_app.get("/metrics")
     async def metrics(self, request: Request):
-        if (denied := self._unauthorized(request)) is not None:
+        if (denied := self._unauthorized(request, "metrics")) is not None:
             return denied
         return PlainTextResponse(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @fastapi_app.get("/openapi.json")
+    async def openapi(self, request: Request) -> Response:
+        if (denied := self._unauthorized(request, "openapi")) is not None:
+            return denied
+        return JSONResponse(fastapi_app.openapi())
+
+    @fastapi_app.get("/docs")
+    async def docs(self, request: Request) -> Response:
+        if (denied := self._unauthorized(request, "docs")) is not None:
+            return denied
+        from fastapi.openapi.docs import get_swagger_ui_html
+
+        prefix = request.scope.get("root_path", "")
+        return get_swagger_ui_html(openapi_url=f"{prefix}/openapi.json", title="retrieval-server")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
@@ -31,7 +33,16 @@ class BacklogBatcher(Generic[Item, Result]):
     no core idles while one batch finishes its slowest part, and a batch never waits
     for another to end. ``size_of`` weighs an item (default 1): the NLI judge counts
     a call by its pairs. A batch takes items while it holds less than
-    ``max_batch_size``, so its last item may carry it past (an item is never split).
+    ``max_batch_size``, so its last item may carry it past (an item is never split);
+    ``strict=True`` leaves that item for the next batch instead (unless it would be
+    alone), so a batch never holds more than ``max_batch_size``. ``max_items`` caps
+    the items of a batch whatever their sizes.
+
+    Items submitted under one ``group`` (the pieces of one large request) share the
+    queue fairly with everyone else: each batch takes next from the group that has had
+    the least work taken so far, first come first served among equals. An item without
+    a group is a group of its own, so without groups the queue is first in, first out,
+    and a small request never waits behind all the pieces of a large one.
 
     ``run_batch`` returns one result per item, in order; if it raises, every caller
     of that batch gets the error. A caller that left (its await cancelled) is
@@ -46,17 +57,23 @@ class BacklogBatcher(Generic[Item, Result]):
         max_wait_s: float = 0.0,
         concurrency: int = 1,
         size_of: Callable[[Item], int] | None = None,
+        strict: bool = False,
+        max_items: int | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if max_items is not None and max_items < 1:
+            raise ValueError(f"max_items must be >= 1, got {max_items}")
         self._run_batch = run_batch
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
         self.concurrency = concurrency
+        self.strict = strict
+        self.max_items = max_items
         self._size_of = size_of or (lambda item: 1)
-        self._queue: deque[tuple[Item, int, asyncio.Future[Result]]] = deque()
+        self._queue = _FairQueue()
         self._queued_size = 0  # sum of the queued items' sizes
         self._workers: set[asyncio.Task[None]] = set()
         self._running = 0  # batches running now
@@ -68,33 +85,43 @@ class BacklogBatcher(Generic[Item, Result]):
         """Calls waiting for a batch."""
         return len(self._queue)
 
-    async def submit(self, item: Item) -> Result:
+    @property
+    def queued_size(self) -> int:
+        """The summed sizes of the calls waiting for a batch (callers that left count until a batch skips them)."""
+        return self._queued_size
+
+    async def submit(self, item: Item, group: object = None) -> Result:
+        return await self.enqueue(item, group)
+
+    def enqueue(self, item: Item, group: object = None) -> asyncio.Future[Result]:
+        """Queue ``item`` now (no await between a caller's look at :attr:`queued_size` and its place in the queue);
+        the future of its result. Cancelling the future takes the item out of any batch not yet run."""
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._bind(loop)
         future: asyncio.Future[Result] = loop.create_future()
         size = self._size_of(item)
-        self._queue.append((item, size, future))
+        self._queue.append((item, size, future), group)
         self._queued_size += size
         if self._queued_size >= self.max_batch_size:
             self._full.set()
         self._spawn()
-        return await future
+        return future
 
     def close(self) -> None:
         """Stop the workers; callers still waiting get CancelledError."""
         for worker in self._workers:
             worker.cancel()
         self._workers = set()
-        while self._queue:
-            self._queue.popleft()[2].cancel()
+        for _, _, future in self._queue.drain():
+            future.cancel()
         self._queued_size = 0
 
     def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
         # A new event loop: the old one's workers are gone with it, and its callers cannot be answered from here.
         self._loop, self._full, self._workers, self._running = loop, asyncio.Event(), set(), 0
-        self._queue = deque(entry for entry in self._queue if entry[2].get_loop() is loop)
-        self._queued_size = sum(size for _, size, _ in self._queue)
+        self._queue.keep(lambda entry: entry[2].get_loop() is loop)
+        self._queued_size = sum(size for _, size, _ in self._queue.entries())
 
     def _spawn(self) -> None:
         # Not a done-callback: it runs only after the woken caller, whose next submit would find no free slot.
@@ -107,7 +134,10 @@ class BacklogBatcher(Generic[Item, Result]):
         share = -(-self._queued_size // max(1, self.concurrency - self._running))
         limit = min(self.max_batch_size, share)
         taken, size = [], 0
-        while self._queue and size < limit:
+        max_items = self.max_items or len(self._queue)
+        while self._queue and size < limit and len(taken) < max_items:
+            if self.strict and taken and size + self._queue.peek()[1] > self.max_batch_size:
+                break
             item, item_size, future = self._queue.popleft()
             self._queued_size -= item_size
             size += item_size
@@ -149,3 +179,61 @@ class BacklogBatcher(Generic[Item, Result]):
             for (_, future), result in zip(live, results):
                 if not future.done():
                     future.set_result(result)
+
+
+class _FairQueue:
+    """Entries in groups; the next entry comes from the group with the least size taken so far, then the oldest.
+
+    Hand-written: a heap of groups keyed by (size taken, arrival) is all it is, and no queue library orders this way.
+    """
+
+    def __init__(self) -> None:
+        self._groups: dict[object, tuple[deque, list[int]]] = {}  # group -> (its entries, [size taken, arrival])
+        self._heap: list[tuple[int, int, object]] = []  # (size taken, arrival, group) of every group with entries
+        self._arrivals = itertools.count()
+        self._length = 0
+
+    def __len__(self) -> int:
+        return self._length
+
+    def append(self, entry: tuple, group: object = None) -> None:
+        key = ("item", next(self._arrivals)) if group is None else ("group", group)
+        if key not in self._groups:
+            self._groups[key] = (deque(), [0, next(self._arrivals)])
+            heapq.heappush(self._heap, (0, self._groups[key][1][1], key))
+        self._groups[key][0].append(entry)
+        self._length += 1
+
+    def peek(self) -> tuple:
+        return self._groups[self._heap[0][2]][0][0]
+
+    def popleft(self) -> tuple:
+        _, arrival, key = heapq.heappop(self._heap)
+        entries, taken = self._groups[key]
+        entry = entries.popleft()
+        self._length -= 1
+        taken[0] += entry[1]
+        if entries:
+            heapq.heappush(self._heap, (taken[0], arrival, key))
+        else:
+            del self._groups[key]
+        return entry
+
+    def entries(self) -> list[tuple]:
+        return [entry for entries, _ in self._groups.values() for entry in entries]
+
+    def drain(self) -> list[tuple]:
+        entries = self.entries()
+        self.keep(lambda entry: False)
+        return entries
+
+    def keep(self, wanted: Callable[[tuple], bool]) -> None:
+        for key, (entries, _) in list(self._groups.items()):
+            entries_kept = deque(entry for entry in entries if wanted(entry))
+            self._length -= len(entries) - len(entries_kept)
+            if entries_kept:
+                self._groups[key] = (entries_kept, self._groups[key][1])
+            else:
+                del self._groups[key]
+        self._heap = [(taken, arrival, key) for key, (_, (taken, arrival)) in self._groups.items()]
+        heapq.heapify(self._heap)

@@ -79,6 +79,34 @@ def _resources(pairs: list[str]) -> dict[str, float]:
     return resources
 
 
+TOKEN_ENV = "RETRIEVAL_SERVER_TOKEN"
+
+
+def _bearer_token(given: str | None, token_file: Path | None) -> str | None:
+    """The server's token: --token-file, else --token (with a warning: every user of the machine sees it in ps),
+    else $RETRIEVAL_SERVER_TOKEN."""
+    import os
+
+    if given is not None and token_file is not None:
+        raise typer.BadParameter("give the token once: --token or --token-file", param_hint="--token-file")
+    if token_file is not None:
+        try:
+            token = token_file.read_text().splitlines()[0].strip() if token_file.read_text().strip() else ""
+        except OSError as err:
+            raise typer.BadParameter(f"cannot read {token_file}: {err.strerror}", param_hint="--token-file") from None
+        if not token:
+            raise typer.BadParameter(f"{token_file} holds no token", param_hint="--token-file")
+        return token
+    if given is not None:
+        logger.warning(
+            "--token on the command line is visible to every user of this machine (ps, /proc); "
+            "use --token-file or the %s environment variable",
+            TOKEN_ENV,
+        )
+        return given
+    return os.environ.get(TOKEN_ENV) or None
+
+
 def _default_data(ctx: typer.Context) -> DefaultData:
     return ctx.obj if isinstance(ctx.obj, DefaultData) else DefaultData()
 
@@ -150,8 +178,34 @@ def serve(
     max_queries_per_request: int = typer.Option(512),
     max_topk: int = typer.Option(100),
     max_query_chars: int = typer.Option(2048),
+    max_body_bytes: int = typer.Option(8 * 2**20, help="Larger request bodies get 413 before they are read whole"),
+    max_batch_queries: int = typer.Option(
+        256, help="Queries per encoder pass / index search; a larger request is split across batches"
+    ),
+    max_batch_hits: int = typer.Option(8192, help="Hits (queries x topk) one batch looks up"),
+    max_queued_queries: int = typer.Option(
+        2048, help="Queries a replica holds waiting; a request past it gets 503 + Retry-After"
+    ),
+    request_timeout_s: float = typer.Option(30.0, help="Longest a request waits in a replica: then 503 with the cause"),
+    result_cache_size: int = typer.Option(
+        4096, help="Recent (query, topk) results each replica answers again without a search; 0: none"
+    ),
+    client_timeout_s: int = typer.Option(60, help="HAProxy: a client silent this long mid-request is dropped"),
+    http_request_timeout_s: int = typer.Option(
+        10, help="HAProxy: seconds a client has to send a whole request once begun (slow clients are cut off)"
+    ),
+    max_connections_per_client: int = typer.Option(
+        1024, help="HAProxy: connections one source address may hold at once"
+    ),
+    max_replica_restarts: int = typer.Option(
+        5, min=0, help="Exit non-zero when replicas stopped more often than this within 10 minutes (each logged)"
+    ),
     token: str | None = typer.Option(
-        None, envvar="RETRIEVAL_SERVER_TOKEN", help="Require 'Authorization: Bearer <token>'"
+        None,
+        help="Require 'Authorization: Bearer <token>' (visible in ps: prefer --token-file or RETRIEVAL_SERVER_TOKEN)",
+    ),
+    token_file: Path | None = typer.Option(
+        None, help="File holding the bearer token (its first line); the environment's RETRIEVAL_SERVER_TOKEN also works"
     ),
     access_log: bool = typer.Option(
         False, help="Ray Serve's access log line per request (off: it costs CPU at high request rates)"
@@ -162,7 +216,7 @@ def serve(
     verl-evidence with no arguments: the bundled corpus, packaged MiniLM, 127.0.0.1.
     """
     from retrieval_server.config import ServerConfig
-    from retrieval_server.launch import ensure_index, start_server
+    from retrieval_server.launch import ReplicasKeepDying, ReplicaWatch, ensure_index, start_server
 
     served = corpus
     if index_dir is None and corpus is None:
@@ -174,6 +228,7 @@ def serve(
             err=True,
         )
     _quiet_faiss_loader()
+    token = _bearer_token(token, token_file)
     settings = {
         "corpus": corpus, "encoder_model": model, "method": method, "default_topk": topk,
         "rerank_model": rerank_model, "rerank_top_n": rerank_top_n, "search_params": search_params,
@@ -184,6 +239,11 @@ def serve(
         "max_batch_size": max_batch_size, "batch_concurrency": batch_concurrency,
         "batch_wait_timeout_s": batch_wait_ms / 1000.0, "max_queries_per_request": max_queries_per_request,
         "max_topk": max_topk, "max_query_chars": max_query_chars, "token": token, "access_log": access_log,
+        "max_body_bytes": max_body_bytes, "max_batch_queries": max_batch_queries, "max_batch_hits": max_batch_hits,
+        "max_queued_queries": max_queued_queries, "request_timeout_s": request_timeout_s,
+        "result_cache_size": result_cache_size, "client_timeout_s": client_timeout_s,
+        "http_request_timeout_s": http_request_timeout_s, "max_connections_per_client": max_connections_per_client,
+        "max_replica_restarts": max_replica_restarts,
     }  # fmt: skip
     with _settings_from_options():  # checked before an index is built for them
         ServerConfig(index_dir=index_dir or Path("."), **settings)
@@ -201,9 +261,13 @@ def serve(
         "POST /retrieve, GET /health, GET /metrics); "
         "Ctrl-C to stop"
     )
+    watch = ReplicaWatch(config.app_name, config.max_replica_restarts)
     try:
         while not stop.wait(1.0):
-            pass
+            watch.check()
+    except ReplicasKeepDying as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=3) from None
     finally:
         handle.shutdown()
 

@@ -113,8 +113,37 @@ class ServerConfig(BaseModel):
     max_topk: int = Field(default=100, ge=1)
     max_query_chars: int = Field(default=2048, ge=1)
 
-    # Dynamic batching across concurrent requests (unit: one HTTP request).
-    max_batch_size: int = Field(default=64, ge=1)
+    max_body_bytes: int = Field(
+        default=8 * 2**20,
+        ge=1024,
+        description="Largest /retrieve body: a bigger one gets 413 as soon as its Content-Length (or the bytes read so "
+        "far) says so, before it is read whole. 8 MiB holds 512 queries of 2048 characters with room for escapes",
+    )
+
+    # Dynamic batching across concurrent requests. A request is split into pieces of at most max_batch_queries
+    # queries and max_batch_hits hits (queries x topk); a batch holds at most that much work, whatever the requests.
+    max_batch_size: int = Field(default=64, ge=1, description="Requests (or pieces of one) merged into one batch")
+    max_batch_queries: int = Field(default=256, ge=1, description="Queries in one encoder pass / index search")
+    max_batch_hits: int = Field(
+        default=8192, ge=1, description="Hits (queries x their topk) one batch looks up and sends back"
+    )
+    max_queued_queries: int = Field(
+        default=2048,
+        ge=1,
+        description="Queries a replica holds waiting for a batch (a query asking more hits than max_batch_hits / "
+        "max_batch_queries counts as several); a request that would go past it gets 503 with Retry-After",
+    )
+    request_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Longest a request waits inside the replica for its batches: then 503 with the cause",
+    )
+    result_cache_size: int = Field(
+        default=4096,
+        ge=0,
+        description="Recent (query, topk) results kept per replica and answered again without searching "
+        "(GRPO's samples of a prompt repeat its first query); 0: no cache",
+    )
     batch_wait_timeout_s: float = Field(
         default=0.0,
         ge=0,
@@ -171,6 +200,29 @@ class ServerConfig(BaseModel):
         description="Ray Serve's access log line per request in the replica's log. Off by default: at hundreds of "
         "requests/s it costs CPU the encoder needs (/metrics counts requests and statuses either way)",
     )
+    # Limits of the HTTP front a server started here runs (HAProxy; the Python proxy takes the timeouts only).
+    client_timeout_s: int = Field(
+        default=60, ge=1, description="HAProxy 'timeout client': a client silent this long mid-request is dropped"
+    )
+    http_request_timeout_s: int = Field(
+        default=10,
+        ge=1,
+        description="HAProxy 'timeout http-request': time to send a whole request (headers and body) once begun; a "
+        "slow client cannot hold a connection past it",
+    )
+    keep_alive_timeout_s: int = Field(default=30, ge=1, description="An idle kept-alive connection is closed after it")
+    max_connections_per_client: int = Field(
+        default=1024,
+        ge=1,
+        description="HAProxy: connections one source address may hold at once; more are refused (a rollout node's "
+        "clients stay far below it)",
+    )
+    max_replica_restarts: int = Field(
+        default=5,
+        ge=0,
+        description="`serve` exits non-zero when the replicas stopped more often than this within 10 minutes (a "
+        "replica that keeps dying), each stop logged with its cause",
+    )
     route_prefix: str = "/"
     app_name: str = "retrieval"
     token: str | None = None
@@ -184,6 +236,9 @@ class ServerConfig(BaseModel):
             )
         if self.default_topk > self.max_topk:
             raise ValueError(f"default_topk ({self.default_topk}) exceeds max_topk ({self.max_topk})")
+        if self.max_batch_hits < self.max_topk:
+            # A single query at the largest topk must fit one batch.
+            raise ValueError(f"max_batch_hits ({self.max_batch_hits}) is below max_topk ({self.max_topk})")
         return self
 
     @property

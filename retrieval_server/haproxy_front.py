@@ -14,6 +14,13 @@ reloads and signals reach HAProxy itself):
 
 - every listener in the config is bound to the server's host. Ray's template puts
   the stats and metrics listeners on all interfaces whatever the host it was given;
+  the stats page (HAProxy's view of every backend) is bound to 127.0.0.1 whatever
+  the host;
+- the front gets limits (:class:`FrontLimits`, :func:`limit_front`): Ray's template
+  lets a client hold a connection for an hour (``timeout client 3600s``) and take as
+  long as it likes to send a request, so a few thousand slow connections starve every
+  real client. Ours cut them off, bound the connections of one source address and
+  refuse a body above the server's cap with 413 before it reaches a replica;
 - the kernel is asked to SIGKILL HAProxy when its parent dies. When the actor is
   killed hard (OOM killer, a whole server killed at once), nothing in Ray stops
   HAProxy, and the orphan keeps the server's port.
@@ -22,6 +29,7 @@ reloads and signals reach HAProxy itself):
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import re
@@ -30,6 +38,7 @@ import shutil
 import signal
 import socket
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from filelock import FileLock
@@ -217,20 +226,90 @@ def bind_to_host(config_text: str, host: str) -> str:
     return _ANY_INTERFACE_BIND.sub(lambda m: f"{m.group(1)}{host}:{m.group(2)}", config_text)
 
 
-def write_launcher(path: Path, host: str, haproxy: str) -> Path:
+@dataclass(frozen=True)
+class FrontLimits:
+    """What one client may take of the front: time to send a request, idle time, connections, body size."""
+
+    client_timeout_s: int = 60
+    http_request_timeout_s: int = 10
+    keep_alive_timeout_s: int = 30
+    server_timeout_s: int = 35  # a replica that does not answer within it: 504 (the replica bounds itself before)
+    max_connections_per_client: int = 1024
+    max_body_bytes: int = 8 * 2**20
+
+    @classmethod
+    def of(cls, config) -> FrontLimits:
+        """The limits of a :class:`~retrieval_server.config.ServerConfig`."""
+        return cls(
+            client_timeout_s=config.client_timeout_s,
+            http_request_timeout_s=config.http_request_timeout_s,
+            keep_alive_timeout_s=config.keep_alive_timeout_s,
+            server_timeout_s=int(config.request_timeout_s) + 5,  # the replica's own 503 comes first
+            max_connections_per_client=config.max_connections_per_client,
+            max_body_bytes=config.max_body_bytes,
+        )
+
+    def as_args(self) -> list[str]:
+        return [f"--{name.replace('_', '-')}={value}" for name, value in asdict(self).items()]
+
+
+_LIMITS_MARK = "    # verl-evidence: limits per client"
+_FRONTEND = re.compile(r"^(frontend http_frontend\n(?:[ \t]+bind [^\n]*\n)+)", re.MULTILINE)
+_DEFAULTS = re.compile(r"^defaults[ \t]*\n", re.MULTILINE)
+_STATS_BIND = re.compile(r"^(listen stats\n\s*bind\s+)\S*?:(\d+)\b", re.MULTILINE)
+
+
+def limit_front(config_text: str, limits: FrontLimits) -> str:
+    """The HAProxy config with our timeouts (everywhere they are set, and in ``defaults``), a per-source connection
+    bound and a body cap on the HTTP front, and the stats page on 127.0.0.1. Applying it twice changes nothing."""
+    timeouts = {
+        "client": limits.client_timeout_s,
+        "http-request": limits.http_request_timeout_s,
+        "http-keep-alive": limits.keep_alive_timeout_s,
+        "server": limits.server_timeout_s,
+    }
+    for name, seconds in timeouts.items():
+        pattern = re.compile(rf"^([ \t]*)timeout {name}[ \t]+\S+[ \t]*$", re.MULTILINE)
+        if pattern.search(config_text):
+            config_text = pattern.sub(rf"\g<1>timeout {name} {seconds}s", config_text)
+        else:
+            line = f"    timeout {name} {seconds}s\n"
+            config_text = _DEFAULTS.sub(lambda m, line=line: m.group(0) + line, config_text, count=1)
+    if _LIMITS_MARK not in config_text:
+        # The replica's own words and format (JSON "detail"), said by HAProxy before the body is forwarded.
+        too_large = json.dumps(
+            {
+                "detail": f"request body is larger than this server's cap of {limits.max_body_bytes} bytes; "
+                "send fewer or shorter queries per request"
+            }
+        ).replace('"', '\\"')
+        rules = (
+            f"{_LIMITS_MARK}\n"
+            "    stick-table type ipv6 size 100k expire 60s store conn_cur\n"
+            "    tcp-request connection track-sc0 src\n"
+            f"    tcp-request connection reject if {{ sc0_conn_cur gt {limits.max_connections_per_client} }}\n"
+            f'    http-request return status 413 content-type application/json string "{too_large}" '
+            f"if {{ req.hdr_val(content-length) gt {limits.max_body_bytes} }}\n"
+        )
+        config_text = _FRONTEND.sub(lambda m: m.group(1) + rules, config_text, count=1)
+    return _STATS_BIND.sub(lambda m: f"{m.group(1)}127.0.0.1:{m.group(2)}", config_text)
+
+
+def write_launcher(path: Path, host: str, haproxy: str, limits: FrontLimits | None = None) -> Path:
     """An executable script that Ray Serve can run as its HAProxy binary."""
     command = [sys.executable, "-m", "retrieval_server.haproxy_front", "--host", host, "--haproxy", haproxy]
+    command += (limits or FrontLimits()).as_args()
     # $PPID: the actor that runs us; checked after asking for the death signal, which is lost if it is already gone.
     path.write_text(f'#!/bin/sh\nexec {shlex.join(command)} --parent "$PPID" -- "$@"\n')
     path.chmod(0o700)
     return path
 
 
-def _rewrite_config(config_path: Path, host: str) -> None:
+def _rewrite_config(config_path: Path, host: str, limits: FrontLimits) -> None:
     # Ray writes the config under this lock (flock, as FileLock takes it); take it too so a rewrite is never half-read.
     with FileLock(f"{config_path}.lock"):
         text = config_path.read_text()
-        bound = bind_to_host(text, host)
+        bound = limit_front(bind_to_host(text, host), limits)
         if bound != text:
             config_path.write_text(bound)
 
@@ -253,11 +332,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", required=True)
     parser.add_argument("--haproxy", required=True, help="the real HAProxy binary")
     parser.add_argument("--parent", type=int, required=True)
+    for name in asdict(FrontLimits()):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(FrontLimits(), name))
     parser.add_argument("haproxy_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
+    limits = FrontLimits(**{name: getattr(args, name) for name in asdict(FrontLimits())})
     haproxy_args = args.haproxy_args[1:] if args.haproxy_args[:1] == ["--"] else args.haproxy_args
     if "-f" in haproxy_args:
-        _rewrite_config(Path(haproxy_args[haproxy_args.index("-f") + 1]), args.host)
+        _rewrite_config(Path(haproxy_args[haproxy_args.index("-f") + 1]), args.host, limits)
     _die_with_parent(args.parent)
     os.execv(args.haproxy, [args.haproxy, *haproxy_args])
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from retrieval_server.config import BuildConfig, ServerConfig, cache_dir, packaged_minilm_encoder
 from retrieval_server.haproxy_front import (
+    FrontLimits,
     PortClaim,
     PortInUseError,
     free_port,
@@ -36,6 +37,8 @@ INDEX_BUILD_LOCK_TIMEOUT_S = 900.0
 # `serve.start` then fails: seen on a node busy with rollouts or a test suite. Clusters started here give it this
 # long; a value in the environment wins.
 PROXY_READY_TIMEOUT_S = 60.0
+# Seconds between Serve's health checks of a replica (Serve's default: 10).
+REPLICA_HEALTH_CHECK_PERIOD_S = 2.0
 
 
 def serve_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -240,6 +243,9 @@ def build_application(config: ServerConfig):
     return RetrievalServer.options(
         num_replicas=config.num_replicas,
         max_ongoing_requests=config.effective_max_ongoing_requests,
+        # Serve's default checks a replica every 10 s: a replica that died is replaced (and its death reported by
+        # ReplicaWatch) that much later, while its callers wait.
+        health_check_period_s=REPLICA_HEALTH_CHECK_PERIOD_S,
         logging_config={"enable_access_log": config.access_log},
         ray_actor_options=replica_actor_options(config),
     ).bind(config.model_dump(mode="json"))
@@ -361,7 +367,9 @@ def _start_once(config: ServerConfig, address: str | None, ray_num_cpus: int | N
                     workdir = haproxy_workdir(port)
                     shutil.rmtree(workdir, ignore_errors=True)  # files of a killed server on this port: ours now
                     workdir.mkdir(mode=0o700, parents=True)
-                    launcher = write_launcher(workdir / "haproxy", config.host, haproxy_binary())
+                    launcher = write_launcher(
+                        workdir / "haproxy", config.host, haproxy_binary(), FrontLimits.of(config)
+                    )
                     env_vars |= haproxy_environment(
                         workdir, stats_port, metrics_port, launcher, fallback_http, fallback_grpc
                     )
@@ -380,7 +388,15 @@ def _start_once(config: ServerConfig, address: str | None, ray_num_cpus: int | N
             else:
                 port = config.port or free_port(config.host)
             config = config.model_copy(update={"port": port})
-            serve.start(http_options={"host": config.host, "port": port})
+            # Serve's Python proxy (no HAProxy): of the front's limits, it takes the idle and the request timeouts.
+            serve.start(
+                http_options={
+                    "host": config.host,
+                    "port": port,
+                    "keep_alive_timeout_s": config.keep_alive_timeout_s,
+                    "request_timeout_s": FrontLimits.of(config).server_timeout_s,
+                }
+            )
             owns_serve = True
         else:
             http = serve.context._get_global_client().http_config
@@ -397,7 +413,7 @@ def _start_once(config: ServerConfig, address: str | None, ray_num_cpus: int | N
             claims=claims,
         )
         if wait_ready:
-            _wait_healthy(handle.url)
+            _wait_healthy(handle.url, token=config.token)
         return handle
     except BaseException as err:
         # Leave nothing behind; a Serve instance we only joined is left alone.
@@ -414,14 +430,15 @@ def _start_once(config: ServerConfig, address: str | None, ray_num_cpus: int | N
         raise
 
 
-def _wait_healthy(url: str, timeout_s: float = 120.0) -> None:
+def _wait_healthy(url: str, timeout_s: float = 120.0, token: str | None = None) -> None:
     import httpx
 
+    headers = {"Authorization": f"Bearer {token}"} if token else {}  # /health is behind the token when one is set
     deadline = time.monotonic() + timeout_s
     last = ""
     while time.monotonic() < deadline:
         try:
-            response = httpx.get(f"{url}/health", timeout=5.0)
+            response = httpx.get(f"{url}/health", timeout=5.0, headers=headers)
             if response.status_code == 200:
                 return
             last = f"HTTP {response.status_code}"
@@ -429,3 +446,67 @@ def _wait_healthy(url: str, timeout_s: float = 120.0) -> None:
             last = str(err)
         time.sleep(0.25)
     raise TimeoutError(f"retrieval server at {url} not healthy after {timeout_s:.0f}s ({last})")
+
+
+class ReplicasKeepDying(RuntimeError):
+    """The app's replicas stopped more often than ``max_replica_restarts`` allows: serving is given up."""
+
+
+class ReplicaWatch:
+    """The replicas of one app, watched from the process that serves it (``serve``, once a second).
+
+    Serve replaces a replica that dies, forever: one that dies again at once (a docstore truncated under it, a
+    constructor that cannot load the index) keeps requests waiting while ``serve`` still says ready. Here every
+    replica that stops is logged once, with the cause Serve records for the deployment, and more than
+    ``max_restarts`` of them within ``window_s`` raise :class:`ReplicasKeepDying` (``serve`` then exits non-zero).
+    """
+
+    def __init__(self, app_name: str, max_restarts: int, window_s: float = 600.0) -> None:
+        self.app_name, self.max_restarts, self.window_s = app_name, max_restarts, window_s
+        self._prefix = f"SERVE_REPLICA::{app_name}#"
+        self._alive = self._replicas()
+        self._deaths: list[float] = []
+
+    def _replicas(self) -> set[str]:
+        import ray
+
+        named = ray.util.list_named_actors(all_namespaces=True)
+        return {actor["name"] for actor in named if actor["name"].startswith(self._prefix)}
+
+    def cause(self) -> str:
+        """What Serve says of the app's deployment (its last error, the status otherwise), on one line."""
+        from ray import serve
+
+        application = serve.status().applications.get(self.app_name)
+        if application is None:
+            return "the application is gone"
+        deployment = next(iter(application.deployments.values()), None)
+        message = (deployment.message if deployment else "") or ""
+        lines = [line.strip() for line in message.splitlines() if line.strip()]
+        # Serve's message: a sentence, then "Error:" and a traceback whose last line is the exception.
+        summary = lines[0] if lines else f"status {deployment.status if deployment else application.status}"
+        return summary if len(lines) < 2 else f"{summary} {lines[-1]}"
+
+    def check(self) -> None:
+        alive = self._replicas()
+        stopped = sorted(self._alive - alive)
+        self._alive = alive
+        if not stopped:
+            return
+        now = time.monotonic()
+        self._deaths = [t for t in self._deaths if now - t < self.window_s] + [now] * len(stopped)
+        cause = self.cause()
+        for name in stopped:
+            logger.error(
+                "replica %s stopped (%d in the last %.0f s; giving up after %d): %s",
+                name.removeprefix(self._prefix),
+                len(self._deaths),
+                self.window_s,
+                self.max_restarts,
+                cause,
+            )
+        if len(self._deaths) > self.max_restarts:
+            raise ReplicasKeepDying(
+                f"the replicas of {self.app_name!r} stopped {len(self._deaths)} times within {self.window_s:.0f} s "
+                f"(more than --max-replica-restarts {self.max_restarts}); last cause: {cause}"
+            )

@@ -248,3 +248,30 @@ class Retriever:
 
     def lookup(self, rows: np.ndarray) -> list[dict]:
         return self.docstore.lookup(rows)
+
+
+class ResultCache:
+    """The recent answers of one replica: (query, topk, method, index) -> that query's (rows, scores), least recently
+    used out.
+
+    In GRPO the n samples of a prompt often send the same first query; a repeat is answered from here exactly as
+    the search answered it the first time. ``size`` 0 keeps nothing. Not thread-safe: the server uses it on its
+    event loop only.
+    """
+
+    def __init__(self, size: int, method: str, index: str) -> None:
+        from cachetools import LRUCache
+
+        self.size = size
+        self._entries: LRUCache = LRUCache(maxsize=max(size, 1))
+        self._scope = (method, index)
+
+    def key(self, query: str, topk: int) -> tuple:
+        return (query, topk, *self._scope)
+
+    def get(self, key: tuple) -> tuple[list[int], list[float]] | None:
+        return self._entries.get(key) if self.size else None
+
+    def put(self, key: tuple, hits: tuple[list[int], list[float]]) -> None:
+        if self.size:
+            self._entries[key] = hits

@@ -315,3 +315,47 @@ def test_the_deployment_writes_no_access_log_line_per_request_unless_asked(tmp_p
 
     assert access_log() is False  # hundreds of lines a second cost the encoder's CPU
     assert access_log(access_log=True) is True
+
+
+def test_a_strict_batch_never_holds_more_than_its_size():
+    """The server's batches: bounded by queries, the piece that would overflow waits for the next batch."""
+
+    async def scenario() -> list[list[str]]:
+        run = ScriptedBatches(hold=False)
+        batcher = BacklogBatcher(run, max_batch_size=8, size_of=len, strict=True)
+        await asyncio.wait_for(asyncio.gather(*(batcher.submit(i) for i in ("aaaaa", "bbbbb", "cc", "d"))), 10)
+        return run.batches
+
+    assert asyncio.run(scenario()) == [["aaaaa"], ["bbbbb", "cc", "d"]]
+
+
+def test_max_items_caps_a_batch_of_small_items():
+    async def scenario() -> list[list[str]]:
+        run = ScriptedBatches(hold=False)
+        batcher = BacklogBatcher(run, max_batch_size=100, max_items=2)
+        await asyncio.wait_for(asyncio.gather(*(batcher.submit(f"r{i}") for i in range(5))), 10)
+        return run.batches
+
+    assert asyncio.run(scenario()) == [["r0", "r1"], ["r2", "r3"], ["r4"]]
+
+
+def test_a_small_request_overtakes_the_queued_pieces_of_large_ones():
+    """Pieces of one group take turns with the others by work done: a newcomer goes next, not last."""
+
+    async def scenario() -> list[list[str]]:
+        run = ScriptedBatches()
+        batcher = BacklogBatcher(run, max_batch_size=2, size_of=lambda item: 2, strict=True)
+        tasks = [asyncio.create_task(batcher.submit(f"big{g}-{i}", group=f"big{g}")) for g in (1, 2) for i in range(3)]
+        await run.started(0)
+        tasks.append(asyncio.create_task(batcher.submit("small")))  # arrives while big1's first piece runs
+        await _queued(batcher, 6)
+        for batch in range(7):
+            run.finish(batch)
+            if batch < 6:
+                await run.started(batch + 1)
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
+        return run.batches
+
+    batches = asyncio.run(scenario())
+    # big2 has had nothing yet, so it goes first; then the newcomer, before any second piece of either.
+    assert [b[0] for b in batches] == ["big1-0", "big2-0", "small", "big1-1", "big2-1", "big1-2", "big2-2"]

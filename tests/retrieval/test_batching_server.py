@@ -158,6 +158,8 @@ def hybrid_rerank_app(retrieval_server, bundled_index_dir, tiny_cross_encoder):
     config = ServerConfig(
         index_dir=bundled_index_dir, app_name="retrieval-hybrid", route_prefix="/hybrid", method="hybrid",
         rerank_model=tiny_cross_encoder, rerank_top_n=8, max_batch_size=16, batch_wait_timeout_s=0.2,
+        result_cache_size=0,  # the leaver scene repeats its slow queries: each attempt must search them
+        max_batch_queries=512, max_batch_hits=51_200,  # ... in one batch: its slow request (<= 512 x 100) unsplit
     )  # fmt: skip
     handle = start_server(config)
     assert not handle.owns_serve

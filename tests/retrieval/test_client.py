@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from http_servers import ThreadedUvicorn
 
 from retrieval_server.client import (
@@ -20,6 +20,9 @@ from retrieval_server.client import (
 from retrieval_server.haproxy_front import free_port
 
 HIT = {"document": {"id": "p1", "contents": "Title\ntext"}, "score": 0.5}
+# What Ray Serve's HAProxy front answers for a path no app is routed on (while its ingress restarts, /retrieve).
+SERVE_ROUTING_404 = "serve-404"
+SHED_503 = "shed-503"  # our server's answer when its queue is full: 503 with Retry-After
 
 
 class FlakyServer:
@@ -32,8 +35,8 @@ class FlakyServer:
     touch another's counts.
     """
 
-    def __init__(self, script: list[int] | None = None, slow_seconds: float = 0.0) -> None:
-        self.script: list[int] = list(script or [])
+    def __init__(self, script: list[int | str] | None = None, slow_seconds: float = 0.0) -> None:
+        self.script: list[int | str] = list(script or [])
         self.attempts = 0
         self.slow_seconds = slow_seconds
         app = FastAPI()
@@ -44,6 +47,11 @@ class FlakyServer:
             status = self.script.pop(0) if self.script else 200
             if self.slow_seconds:
                 await asyncio.sleep(self.slow_seconds)
+            if status == SERVE_ROUTING_404:
+                message = "Path '/retrieve' not found. Ping http://.../-/routes for available routes."
+                return PlainTextResponse(message, status_code=404)
+            if status == SHED_503:
+                return JSONResponse(status_code=503, content={"detail": "server busy"}, headers={"Retry-After": "1"})
             if status != 200:
                 return JSONResponse(status_code=status, content={"detail": f"scripted {status}"})
             return JSONResponse({"result": [[HIT] for _ in body["queries"]]})
@@ -55,7 +63,7 @@ class FlakyServer:
         self.http = ThreadedUvicorn(app)
         self.url = self.http.url
 
-    def reset(self, script: list[int], slow_seconds: float = 0.0) -> None:
+    def reset(self, script: list[int | str], slow_seconds: float = 0.0) -> None:
         # Only between requests of one test: the event loop is idle, nothing is in flight.
         self.script, self.attempts, self.slow_seconds = list(script), 0, slow_seconds
 
@@ -78,7 +86,7 @@ def test_retries_5xx_then_succeeds(flaky):
 def test_exhausted_retries_raise_unavailable(flaky):
     flaky.reset([503] * 10)
     with (
-        RetrievalClient(flaky.url, max_retries=2, backoff=0.01) as client,
+        RetrievalClient(flaky.url, max_retries=2, backoff=0.01, deadline_s=0) as client,
         pytest.raises(RetrievalUnavailableError, match="3 attempts.*scripted 503"),
     ):
         client.retrieve(["q"])
@@ -100,7 +108,7 @@ def test_4xx_raises_immediately_with_message(flaky, status):
 def test_timeouts_are_retried(flaky):
     flaky.reset([], slow_seconds=0.5)
     with (
-        RetrievalClient(flaky.url, timeout=0.1, max_retries=1, backoff=0.01) as client,
+        RetrievalClient(flaky.url, timeout=0.1, max_retries=1, backoff=0.01, deadline_s=0) as client,
         pytest.raises(RetrievalUnavailableError, match="Timeout"),
     ):
         client.retrieve(["q"])
@@ -114,7 +122,7 @@ def test_timeouts_are_retried(flaky):
 
 def test_connection_refused_is_retried_then_unavailable():
     with (
-        RetrievalClient(f"http://127.0.0.1:{free_port()}", max_retries=2, backoff=0.01) as client,
+        RetrievalClient(f"http://127.0.0.1:{free_port()}", max_retries=2, backoff=0.01, deadline_s=0) as client,
         pytest.raises(RetrievalUnavailableError, match="3 attempts.*ConnectError"),
     ):
         client.health()
@@ -136,7 +144,7 @@ def test_bearer_token_is_sent():
 
 def test_async_client_retries_and_4xx(flaky):
     async def scenario() -> None:
-        async with AsyncRetrievalClient(flaky.url, max_retries=3, backoff=0.01) as client:
+        async with AsyncRetrievalClient(flaky.url, max_retries=3, backoff=0.01, deadline_s=0) as client:
             flaky.reset([503, 504])
             assert await client.retrieve(["a"], topk=1, return_scores=False) == [[HIT]]
             assert flaky.attempts == 3
@@ -172,3 +180,61 @@ def test_retries_wait_backoff_times_two_to_the_attempt_and_say_so(flaky, caplog)
         "retrieval POST /retrieve failed (HTTP 500: scripted 500); retry 3 in 0.04s",
     ]
     assert retries == expected * 2  # the sync and the async client alike
+
+
+def test_an_ingress_restart_longer_than_the_retries_is_ridden_out_within_the_deadline(flaky):
+    """HAProxy's manager restarting: Serve's routing 404, then 502/503, for longer than max_retries covers."""
+    outage = [SERVE_ROUTING_404, SERVE_ROUTING_404, 502, 503, 503, 503, 503]
+    flaky.reset(outage)
+    with RetrievalClient(flaky.url, max_retries=3, backoff=0.01, deadline_s=30) as client:
+        assert client.retrieve(["q"]) == [[HIT]]
+    assert flaky.attempts == len(outage) + 1
+
+    async def scenario() -> None:
+        flaky.reset(outage)
+        async with AsyncRetrievalClient(flaky.url, max_retries=3, backoff=0.01, deadline_s=30) as client:
+            assert await client.retrieve(["q"]) == [[HIT]]
+
+    asyncio.run(scenario())
+    assert flaky.attempts == len(outage) + 1
+
+
+def test_retries_stop_at_the_deadline_and_say_how_long_they_tried():
+    started = time.monotonic()
+    with (
+        RetrievalClient(f"http://127.0.0.1:{free_port()}", max_retries=1, backoff=0.1, deadline_s=1.0) as client,
+        pytest.raises(
+            RetrievalUnavailableError, match=r"failed after [3-9] attempts in (0\.[5-9]|1\.\d) s.*ConnectError"
+        ),
+    ):
+        client.health()
+    assert time.monotonic() - started < 3.0
+
+
+def test_a_routing_404_is_retried_but_a_404_of_the_app_is_final(flaky):
+    flaky.reset([SERVE_ROUTING_404])
+    with RetrievalClient(flaky.url, max_retries=3, backoff=0.01) as client:
+        assert client.retrieve(["q"]) == [[HIT]]
+        flaky.reset([404])  # our app's own 404 (a wrong path or route prefix): retrying cannot help
+        with pytest.raises(RetrievalRequestError, match="scripted 404"):
+            client.retrieve(["q"])
+    assert flaky.attempts == 1
+
+
+def test_a_retry_after_from_the_server_is_waited_out(flaky, caplog):
+    flaky.reset([SHED_503])
+    with (
+        caplog.at_level("WARNING", logger="retrieval_server.client"),
+        RetrievalClient(flaky.url, backoff=0.01) as client,
+    ):
+        assert client.retrieve(["q"]) == [[HIT]]
+    assert [r.getMessage() for r in caplog.records if "retry" in r.getMessage()] == [
+        "retrieval POST /retrieve failed (HTTP 503: server busy); retry 1 in 1.00s"
+    ]
+
+
+def test_max_retries_zero_turns_retrying_off_whatever_the_deadline(flaky):
+    flaky.reset([503])
+    with RetrievalClient(flaky.url, max_retries=0, deadline_s=60) as client, pytest.raises(RetrievalUnavailableError):
+        client.retrieve(["q"])
+    assert flaky.attempts == 1

@@ -384,8 +384,8 @@ except haproxy_front.PortInUseError as err:
 # once everything is up (here: scripted right after the health wait) leaves nothing behind either.
 intruders.clear()
 real_wait = launch._wait_healthy
-def healthy_then_failing(url, timeout_s=120.0):
-    real_wait(url, timeout_s)
+def healthy_then_failing(url, timeout_s=120.0, token=None):
+    real_wait(url, timeout_s, token)
     print("healthy", url, httpx.get(url + "/health").status_code, flush=True)
     raise TimeoutError("scripted: a failure once everything is up")
 launch._wait_healthy = healthy_then_failing
@@ -539,3 +539,80 @@ def test_a_hard_killed_server_leaves_its_port_to_the_next(bundled_index_dir):
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.kill()
         shutil.rmtree(haproxy_workdir(port), ignore_errors=True)
+
+
+# ---------------------------------------------------------------- the front's limits: slow clients, many, big bodies
+RAY_TEMPLATE_DEFAULTS = """global
+    stats timeout 30s
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 3600s
+frontend prometheus
+    bind :{metrics}
+    http-request return status 200
+frontend http_frontend
+    bind 127.0.0.1:{front}
+    http-request return status 200
+listen stats
+  bind *:{stats}
+  stats enable
+"""
+
+
+def test_the_front_gets_timeouts_a_connection_bound_a_body_cap_and_a_local_stats_page():
+    text = RAY_TEMPLATE_DEFAULTS.format(metrics=9101, stats=8404, front=8000)
+    limits = haproxy_front.FrontLimits(max_connections_per_client=7, max_body_bytes=1000)
+    limited = haproxy_front.limit_front(bind_to_host(text, "0.0.0.0"), limits)
+    assert "timeout client 3600s" not in limited and "    timeout client 60s\n" in limited
+    for line in ("timeout http-request 10s", "timeout http-keep-alive 30s", "timeout server 35s"):
+        assert f"    {line}\n" in limited.split("frontend")[0]  # in defaults: every listener gets it
+    assert "tcp-request connection reject if { sc0_conn_cur gt 7 }" in limited
+    assert "http-request return status 413 content-type application/json" in limited
+    assert "if { req.hdr_val(content-length) gt 1000 }" in limited
+    assert "  bind 127.0.0.1:8404\n" in limited  # the stats page stays local though the server listens everywhere
+    assert "    bind :9101\n" in limited  # ... and the rest follows --host
+    assert haproxy_front.limit_front(limited, limits) == limited  # Ray rewrites and reloads: applied again, the same
+
+
+@needs_haproxy
+def test_slow_clients_many_connections_and_big_bodies_are_refused_by_a_real_haproxy(tmp_path):
+    import socket
+
+    stats, metrics, front = free_port(), free_port(), free_port()
+    config = tmp_path / "haproxy.cfg"
+    limits = haproxy_front.FrontLimits(http_request_timeout_s=1, max_connections_per_client=3, max_body_bytes=1000)
+    config.write_text(
+        haproxy_front.limit_front(RAY_TEMPLATE_DEFAULTS.format(metrics=metrics, stats=stats, front=front), limits)
+    )
+    check = subprocess.run([haproxy_binary(), "-c", "-f", str(config)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr  # HAProxy itself accepts the config
+    haproxy = _spawn_haproxy(config)
+    try:
+        _wait_listening(haproxy.pid, 3)
+        # A slow client: half a request line, then silence. Cut off after http-request's 1 s, not Ray's hour.
+        with socket.create_connection(("127.0.0.1", front), timeout=10) as slow:
+            slow.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
+            started = time.monotonic()
+            answer = slow.recv(1024)
+            assert answer.startswith(b"HTTP/1.1 408") and time.monotonic() - started < 5
+        # One source may hold 3 connections; the 4th is closed at once, the others still served.
+        held = [socket.create_connection(("127.0.0.1", front), timeout=10) for _ in range(3)]
+        try:
+            time.sleep(0.2)
+            with socket.create_connection(("127.0.0.1", front), timeout=10) as extra:
+                extra.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                with contextlib.suppress(ConnectionResetError):
+                    assert extra.recv(1024) == b""
+            held[0].sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert held[0].recv(1024).startswith(b"HTTP/1.1 200")
+        finally:
+            for sock in held:
+                sock.close()
+        time.sleep(0.2)
+        big = httpx.post(f"http://127.0.0.1:{front}/retrieve", content=b"x" * 2000, timeout=10)
+        assert big.status_code == 413 and "cap of 1000 bytes" in big.json()["detail"]
+        assert httpx.post(f"http://127.0.0.1:{front}/retrieve", content=b"x" * 500, timeout=10).status_code == 200
+    finally:
+        haproxy.kill()
+        haproxy.wait(timeout=30)

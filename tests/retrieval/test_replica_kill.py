@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import httpx
 import pytest
 
 from retrieval_server.client import RetrievalClient, RetrievalRequestError
@@ -57,6 +58,9 @@ def test_bearer_token_is_required(two_replica_app):
         with pytest.raises(RetrievalRequestError) as info:
             anonymous.retrieve(["Nile"])
         assert info.value.status_code == 401 and "bearer token" in info.value.message
+        with pytest.raises(RetrievalRequestError, match="HTTP 401"):
+            anonymous.health()  # its paths and pids are for the token's holders
+        assert httpx.get(f"{two_replica_app.url}/healthz", timeout=30).text == "ok"  # open for load balancers
     with (
         RetrievalClient(two_replica_app.url, token="wrong", max_retries=0) as wrong,
         pytest.raises(RetrievalRequestError),
@@ -64,7 +68,7 @@ def test_bearer_token_is_required(two_replica_app):
         wrong.retrieve(["Nile"])
     with RetrievalClient(two_replica_app.url, token=TOKEN) as client:
         assert len(client.retrieve(["Nile"], topk=2)[0]) == 2
-        assert client.health()["index_size"] > 0  # health stays open for load balancers
+        assert client.health()["index_size"] > 0
 
 
 def test_killed_replica_under_load_loses_no_request(two_replica_app):
@@ -119,3 +123,47 @@ def _wait(condition, what: str, limit_s: float = 240.0) -> None:
         if time.time() > deadline:
             raise AssertionError(f"gave up waiting for {what} after {limit_s:.0f}s")
         time.sleep(0.2)
+
+
+def test_a_replica_that_keeps_dying_fails_fast_is_logged_and_given_up_on(
+    retrieval_server, bundled_index_dir, tmp_path, caplog
+):
+    """A docstore truncated under a serving replica (SIGBUS on its next lookup; its replacements cannot open it)."""
+    import shutil
+
+    from retrieval_server.config import ServerConfig
+    from retrieval_server.launch import ReplicasKeepDying, ReplicaWatch, start_server
+
+    index = tmp_path / "index"
+    shutil.copytree(bundled_index_dir, index)
+    handle = start_server(
+        ServerConfig(index_dir=index, method="bm25", app_name="crash-loop", route_prefix="/crash", request_timeout_s=5)
+    )
+    failures: list[tuple[str, float]] = []
+    try:
+        watch = ReplicaWatch("crash-loop", max_restarts=1)
+        with RetrievalClient(handle.url, max_retries=0) as client:
+            assert len(client.retrieve(["Nile"])[0]) == 3
+            store = index / "docstore.arrow"
+            with store.open("r+b") as handle_file:
+                handle_file.truncate(store.stat().st_size // 3)
+            deadline = time.monotonic() + 240
+            with caplog.at_level("ERROR", logger="retrieval_server.launch"), pytest.raises(ReplicasKeepDying) as info:
+                while time.monotonic() < deadline:
+                    started = time.monotonic()
+                    try:
+                        client.retrieve([f"Nile {started}"])
+                        outcome = "200"
+                    except Exception as err:  # what a caller sees, recorded
+                        outcome = type(err).__name__
+                    failures.append((outcome, time.monotonic() - started))
+                    watch.check()
+                    time.sleep(0.25)
+    finally:
+        handle.shutdown()
+    stops = [r.getMessage() for r in caplog.records if "stopped" in r.getMessage()]
+    assert len(stops) >= 2 and "giving up after 1" in stops[0]
+    assert "more than --max-replica-restarts 1" in str(info.value)
+    assert all(outcome != "200" for outcome, _ in failures[1:])  # nothing answered from the broken store
+    # Every failure is bounded: the replica's own timeout, or the front's 5xx when the replica dies under it.
+    assert max(seconds for _, seconds in failures) < 35 + 5, failures

@@ -99,7 +99,13 @@ def test_eviomni_loop_honours_retries_and_backoff(base_config, tokenizer, caplog
         refused = f"http://127.0.0.1:{sock.getsockname()[1]}"
         with caplog.at_level("WARNING", logger="retrieval_server.client"):
             (out,) = eviomni_run(
-                base_config, tokenizer, 1, retrieval_url=refused, search_max_retries=2, search_backoff=0.05
+                base_config,
+                tokenizer,
+                1,
+                retrieval_url=refused,
+                search_max_retries=2,
+                search_backoff=0.05,
+                search_retry_deadline_s=0,
             )
     retries = [r.getMessage() for r in caplog.records if r.name == "retrieval_server.client"]
     assert [m.split("; ")[-1] for m in retries] == ["retry 1 in 0.05s", "retry 2 in 0.10s"]

@@ -194,7 +194,14 @@ def test_server_going_down_mid_rollout_is_reported_not_raised(base_config, searc
         return next(turns)
 
     backend = ScriptedBackend(tokenizer, responder=responder)
-    config = search_config(base_config, proxy.url, search_max_retries=1, search_backoff=0.01, search_timeout=5.0)
+    config = search_config(
+        base_config,
+        proxy.url,
+        search_max_retries=1,
+        search_backoff=0.01,
+        search_timeout=5.0,
+        search_retry_deadline_s=0,  # a server gone for good: not waited for
+    )
     try:
         out = unpad(run_worker(config, backend, [make_row(QUESTION, "evidence_search")]))
     finally:

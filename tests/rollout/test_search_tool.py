@@ -99,7 +99,7 @@ def test_request_rejected_by_the_server_is_reported(search_url):
 
 def test_server_down_is_reported_not_raised():
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens here
-    tool = tool_from_packaged_yaml(url, max_retries=1, backoff=0.01)
+    tool = tool_from_packaged_yaml(url, max_retries=1, backoff=0.01, retry_deadline_s=0)
     text, metrics = execute(tool, {"query_list": ["Nile"]})
     assert "search engine is unavailable" in text
     assert metrics == {"error": "unavailable"}

@@ -31,6 +31,9 @@ class SearchSettings(BaseModel):
     timeout: float = Field(30.0, gt=0)
     max_retries: int = Field(3, ge=0)
     backoff: float = Field(0.5, ge=0)
+    # Retries go on until this many seconds have passed (or max_retries, if that lasts longer): a server whose front
+    # restarts (~30 s) is waited for, not failed. max_retries=0: no retries at all.
+    retry_deadline_s: float = Field(60.0, ge=0)
     token: str | None = None  # None: env VERL_EVIDENCE_RETRIEVAL_TOKEN
     max_concurrency: int = Field(64, ge=1)
     requests_per_second: float | None = Field(None, gt=0)
@@ -62,7 +65,7 @@ class SearchSettings(BaseModel):
 
     @property
     def client_key(self) -> tuple:
-        return (self.retrieval_url, self.timeout, self.max_retries, self.backoff, self.token)
+        return (self.retrieval_url, self.timeout, self.max_retries, self.backoff, self.retry_deadline_s, self.token)
 
 
 _DEFAULTS = SearchSettings()
@@ -73,6 +76,7 @@ LOOP_SEARCH_KEYS = {
     "search_timeout": "timeout",
     "search_max_retries": "max_retries",
     "search_backoff": "backoff",
+    "search_retry_deadline_s": "retry_deadline_s",
     "search_wait_for_server_s": "wait_for_server_s",
     "search_max_concurrency": "max_concurrency",
     "search_requests_per_second": "requests_per_second",
@@ -90,6 +94,7 @@ class LoopSearchFields:
     search_timeout: float = _DEFAULTS.timeout
     search_max_retries: int = _DEFAULTS.max_retries
     search_backoff: float = _DEFAULTS.backoff
+    search_retry_deadline_s: float = _DEFAULTS.retry_deadline_s
     # seconds to wait for /health before the first search (None: env VERL_EVIDENCE_RETRIEVAL_WAIT_S, else 0)
     search_wait_for_server_s: float | None = _DEFAULTS.wait_for_server_s
     search_max_concurrency: int = _DEFAULTS.max_concurrency

@@ -132,6 +132,7 @@ def shared_client(settings: SearchSettings) -> Retriever:
             max_retries=settings.max_retries,
             backoff=settings.backoff,
             token=settings.token,
+            deadline_s=settings.retry_deadline_s,
         )
     return per_loop[key]
 
