@@ -45,8 +45,6 @@ MEANINGS: dict[str, str] = {
     "grace.alpha": "weight of ROUGE-L(evidence, gold evidence)",
     "grace.beta": "weight of ROUGE-L(answer, gold answers)",
     # verl_evidence.agent_loops.search_loop_settings.SearchLoopSettings
-    "search_loop.retrieval_url": "retrieval server (null: env `VERL_EVIDENCE_RETRIEVAL_URL`)",
-    "search_loop.topk": "passages per search",
     "search_loop.max_turns": "generations per trajectory; the last one may only answer",
     "search_loop.max_tokens_per_turn": "cap per generation (null: what is left of `rollout.response_length`)",
     "search_loop.max_obs_tokens": "tokens of one `<information>` body, truncated at the end",
@@ -71,22 +69,6 @@ MEANINGS: dict[str, str] = {
     "search_loop.invalid_action_feedback": "appended (mask 0) after a turn without a valid action",
     "search_loop.final_turn_notice": 'appended before the last turn (`""` disables)',
     "search_loop.search_failed_text": "`<information>` body when retrieval fails",
-    "search_loop.search_timeout": "seconds per retrieval request",
-    "search_loop.search_max_retries": "retries of a failed request (5xx, connection errors)",
-    "search_loop.search_wait_for_server_s": (
-        "seconds to wait for the server's /health before the first search (null: env `VERL_EVIDENCE_RETRIEVAL_WAIT_S`, "
-        "which a recipe sets when it starts its own server beside the trainer; else 0)"
-    ),
-    "search_loop.search_backoff": "retry backoff base, seconds (`backoff * 2**attempt`)",
-    "search_loop.search_retry_deadline_s": (
-        "retries go on this long (a restarting server is waited for); 0: max retries only"
-    ),
-    "search_loop.search_failure_threshold": (
-        "stop the rollout when more than this share of a step's searches in one worker failed (1: never)"
-    ),
-    "search_loop.search_failure_min_searches": "searches of a step in one worker before the threshold can stop it",
-    "search_loop.search_max_concurrency": "requests in flight per worker process, server and limits",
-    "search_loop.search_requests_per_second": "rate limit per worker process, server and limits (null: none)",
     "search_loop.extractor": "evidence extractor: `none`, `policy` (same engine) or `openai` (endpoint)",
     "search_loop.extractor_prompt": "extractor prompt, `{question} {thought} {query} {passages}`",
     "search_loop.extractor_max_tokens": "extractor generation length",
@@ -98,43 +80,12 @@ MEANINGS: dict[str, str] = {
     "eviomni_loop.prompt": "policy prompt, `{question} {passages}`",
     "eviomni_loop.answer_prompt": "masked-answer prompt, `{question} {passages} {rationale} {evidence}`",
     "eviomni_loop.placeholder": "text that replaces the masked parts",
-    "eviomni_loop.retrieval_url": "retrieval server, used only when the row has no `extra_info.passages`",
-    "eviomni_loop.topk": "passages fetched from the server",
-    "eviomni_loop.search_timeout": "seconds per retrieval request",
-    "eviomni_loop.search_max_retries": "retries of a failed request",
-    "eviomni_loop.search_backoff": "retry backoff base, seconds (`backoff * 2**attempt`)",
-    "eviomni_loop.search_retry_deadline_s": (
-        "retries go on this long (a restarting server is waited for); 0: max retries only"
-    ),
-    "eviomni_loop.search_failure_threshold": (
-        "stop the rollout when more than this share of a step's searches in one worker failed (1: never)"
-    ),
-    "eviomni_loop.search_failure_min_searches": "searches of a step in one worker before the threshold can stop it",
-    "eviomni_loop.search_max_concurrency": "requests in flight per worker process, server and limits",
-    "eviomni_loop.search_requests_per_second": "rate limit per worker process, server and limits (null: none)",
-    "eviomni_loop.search_wait_for_server_s": (
-        "seconds to wait for the server's /health before the first search (null: env `VERL_EVIDENCE_RETRIEVAL_WAIT_S`, "
-        "else 0)"
-    ),
+    "eviomni_loop.topk": "passages fetched from the server (only for rows without `extra_info.passages`)",
     "eviomni_loop.masked_answer_max_tokens": "length of o_r and o_e",
     "eviomni_loop.masked_answer_temperature": "null: the rollout's sampling params; a number overrides",
     # verl_evidence.tools.search_tool.SearchTool (tool YAML `config`)
-    "search_tool.retrieval_url": "retrieval server (null: env `VERL_EVIDENCE_RETRIEVAL_URL`)",
-    "search_tool.topk": "passages per query",
     "search_tool.max_queries": "queries per call; more is answered with an error text",
     "search_tool.document_format": "passage layout: `ours` or `search_r1` (Search-R1's; docs/rollouts.md)",
-    "search_tool.timeout": "seconds per retrieval request",
-    "search_tool.max_retries": "retries of a failed request",
-    "search_tool.backoff": "retry backoff base, seconds",
-    "search_tool.retry_deadline_s": "retries go on this long (a restarting server is waited for); 0: max retries only",
-    "search_tool.token": "bearer token (null: env `VERL_EVIDENCE_RETRIEVAL_TOKEN`)",
-    "search_tool.max_concurrency": "requests in flight per worker process, server and limits",
-    "search_tool.requests_per_second": "rate limit per worker process, server and limits (null: none)",
-    "search_tool.burst": "requests let through at once, then the rate applies (null: max(1, requests_per_second))",
-    "search_tool.wait_for_server_s": (
-        "seconds to wait for the server's /health before the first search (null: env `VERL_EVIDENCE_RETRIEVAL_WAIT_S`, "
-        "else 0)"
-    ),
     # retrieval_server.config.ServerConfig fields without a description
     "server.index_dir": "index directory written by `index build`",
     "server.corpus": "must be the corpus the manifest recorded (null: the recorded one)",
@@ -237,7 +188,10 @@ def dataclass_rows(cls: type, section: str, prefix: str = "") -> list[tuple[str,
             default = value(field.default_factory())  # type: ignore[misc]
         else:
             default = "required"
-        rows.append((f"`{prefix}{field.name}`", type_name(field.type), default, meaning(section, field.name)))
+        description = field.metadata.get("description")  # the search keys: SearchSettings' own descriptions
+        rows.append(
+            (f"`{prefix}{field.name}`", type_name(field.type), default, meaning(section, field.name, description))
+        )
     return rows
 
 
@@ -408,21 +362,16 @@ def render() -> str:
     with contextlib.redirect_stdout(io.StringIO()):  # verl's BaseTool prints its schema
         tool = SearchTool({"retrieval_url": "http://unused"})
     service = tool.service.settings
-    tool_defaults = {
-        "retrieval_url": None,
-        "topk": service.topk,
-        "max_queries": tool.max_queries,
-        "document_format": tool.document_format,
-        "timeout": service.timeout,
-        "max_retries": service.max_retries,
-        "backoff": service.backoff,
-        "retry_deadline_s": service.retry_deadline_s,
-        "token": None,
-        "max_concurrency": service.max_concurrency,
-        "requests_per_second": service.requests_per_second,
-        "burst": service.burst,
-        "wait_for_server_s": None,
-    }
+    from verl_evidence.tools.search_settings import TOOL_FIELDS, SearchSettings
+
+    # the tool's own keys, then the search settings it takes (their environment fallbacks shown as null)
+    tool_rows = [
+        ("max_queries", tool.max_queries, meaning("search_tool", "max_queries")),
+        ("document_format", tool.document_format, meaning("search_tool", "document_format")),
+    ]
+    for name in TOOL_FIELDS:
+        default = None if name in ("retrieval_url", "token", "wait_for_server_s") else getattr(service, name)
+        tool_rows.append((name, default, SearchSettings.model_fields[name].description))
     add(
         "The `config` mapping of the tool's entry in the tool YAML (`class_name: "
         "verl_evidence.tools.search_tool.SearchTool`); a ready file is "
@@ -432,7 +381,7 @@ def render() -> str:
     add(
         table(
             ("key", "default", "meaning"),
-            [(f"`{k}`", value(v), meaning("search_tool", k)) for k, v in tool_defaults.items()],
+            [(f"`{k}`", value(v), text) for k, v, text in tool_rows],
         )
         + "\n"
     )

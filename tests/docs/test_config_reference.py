@@ -50,8 +50,8 @@ def test_every_setting_of_the_code_is_on_the_page(generated: str) -> None:
 
 
 def test_a_new_setting_without_a_meaning_fails_the_generator(generator, monkeypatch) -> None:
-    monkeypatch.delitem(generator.MEANINGS, "search_loop.topk")
-    with pytest.raises(SystemExit, match="search_loop.topk"):
+    monkeypatch.delitem(generator.MEANINGS, "search_loop.max_turns")
+    with pytest.raises(SystemExit, match="search_loop.max_turns"):
         generator.render()
 
 

@@ -234,6 +234,35 @@ def test_unknown_tool_config_key_fails_naming_it():
         SearchTool({"retrieval_url": "http://x", "requests_per_secnd": 2})
 
 
+def test_the_loops_failure_thresholds_are_refused_by_the_tool_not_ignored():
+    with pytest.raises(ValueError, match=r"\['failure_threshold'\] only apply to this project's agent loops"):
+        SearchTool({"retrieval_url": "http://x", "failure_threshold": 0.2})
+
+
+def test_the_search_settings_are_one_list_read_by_the_tool_and_both_loops():
+    """Every SearchSettings field is a loop key with the same default (the token only from the environment) and a tool
+    key (the loops' failure thresholds apart); a loop can set what the tool can, `burst` included."""
+    import dataclasses
+
+    from verl_evidence.agent_loops.eviomni_loop import EviOmniLoopSettings
+    from verl_evidence.agent_loops.search_loop_settings import SearchLoopSettings
+    from verl_evidence.tools.search_settings import LOOP_SEARCH_KEYS, TOOL_FIELDS, loop_key
+
+    defaults = SearchSettings()
+    assert set(LOOP_SEARCH_KEYS.values()) == set(SearchSettings.model_fields) - {"token"}
+    assert set(TOOL_FIELDS) == set(SearchSettings.model_fields) - {"failure_threshold", "failure_min_searches"}
+    for cls in (SearchLoopSettings, EviOmniLoopSettings):
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for name in LOOP_SEARCH_KEYS.values():
+            field = fields[loop_key(name)]
+            if not (cls is EviOmniLoopSettings and name == "topk"):  # the EviOmni loop fetches 5 passages
+                assert field.default == getattr(defaults, name), (cls.__name__, name)
+    settings = SearchLoopSettings(search_burst=4, search_requests_per_second=2.0).search_settings()
+    assert (settings.burst, settings.requests_per_second) == (4, 2.0)
+    tool = SearchTool({"retrieval_url": "http://x", "burst": 4, "requests_per_second": 2.0})
+    assert tool.service.settings.limiter_key == settings.model_copy(update={"retrieval_url": "http://x"}).limiter_key
+
+
 @pytest.mark.slow
 def test_verl_tool_agent_loop_drives_the_search_tool(base_config, search_url, tokenizer, tmp_path):
     spec = OmegaConf.load(PACKAGED_YAML)

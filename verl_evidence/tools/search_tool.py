@@ -37,7 +37,7 @@ from retrieval_server.client import (
     RetrievalUnavailableError,
 )
 from verl_evidence.tools.documents import check_document_format, document_ids, format_search_results
-from verl_evidence.tools.search_settings import SearchSettings
+from verl_evidence.tools.search_settings import LOOP_ONLY_FIELDS, SearchSettings
 
 logger = logging.getLogger(__name__)
 
@@ -304,12 +304,10 @@ def parse_query_list(parameters: Any, max_queries: int) -> list[str]:
 class SearchTool(BaseTool):
     """verl tool ``search``: ``{"query_list": [str, ...]}`` -> formatted passages.
 
-    Config keys (the ``config`` mapping of the tool YAML): the fields of :class:`SearchSettings`
-    (``retrieval_url`` or env ``VERL_EVIDENCE_RETRIEVAL_URL``, ``topk``, ``timeout``, ``max_retries``,
-    ``backoff``, ``token``, ``max_concurrency``, ``requests_per_second``, ``burst``, ``wait_for_server_s``:
-    seconds to wait for ``/health`` before the first search, default env ``VERL_EVIDENCE_RETRIEVAL_WAIT_S``
-    else 0), ``max_queries``, ``document_format`` (``ours``, or ``search_r1`` for a policy trained on Search-R1's
-    layout: verl_evidence/tools/documents.py), and verl's own ``type``. Any other key fails, naming it.
+    Config keys (the ``config`` mapping of the tool YAML): the fields of :class:`SearchSettings` but the loops' own
+    failure thresholds (:data:`~verl_evidence.tools.search_settings.TOOL_FIELDS`; docs/configuration.md lists them
+    with their meanings), ``max_queries``, ``document_format`` (``ours``, or ``search_r1`` for a policy trained on
+    Search-R1's layout: verl_evidence/tools/documents.py), and verl's own ``type``. Any other key fails, naming it.
     """
 
     def __init__(self, config: dict, tool_schema: OpenAIFunctionToolSchema | None = None) -> None:
@@ -319,6 +317,12 @@ class SearchTool(BaseTool):
         cfg.pop("type", None)  # verl's tool type (native), not a search setting
         self.max_queries = int(cfg.pop("max_queries", 3))
         self.document_format = check_document_format(str(cfg.pop("document_format", "ours")))
+        loop_only = sorted(set(cfg) & set(LOOP_ONLY_FIELDS))
+        if loop_only:
+            raise ValueError(
+                f"search tool config: {loop_only} only apply to this project's agent loops (as search_<key>); verl's "
+                "ToolAgentLoop turns a tool's exception into text, so the tool cannot stop a rollout"
+            )
         self.service = SearchService(settings=SearchSettings(**cfg))
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[ToolResponse, float, dict]:
