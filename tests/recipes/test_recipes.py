@@ -471,7 +471,7 @@ echo "pid=$VE_SERVER_PID"
 echo "wait_s=${{VERL_EVIDENCE_RETRIEVAL_WAIT_S:-unset}}"
 python - <<'PY'
 import asyncio, json, time
-from verl_evidence.tools.search_tool import SearchService
+from verl_evidence.tools.search_service import SearchService
 started = time.monotonic()
 hits = asyncio.run(SearchService(topk=2).search(["Where do the two Niles meet?"]))[0]
 print("hits=" + json.dumps([h["document"]["id"] for h in hits]))

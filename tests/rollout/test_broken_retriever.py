@@ -15,7 +15,7 @@ import pytest
 from rollout_helpers import make_row, run_worker, unpad, with_settings
 
 from verl_evidence.local.backends import ScriptedBackend
-from verl_evidence.tools.search_tool import RetrievalBrokenError, step_searches
+from verl_evidence.tools.search_service import RetrievalBrokenError, step_searches
 
 pytestmark = pytest.mark.slow
 

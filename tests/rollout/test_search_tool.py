@@ -16,8 +16,9 @@ import verl_evidence
 from retrieval_server.client import RetrievalClient
 from retrieval_server.haproxy_front import free_port
 from verl_evidence.local.backends import ScriptedBackend
+from verl_evidence.tools.search_service import RateLimiter, shared_rate_limiter
 from verl_evidence.tools.search_settings import SearchSettings
-from verl_evidence.tools.search_tool import RateLimiter, SearchTool, shared_rate_limiter
+from verl_evidence.tools.search_tool import SearchTool
 
 # Tests that use `search_url` (the session's Ray Serve retrieval server) or verl's agent loop are `slow`;
 # the rate limiter and a down server need neither.
@@ -323,7 +324,7 @@ def _health_server_after(delay_s: float):
 
 
 def test_the_first_search_waits_for_a_server_still_loading_and_later_ones_do_not():
-    from verl_evidence.tools.search_tool import wait_until_ready
+    from verl_evidence.tools.search_service import wait_until_ready
 
     url, servers = _health_server_after(1.5)
 
@@ -347,8 +348,8 @@ def test_the_first_search_waits_for_a_server_still_loading_and_later_ones_do_not
 
 def test_a_server_that_never_answers_fails_the_waiting_searches_once_then_searches_go_on(monkeypatch):
     from retrieval_server.client import RetrievalUnavailableError
+    from verl_evidence.tools.search_service import SearchService, wait_until_ready
     from verl_evidence.tools.search_settings import RETRIEVAL_WAIT_ENV
-    from verl_evidence.tools.search_tool import SearchService, wait_until_ready
 
     url, _ = _health_server_after(3600)  # never within the test
 

@@ -44,8 +44,8 @@ from verl_evidence.prompts import check_placeholders, load_prompt, render_prompt
 from verl_evidence.text.stops import cut_at_stop
 from verl_evidence.text.tags import extract_last, strip_thinking
 from verl_evidence.tools.documents import document_ids, document_texts, format_documents
+from verl_evidence.tools.search_service import SearchService
 from verl_evidence.tools.search_settings import LoopSearchFields
-from verl_evidence.tools.search_tool import SearchService
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ One trajectory, token by token::
   counted in ``extra_fields["search_errors"]``; but when most searches of a
   training step in this worker fail (``search_failure_threshold`` after
   ``search_failure_min_searches``), the rollout raises
-  :class:`~verl_evidence.tools.search_tool.RetrievalBrokenError` naming the
+  :class:`~verl_evidence.tools.search_service.RetrievalBrokenError` naming the
   server and the last failure instead of training on failed searches.
 
 EviPath planners (``action_format: paper``, ``observation_role: user``,
@@ -80,7 +80,7 @@ from verl_evidence.tools.documents import (
     document_ids,
     format_documents,
 )
-from verl_evidence.tools.search_tool import SearchService
+from verl_evidence.tools.search_service import SearchService
 
 logger = logging.getLogger(__name__)
 

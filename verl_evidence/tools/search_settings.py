@@ -1,6 +1,6 @@
 """The search client's settings, defined once for the search tool and both agent loops.
 
-Pure (pydantic, no verl): :class:`SearchSettings` is what a :class:`~verl_evidence.tools.search_tool.SearchService`
+Pure (pydantic, no verl): :class:`SearchSettings` is what a :class:`~verl_evidence.tools.search_service.SearchService`
 is built from. The tool's YAML ``config`` uses its field names as they are; the agent loops carry the same
 settings as flat, prefixed keys of their own settings (:class:`LoopSearchFields`: ``search_timeout``, ...), so that
 ``rollout.custom.<loop>.search_timeout=...`` works; both are derived from :class:`SearchSettings`' fields.
