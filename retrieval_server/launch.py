@@ -432,20 +432,26 @@ def _start_once(config: ServerConfig, address: str | None, ray_num_cpus: int | N
 
 def _wait_healthy(url: str, timeout_s: float = 120.0, token: str | None = None) -> None:
     import httpx
+    from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
     headers = {"Authorization": f"Bearer {token}"} if token else {}  # /health is behind the token when one is set
-    deadline = time.monotonic() + timeout_s
     last = ""
-    while time.monotonic() < deadline:
+
+    def healthy() -> bool:
+        nonlocal last
         try:
             response = httpx.get(f"{url}/health", timeout=5.0, headers=headers)
-            if response.status_code == 200:
-                return
-            last = f"HTTP {response.status_code}"
         except httpx.TransportError as err:
             last = str(err)
-        time.sleep(0.25)
-    raise TimeoutError(f"retrieval server at {url} not healthy after {timeout_s:.0f}s ({last})")
+            return False
+        last = f"HTTP {response.status_code}"
+        return response.status_code == 200
+
+    polls = Retrying(stop=stop_after_delay(timeout_s), wait=wait_fixed(0.25), retry=retry_if_result(lambda ok: not ok))
+    try:
+        polls(healthy)
+    except RetryError:
+        raise TimeoutError(f"retrieval server at {url} not healthy after {timeout_s:.0f}s ({last})") from None
 
 
 class ReplicasKeepDying(RuntimeError):
