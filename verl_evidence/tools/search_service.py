@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import httpx
 from aiolimiter import AsyncLimiter
+from cachetools import LRUCache
 from tenacity import AsyncRetrying, RetryError, retry_if_result, stop_after_delay, wait_fixed
 
 from retrieval_server.client import AsyncRetrievalClient, RetrievalError, RetrievalUnavailableError
@@ -230,8 +231,7 @@ class _StepSearches:
 
 
 # (server URL, global step) -> this worker process's searches; a few recent steps are kept.
-_STEP_SEARCHES: dict[tuple[str, Any], _StepSearches] = {}
-_STEP_SEARCHES_KEPT = 32
+_STEP_SEARCHES: LRUCache[tuple[str, Any], _StepSearches] = LRUCache(maxsize=32)
 _STEP_LOCK = threading.Lock()
 
 
@@ -243,10 +243,9 @@ def record_search(settings: SearchSettings, step: Any, failure: str | None) -> N
     """
     key = (settings.retrieval_url, step)
     with _STEP_LOCK:
-        counts = _STEP_SEARCHES.pop(key, None) or _StepSearches()
-        _STEP_SEARCHES[key] = counts  # most recent last: the oldest steps are dropped first
-        while len(_STEP_SEARCHES) > _STEP_SEARCHES_KEPT:
-            del _STEP_SEARCHES[next(iter(_STEP_SEARCHES))]
+        counts = _STEP_SEARCHES.get(key)  # a get counts as a use: the least recently counted steps are dropped
+        if counts is None:
+            counts = _STEP_SEARCHES[key] = _StepSearches()
         counts.searches += 1
         if failure is None:
             return
