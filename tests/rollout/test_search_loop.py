@@ -12,6 +12,7 @@ from rollout_helpers import make_row, run_worker, unpad, with_settings
 
 from retrieval_server.client import RetrievalClient
 from verl_evidence.local.backends import ScriptedBackend
+from verl_evidence.prompts import load_prompt
 
 pytestmark = pytest.mark.slow
 
@@ -216,12 +217,16 @@ def test_server_going_down_mid_rollout_is_reported_not_raised(base_config, searc
     assert "The search failed" in tokenizer.decode(runs[3][1])
 
 
+# How a scripted backend tells the extractor's prompt from the policy's: the packaged prompt's first line
+EXTRACTOR_MARK = load_prompt("evidence_extractor").splitlines()[0]
+
+
 def test_policy_evidence_extractor_replaces_passages(base_config, search_url, tokenizer):
     policy_turns = iter([SEARCH_TURN, "<answer> Nile </answer>"])
     extractor_prompts = []
 
     def responder(prompt: str) -> str:
-        if "You help a search agent" in prompt:
+        if EXTRACTOR_MARK in prompt:
             extractor_prompts.append(prompt)
             return (
                 "<reason> the query asks for the longest river </reason>"
@@ -249,7 +254,7 @@ def test_extractor_without_extract_block_keeps_raw_passages(base_config, search_
     policy_turns = iter([SEARCH_TURN, "<answer> Nile </answer>"])
 
     def responder(prompt: str) -> str:
-        return "I cannot help." if "You help a search agent" in prompt else next(policy_turns)
+        return "I cannot help." if EXTRACTOR_MARK in prompt else next(policy_turns)
 
     backend = ScriptedBackend(tokenizer, responder=responder)
     config = search_config(base_config, search_url, extractor="policy")
@@ -279,7 +284,7 @@ def test_packaged_agent_loop_config_variants_reach_the_loop(base_config, search_
     policy_turns = iter([SEARCH_TURN, "<answer> Nile </answer>"])
 
     def responder(prompt: str) -> str:
-        if "You help a search agent" in prompt:
+        if EXTRACTOR_MARK in prompt:
             return "<extract> The Nile is the longest river. </extract>"
         return next(policy_turns)
 
