@@ -134,6 +134,8 @@ KNOWN_BUGS: dict[tuple[str, str], str] = {
     ("docs/data-preparation.md", "verl-evidence data grace hotpot_train_v1.1.json"): "issue 31 item 6 (h4): `data "
     "grace --retriever dense=URL` with a server holding another corpus ends in a traceback (KeyError: 'p0001'), "
     "not a one-line error",
+    ("docs/data-preparation.md", "verl-evidence data inspect data/grace/train.parquet"): "inspects the file of the "
+    "command above (the bundled one's is skipped for its cost)",
 }
 
 # Doc placeholder -> stand-in (str.replace, in this order); fields filled per page.
@@ -479,3 +481,21 @@ def test_page_runs_with_its_own_server_or_none(page: str, stand_ins: dict, tmp_p
 def test_page_runs_against_the_session_server(page: str, stand_ins: dict, tmp_path: Path, retrieval_server_url) -> None:
     """Pages whose commands use a running server over the bundled corpus: the session's (tests/conftest.py)."""
     run_page(page, stand_ins, tmp_path, session_url=retrieval_server_url)
+
+
+@pytest.mark.parametrize("argument", ["LR=5e-5", "+LR=5e-5", "++LR=5e-5"])
+def test_a_recipe_variable_after_the_recipe_is_refused(argument: str) -> None:
+    """`--smoke LR=5e-5` (docs/debug-on-cpu.md once said so): Hydra refused it, and `+LR=5e-5` trained at the default
+    rate without a word. Now both stop before anything runs, saying how to set it; set before the command, it
+    reaches the trainer."""
+    refused = subprocess.run(
+        ["bash", "recipes/evinote_grpo.sh", "--dry-run", argument], cwd=ROOT, capture_output=True, text=True
+    )
+    assert refused.returncode == 2 and "# trainer:" not in refused.stdout, refused.stdout + refused.stderr
+    assert f"error: {argument} is a recipe variable, not a Hydra override" in refused.stderr
+    assert "LR=5e-5 bash recipes/evinote_grpo.sh" in refused.stderr
+    taken = subprocess.run(
+        ["bash", "recipes/evinote_grpo.sh", "--dry-run"], cwd=ROOT, capture_output=True, text=True,
+        env={**os.environ, "LR": "5e-5"},
+    )  # fmt: skip
+    assert taken.returncode == 0 and "actor_rollout_ref.actor.optim.lr=5e-5" in taken.stdout, taken.stderr
