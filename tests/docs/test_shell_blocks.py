@@ -75,7 +75,7 @@ SKIPPED: dict[tuple[str, str], str] = {
     ("docs/recipes.md", "bash recipes/eviomni_grpo.sh --smoke"): "the session's EviOmni smoke run "
     "(tests/conftest.py::eviomni_smoke_run, read by tests/recipes/test_smoke_training.py)",
     ("docs/recipes.md", "bash recipes/grace_dapo.sh --no-server --cfg job --resolve"): "Hydra's --cfg through "
-    "main_ppo, as tests/recipes/test_recipes.py::test_cfg_job_prints_the_composed_config runs it",
+    "main_ppo, as tests/recipes/test_recipes.py::test_cfg_job_runs_the_real_entry_point runs it",
     ("docs/retrieval-server.md", "verl-evidence serve #"): "the bundled server is the session's `retrieval_server` "
     "(tests/conftest.py); the CLI's start and stop: tests/retrieval/test_ingress.py",
     ("docs/retrieval-server.md", "verl-evidence index build --corpus wiki.jsonl"): "IVF65536 trains on 2.6M "
@@ -92,10 +92,11 @@ SKIPPED: dict[tuple[str, str], str] = {
     ("docs/data-preparation.md", "verl-evidence data grace bundled"): "53 CPU-s (five retrievers, two of them "
     "encoding the corpus, over the 80 bundled questions); the same five with a cross-encoder on a small set: "
     "tests/dataprep/test_cli.py::test_grace_cli_prints_statistics, the bundled set: test_grace_on_the_bundled_set",
-    ("docs/evaluation.md", "verl-evidence eval --out outputs/eval"): "replaying the bundled trajectories: "
-    "tests/eval/test_replay_eval.py",
+    ("docs/evaluation.md", "verl-evidence eval --out outputs/eval"): "replayed trajectories through the CLI (on the "
+    "session's server, not an embedded one): "
+    "tests/eval/test_eval_cli.py::test_eval_command_writes_report_and_resumes_from_its_cache",
     ("docs/evaluation.md", "verl-evidence eval --model /ckpt/qwen2.5-3b-evinote"): "a local HF policy: "
-    "tests/eval/test_eval_cli.py",
+    "tests/eval/test_eval_cli.py::test_a_local_hf_model_directory_runs_as_the_policy",
     ("docs/evaluation.md", "verl-evidence eval --checkpoint"): "tests/eval/test_checkpoint_eval.py evaluates the "
     "shared smoke run's global_step_1 and global_step_2 this way",
     ("docs/evaluation.md", "python -m verl.model_merger"): "see quickstart: needs a run's FSDP shards",
@@ -103,9 +104,12 @@ SKIPPED: dict[tuple[str, str], str] = {
     ("docs/evaluation.md", "verl-evidence eval --endpoint"): "needs the vLLM endpoint above",
     ("docs/evaluation.md", "make demo"): "make reinstalls the venv; `verl-evidence demo` runs in tests/demo",
     ("docs/evaluation.md", "verl-evidence demo --quick"): "tests/demo/test_demo.py runs `demo --quick`",
-    ("docs/evaluation.md", "verl-evidence demo --train"): "20 GRPO steps; tests/demo/test_training.py trains the demo",
-    ("docs/evaluation.md", "verl-evidence demo --model"): "a policy model per question; tests/demo/test_demo.py",
-    ("docs/evaluation.md", "verl-evidence demo --nli-model"): "the demo once more with another judge; tests/demo",
+    ("docs/evaluation.md", "verl-evidence demo --train"): "20 CPU GRPO steps of `eviomni_grpo.sh --smoke` (the "
+    "session's smoke run trains it); tests/demo/test_training.py composes the demo's overrides with the recipe",
+    ("docs/evaluation.md", "verl-evidence demo --model"): "the demo's policy backends are eval's: a local HF policy "
+    "in tests/eval/test_eval_cli.py::test_a_local_hf_model_directory_runs_as_the_policy",
+    ("docs/evaluation.md", "verl-evidence demo --nli-model"): "the demo once more (tests/demo/test_demo.py) with a "
+    "judge loaded by path, as tests/adapters/test_judge_ray.py loads one",
     ("docs/debug-on-cpu.md", "bash recipes/eviomni_grpo.sh --smoke"): "the session's EviOmni smoke run "
     "(tests/conftest.py::eviomni_smoke_run)",
     ("docs/debug-on-cpu.md", "make smoke"): "make reinstalls the venv; the smoke runs of tests/recipes",
