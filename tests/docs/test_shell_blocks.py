@@ -21,6 +21,7 @@ naming page, line and command. The commands run through ``bash -c`` in a fresh d
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -330,27 +331,30 @@ def free_port() -> int:
 
 
 @dataclass
-class Background:
-    """A server the page started: its output so far, read by a thread."""
+class Process:
+    """A command's shell in a process group of its own, and its output so far (read by a thread)."""
 
     command: Command
     process: subprocess.Popen
     output: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        threading.Thread(target=lambda: self.output.extend(self.process.stdout), daemon=True).start()
+        self.reader = threading.Thread(target=lambda: self.output.extend(self.process.stdout), daemon=True)
+        self.reader.start()
 
     def text(self) -> str:
         return "".join(self.output)
 
-    def stop(self) -> None:
+    def stop(self, how: signal.Signals = signal.SIGTERM) -> None:
+        """The command's process first (a server shuts its Serve and Ray down on SIGTERM), then what is left of its
+        group."""
         if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)  # the server shuts Serve and its Ray down on SIGTERM
-            try:
+            self.process.send_signal(how)
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
 
 
 @dataclass
@@ -359,7 +363,7 @@ class PageRun:
     work: Path
     fields: dict[str, str]
     env: dict[str, str]
-    background: list[Background] = field(default_factory=list)
+    background: list[Process] = field(default_factory=list)  # the servers it started
     seconds: dict[str, tuple[float, float]] = field(default_factory=dict)  # {where: (wall, CPU of its processes)}
 
     def shell(self, command: Command) -> str:
@@ -370,39 +374,35 @@ class PageRun:
             text = without_comment(text) + " --dry-run"
         return text
 
-    def start(self, command: Command, text: str, wait_ready: bool) -> None:
+    def spawn(self, command: Command, text: str) -> Process:
         process = subprocess.Popen(
             ["bash", "-c", text], cwd=self.work, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, start_new_session=True,
         )  # fmt: skip
-        server = Background(command, process)
+        return Process(command, process)
+
+    def start(self, command: Command, text: str, wait_ready: bool) -> None:
+        server = self.spawn(command, text)
         self.background.append(server)
         deadline = time.monotonic() + COMMAND_TIMEOUT_S
         while wait_ready and READY_LINE not in server.text():
-            if process.poll() is not None or time.monotonic() > deadline:
+            if server.process.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"{command.where}: `{command.text}` never became ready:\n{server.text()[-4000:]}")
             time.sleep(0.5)
 
     def run(self, command: Command, text: str) -> subprocess.CompletedProcess:
-        process = subprocess.Popen(
-            ["bash", "-c", text], cwd=self.work, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, start_new_session=True,
-        )  # fmt: skip
-        output: list[str] = []
-        reader = threading.Thread(target=lambda: output.extend(process.stdout), daemon=True)
-        reader.start()
+        job = self.spawn(command, text)
         deadline = time.monotonic() + COMMAND_TIMEOUT_S
-        while process.poll() is None:
+        while job.process.poll() is None:
             dead = [b for b in self.background if b.process.poll() is not None]
             if dead or time.monotonic() > deadline:  # a wait on a server that died would never end
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+                job.stop(signal.SIGKILL)
                 why = f"`{dead[0].command.text}` ({dead[0].command.where}) exited" if dead else "timed out"
                 detail = dead[0].text()[-4000:] if dead else ""
-                pytest.fail(f"{command.where}: `{command.text}`: {why}:\n{detail}{''.join(output)[-2000:]}")
+                pytest.fail(f"{command.where}: `{command.text}`: {why}:\n{detail}{job.text()[-2000:]}")
             time.sleep(0.2)
-        reader.join(timeout=10)
-        return subprocess.CompletedProcess(text, process.returncode, "".join(output))
+        job.reader.join(timeout=10)
+        return subprocess.CompletedProcess(text, job.process.returncode, job.text())
 
 
 def _children_cpu() -> float:
