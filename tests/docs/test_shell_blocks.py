@@ -369,7 +369,8 @@ class PageRun:
     def shell(self, command: Command) -> str:
         text = command.text
         for placeholder, stand_in in STAND_INS:
-            text = text.replace(placeholder, stand_in.format(**self.fields))
+            if placeholder in text:
+                text = text.replace(placeholder, stand_in.format(**self.fields))
         if _entry(DRY_RUN, command):
             text = without_comment(text) + " --dry-run"
         return text
@@ -503,3 +504,20 @@ def test_a_recipe_variable_after_the_recipe_is_refused(argument: str) -> None:
         env={**os.environ, "LR": "5e-5"},
     )  # fmt: skip
     assert taken.returncode == 0 and "actor_rollout_ref.actor.optim.lr=5e-5" in taken.stdout, taken.stderr
+
+
+def test_the_runner_names_page_line_and_command_of_a_failure(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("# A page\n\n```bash\ntrue\nfalse \\\n    --flag   # fails\n```\n")
+    (tmp_path / "inputs").mkdir()
+    with pytest.raises(AssertionError, match=rf"{page}:5: `false --flag # fails` exited 1"):
+        run_page(str(page), {"root": tmp_path / "inputs"}, tmp_path, session_url=None)
+
+
+def test_a_server_that_exits_stops_the_command_waiting_for_it(tmp_path: Path) -> None:
+    """A wait on a dead server (`until curl ...`) would never end: it is stopped, naming the server's command."""
+    page = tmp_path / "page.md"
+    page.write_text("```bash\necho starting; exit 3 &\nuntil false; do sleep 1; done\n```\n")
+    (tmp_path / "inputs").mkdir()
+    with pytest.raises(pytest.fail.Exception, match=r"page.md:3: `until false.*`echo starting; exit 3 &`.*exited"):
+        run_page(str(page), {"root": tmp_path / "inputs"}, tmp_path, session_url=None)
