@@ -30,9 +30,9 @@ $(VENV)/.installed: pyproject.toml
 
 # The suite keeps both cores ~90 % busy (vmstat over a run): smoke trainings, Ray/Serve starts, fresh interpreters
 # importing verl. Two pytest-xdist workers, not three: a fresh-clone run on three took as long (19:37 against 19:41)
-# and loaded this 2-core machine past Ray's fixed 30 s raylet start (a failed server start). tests/conftest.py
-# orders the tests longest first, schedules them one at a time (a few modules whole, to build their costly fixture
-# once) and shares one Ray/Serve cluster between the workers. TEST_WORKERS=0 runs in this process.
+# and loaded this 2-core machine past Ray's fixed 30 s raylet start (a failed server start). tests/scheduling.py
+# orders the tests longest first, schedules them one at a time (a few groups whole, to build their costly fixture
+# once; marks on the tests) and tests/conftest.py shares one Ray/Serve cluster between the workers. TEST_WORKERS=0 runs in this process.
 TEST_WORKERS ?= 2
 # pytest exits 5 when it collected nothing: that is a broken suite, not a pass.
 # Our own modules byte-compiled first: under PYTHONDONTWRITEBYTECODE (set here) no process writes them, so each of
@@ -58,7 +58,7 @@ lint: install
 SMOKE_RECIPES ?= eviomni_grpo lear_grpo evinote_grpo search_r1_baseline grace_dapo evipath_sft
 smoke: install
 	@for r in $(SMOKE_RECIPES); do echo "== $$r --smoke"; PYTHON=$(abspath $(PY)) bash recipes/$$r.sh --smoke || exit 1; done
-	@echo "== eviomni_grpo --smoke reward_preset=composite"; PYTHON=$(abspath $(PY)) bash recipes/eviomni_grpo.sh --smoke reward_preset=composite
+	@echo "== evinote_grpo --smoke reward_preset=composite"; PYTHON=$(abspath $(PY)) bash recipes/evinote_grpo.sh --smoke reward_preset=composite
 
 demo: install
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/verl-evidence demo $(DEMO_ARGS)

@@ -19,8 +19,17 @@ rollout and validation dumps for what needs samples (compression ratio, GRACE's 
 and EQR on held-out questions). Written to ``--out``: ``curves.csv`` (arm, seed, step, split, metric, value),
 ``curves.png``, ``summary.json``; printed: the first-steps vs last-steps table and the papers' directions.
 
-    nice -n 5 python benchmarks/learning.py --steps 6 --seeds 1 2 --out /tmp/learning
+    nice -n 5 python benchmarks/learning.py --steps 20 --seeds 1 2 3 --out /tmp/learning
     python benchmarks/learning.py --analyse /tmp/learning     # re-read finished runs, train nothing
+
+The comparison run trains every arm on ALL its family's warm-up questions in every step (``--questions all``), so the
+first and the last steps see the same questions. ``--fixed-batch`` is the learning check instead: each arm on the
+same ``--questions`` questions every step, and beside each run its sign control, the same run with the arm's reward
+negated (the composite manager, one component at weight -1): the reward must rise in every seed of the plain runs and
+fall in every seed of the negated ones, by more than the step-to-step spread, before "the reward moved the policy"
+is shown.
+
+    nice -n 5 python benchmarks/learning.py --fixed-batch --questions 2 --steps 15 --seeds 1 2 3 --out /tmp/fixed
 """
 
 from __future__ import annotations
@@ -39,6 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import fmean
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -47,12 +58,18 @@ from verl_evidence.local.smoke.logs import read_metrics  # noqa: E402
 from verl_evidence.local.smoke.settings import WARMUP_ENV  # noqa: E402
 
 TRAIN, HELDOUT = "train", "heldout"
+
+
 # Search-R1's reward (exact match) scores; EviNote's scorer runs beside it at weight 0: its EQR and note flags are
 # logged (reward/composite/evinote.*) without counting.
-SEARCH_R1_COMPONENTS = (
-    "[{name:search_r1,reward:'verl_evidence.rewards.answer:compute_score',weight:1.0,keys:[em,has_answer]},"
-    "{name:evinote,reward:evinote,weight:0.0}]"
-)
+def search_r1_components(weight: float = 1.0, label: str = "search_r1") -> str:
+    return (
+        f"[{{name:{label},reward:'verl_evidence.rewards.answer:compute_score',weight:{weight},keys:[em,has_answer]}},"
+        "{name:evinote,reward:evinote,weight:0.0}]"
+    )
+
+
+SEARCH_R1_COMPONENTS = search_r1_components()
 # A window of the first and last training steps (the table's "first" and "last"), as a share of N
 WINDOW_SHARE = 1 / 3
 # "F1 does not fall": the last window's F1 at most this far below the first's (a 16-sample step's F1 moves by
@@ -61,6 +78,11 @@ F1_TOLERANCE = 0.02
 # A rise smaller than this is no rise (rates, EQR, accuracies in [0, 1]; the compression ratio: this share of its
 # first value), so a verdict never rests on a rounding-level difference
 MIN_EFFECT = 0.01
+# The sign control: the arm's reward through the composite manager at this weight, logged under this label
+NEGATED_LABEL = "negated"
+NEGATED_SUFFIX = "-negated"
+# The reward preset each arm's recipe trains with (the sign control negates that reward with that preset's options)
+ARM_PRESETS = {"eviomni": "eviomni", "lear": "lear", "grace": "grace_dapo", "evinote": "evinote"}
 
 
 @dataclass(frozen=True)
@@ -83,10 +105,8 @@ ARMS: dict[str, Arm] = {
         "evinote",
         "search",
         warmup="search_neutral",
+        # the pre-flight check reads these components' own needs: EviNote's rows and loop fit both
         overrides=("reward_preset=composite", f"++reward.reward_kwargs.components={SEARCH_R1_COMPONENTS}"),
-        # The composite preset's pre-flight block describes its EviOmni+GRACE example (the EviOmni loop); this run
-        # composes a search reward on EviNote's rows and loop, checked here instead (same rows as the evinote arm).
-        env={"PREFLIGHT": "0"},
     ),
 }
 # The measures shown per kind of arm (table and plot), in order
@@ -103,7 +123,7 @@ KEY_MEASURES = {
 
 def sample_values(entry: Mapping) -> dict[str, float]:
     """Every numeric field of one dumped trajectory: the training dump's ``rollout`` and ``reward_extra_info``
-    columns (verl_evidence.trainer_patches) and the validation dump's flat reward keys, one namespace."""
+    columns (verl_evidence.trainer.patches) and the validation dump's flat reward keys, one namespace."""
     values: dict[str, float] = {}
     nested = [entry.get("rollout"), entry.get("reward_extra_info")]
     for source in [entry, *[n for n in nested if isinstance(n, Mapping)]]:
@@ -154,6 +174,8 @@ def aggregate(entries: Sequence[Mapping], kind: str) -> dict[str, float]:
     """One step's (or one validation's) measures of an arm of ``kind`` from its dumped trajectories."""
     samples = [sample_values(e) for e in entries]
     out: dict[str, float | None] = {"samples": float(len(samples)), "score": _mean(s.get("score") for s in samples)}
+    # how often the reward paid anything (a reward that never fires teaches nothing)
+    out["fired"] = _mean(float(s["score"] != 0) if "score" in s else None for s in samples)
     if kind == "search":
         out["note_rate"] = _mean(note_taken(s) for s in samples)
         out["eqr"] = _mean(_first_of(s, "eqr", "evinote.eqr") for s in samples)
@@ -264,6 +286,19 @@ class Change:
     def seed_deltas(self) -> list[float]:
         return [last - first for _, (first, last) in sorted(self.per_seed.items())]
 
+    @property
+    def seed_spread(self) -> float:
+        """The sample standard deviation of the seeds' changes (0 with one seed)."""
+        deltas = self.seed_deltas()
+        return float(np.std(deltas, ddof=1)) if len(deltas) > 1 else 0.0
+
+    def beyond_spread(self, delta: float | None = None) -> bool | None:
+        """Whether the change (or ``delta``, a difference built on it) exceeds the seeds' spread; None with one seed
+        (no spread to compare with, so the direction cannot count)."""
+        if len(self.per_seed) < 2:
+            return None
+        return abs(self.delta if delta is None else delta) > self.seed_spread
+
 
 def window(steps: Sequence[int], share: float = WINDOW_SHARE) -> tuple[list[int], list[int]]:
     """The first and last ``max(1, round(share * len))`` training steps (step 0, a validation, excluded)."""
@@ -331,6 +366,12 @@ class Direction:
     holds: bool | None  # None: not measured in this run
     evidence: str
     consistent: bool | None = None  # every seed points the same way as the mean
+    beyond_spread: bool | None = None  # the change exceeds the spread of the seeds' changes
+
+    @property
+    def counts(self) -> bool:
+        """A direction the run shows: it holds, every seed agrees, and the change is larger than the seeds' spread."""
+        return bool(self.holds and self.consistent and self.beyond_spread)
 
 
 def _describe(name: str, found: Change) -> str:
@@ -354,7 +395,9 @@ def directions(points: Sequence[Point]) -> list[Direction]:
             pairs = list(zip(note.seed_deltas(), base.seed_deltas()))
             consistent = all((a > MIN_EFFECT and a - b > MIN_EFFECT) == holds for a, b in pairs) if pairs else None
             evidence = f"{_describe('EviNote', note)}; {_describe('Search-R1', base)}"
-            out.append(Direction(claim, split, holds, evidence, consistent))
+            spread = note.beyond_spread(note.delta - base.delta) and note.beyond_spread()
+            spread = None if len(note.per_seed) < 2 or len(base.per_seed) < 2 else bool(spread)
+            out.append(Direction(claim, split, holds, evidence, consistent, spread))
         for arm, name in (("eviomni", "EviOmni"), ("lear", "LEAR")):
             claim = f"{name}: compression ratio rises while F1 does not fall (by more than {F1_TOLERANCE})"
             cr, f1 = change(points, arm, split, "compression_ratio"), change(points, arm, split, "f1")
@@ -365,7 +408,7 @@ def directions(points: Sequence[Point]) -> list[Direction]:
             holds = cr.delta > margin and f1.delta >= -F1_TOLERANCE
             per_seed = [c > margin and f >= -F1_TOLERANCE for c, f in zip(cr.seed_deltas(), f1.seed_deltas())]
             evidence = f"{_describe('CR', cr)}; {_describe('F1', f1)}"
-            out.append(Direction(claim, split, holds, evidence, all(p == holds for p in per_seed)))
+            out.append(Direction(claim, split, holds, evidence, all(p == holds for p in per_seed), cr.beyond_spread()))
         claim = "GRACE: balanced accuracy (answerable -> evidence, unanswerable -> recall) rises"
         bacc = change(points, "grace", split, "balanced_accuracy")
         if bacc is None:
@@ -373,7 +416,7 @@ def directions(points: Sequence[Point]) -> list[Direction]:
         else:
             holds = bacc.delta > MIN_EFFECT
             consistent = all((d > MIN_EFFECT) == holds for d in bacc.seed_deltas())
-            out.append(Direction(claim, split, holds, _describe("B.Acc", bacc), consistent))
+            out.append(Direction(claim, split, holds, _describe("B.Acc", bacc), consistent, bacc.beyond_spread()))
     return out
 
 
@@ -381,8 +424,15 @@ def format_directions(found: Sequence[Direction]) -> str:
     lines = []
     for d in found:
         verdict = {True: "HOLDS", False: "does not hold", None: "not measured"}[d.holds]
-        seeds = "" if d.consistent is None else (" (both seeds agree)" if d.consistent else " (seeds disagree)")
-        lines.append(f"[{d.split}] {d.claim}: {verdict}{seeds}\n    {d.evidence}")
+        seeds = "" if d.consistent is None else (" (every seed agrees)" if d.consistent else " (seeds disagree)")
+        if d.holds is None:
+            spread = ""
+        elif d.beyond_spread is None:
+            spread = " (one seed: no spread)"
+        else:
+            spread = "" if d.beyond_spread else " (within the seeds' spread)"
+        shown = " -> COUNTS" if d.counts else ""
+        lines.append(f"[{d.split}] {d.claim}: {verdict}{seeds}{spread}{shown}\n    {d.evidence}")
     return "\n".join(lines)
 
 
@@ -424,6 +474,161 @@ def plot(points: Sequence[Point], arms: Sequence[str], path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=72)
     plt.close(figure)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The fixed-batch check and its sign control (pure)
+
+
+def hydra_value(value: object) -> str:
+    """A YAML value written in Hydra's override grammar (strings single-quoted)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{key}:{hydra_value(item)}" for key, item in value.items()) + "}"
+    if isinstance(value, Sequence):
+        return "[" + ",".join(hydra_value(item) for item in value) + "]"
+    raise TypeError(f"no Hydra form for {value!r}")
+
+
+def negated_components(arm_name: str) -> str:
+    """The composite manager's components that pay the arm's own reward times -1, its options from the arm's preset.
+
+    The judge's ``nli_*`` settings stay at the manager level, where the recipe puts them (its local model on --smoke).
+    """
+    if arm_name == "search_r1":
+        return search_r1_components(-1.0, NEGATED_LABEL)
+    import yaml
+
+    preset = yaml.safe_load(
+        (REPO / "recipes" / "presets" / "reward_preset" / f"{ARM_PRESETS[arm_name]}.yaml").read_text()
+    )
+    manager = preset["reward_manager"]["name"]
+    if manager in {"dapo", "naive"}:  # verl's manager calling one of our scoring functions
+        function = preset["custom_reward_function"]
+        reward = function["path"].rsplit(".", 1)[-1]  # pkg://verl_evidence.rewards.grace -> grace
+        kwargs = dict(function.get("reward_kwargs") or {})
+    else:
+        reward, kwargs = manager, dict(preset.get("reward_kwargs") or {})
+    kwargs = {key: value for key, value in kwargs.items() if not key.startswith("nli_")}
+    return hydra_value([{"name": NEGATED_LABEL, "reward": reward, "weight": -1.0, "kwargs": kwargs}])
+
+
+def negated_overrides(arm_name: str) -> tuple[str, ...]:
+    """The arm's overrides with its reward swapped for the negated one."""
+    kept = [
+        o
+        for o in ARMS[arm_name].overrides
+        if not o.startswith(("reward_preset=", "++reward.reward_kwargs.components="))
+    ]
+    return (*kept, "reward_preset=composite", f"++reward.reward_kwargs.components={negated_components(arm_name)}")
+
+
+def reward_metric(run_label: str) -> str:
+    """The logged per-step measure of the reward the run's arm pays (before the sign control's -1)."""
+    if run_label.endswith(NEGATED_SUFFIX):
+        return f"reward/composite/{NEGATED_LABEL}.score/mean"
+    return "critic/score/mean"
+
+
+@dataclass(frozen=True)
+class Trend:
+    """One run's reward: the last third of the steps' mean minus the first third's, and the step-to-step spread
+    (the standard deviation of consecutive steps' differences: how far one step moves from sampling alone)."""
+
+    margin: float
+    spread: float
+    steps: int
+
+    def describe(self) -> str:
+        ratio = f"{self.margin / self.spread:+.1f}x" if self.spread > 0 else "n/a"
+        return f"{self.margin:+.3f} (spread {self.spread:.3f}, {ratio})"
+
+
+def trend(by_step: Mapping[int, float]) -> Trend | None:
+    first, last = window(list(by_step))
+    if not first or not last:
+        return None
+    ordered = [by_step[s] for s in sorted(s for s in by_step if s > 0)]
+    differences = [b - a for a, b in zip(ordered, ordered[1:])]
+    spread = float(np.std(differences)) if len(differences) > 1 else 0.0
+    margin = fmean(by_step[s] for s in last) - fmean(by_step[s] for s in first)
+    return Trend(margin, spread, len(ordered))
+
+
+@dataclass(frozen=True)
+class SignCheck:
+    """An arm's fixed-batch verdict: its reward rises in every seed and, negated, falls in every seed."""
+
+    arm: str
+    plain: dict[int, Trend]
+    negated: dict[int, Trend]
+
+    @property
+    def rises(self) -> bool:
+        return bool(self.plain) and all(t.margin > 0 for t in self.plain.values())
+
+    @property
+    def falls(self) -> bool:
+        return bool(self.negated) and all(t.margin < 0 for t in self.negated.values())
+
+    @property
+    def clear(self) -> bool:
+        """Every seed's change, both signs, larger than that run's step-to-step spread."""
+        runs = [*self.plain.values(), *self.negated.values()]
+        return bool(runs) and all(abs(t.margin) > t.spread for t in runs)
+
+    @property
+    def verdict(self) -> str:
+        if not self.plain:
+            return "not measured"
+        if not self.rises:
+            return "DOES NOT RISE in every seed"
+        if not self.negated:
+            return "rises (no sign control run)"
+        if not self.falls:
+            return "rises, but the negated reward does not fall in every seed: not shown"
+        return "SHOWN: rises, and falls when negated" + ("" if self.clear else " (within the step-to-step spread)")
+
+
+def sign_checks(points: Sequence[Point], arms: Sequence[str]) -> list[SignCheck]:
+    checks = []
+    for arm in arms:
+        runs = {}
+        for label in (arm, arm + NEGATED_SUFFIX):
+            per_seed = {}
+            for seed, by_step in series(points, label, TRAIN, reward_metric(label)).items():
+                found = trend(by_step)
+                if found is not None:
+                    per_seed[seed] = found
+            runs[label] = per_seed
+        checks.append(SignCheck(arm, runs[arm], runs[arm + NEGATED_SUFFIX]))
+    return checks
+
+
+def format_sign_checks(checks: Sequence[SignCheck]) -> str:
+    lines = []
+    for check in checks:
+        lines.append(f"{check.arm}: {check.verdict}")
+        for label, runs in (("reward", check.plain), ("negated", check.negated)):
+            for seed, found in sorted(runs.items()):
+                lines.append(f"    {label:8} seed {seed}: last third - first third {found.describe()}")
+    return "\n".join(lines)
+
+
+def fire_rates(points: Sequence[Point], labels: Sequence[str]) -> dict[str, float]:
+    """Per run label: the share of step-1 samples whose reward paid anything, averaged over seeds."""
+    rates = {}
+    for label in labels:
+        by_seed = series(points, label, TRAIN, "fired")
+        first = [values[min(values)] for values in by_seed.values() if values]
+        if first:
+            rates[label] = fmean(first)
+    return rates
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -488,10 +693,29 @@ def warmup_note_rate(policy: Path, samples: int = 16, seed: int = 0) -> dict[str
     return {"note_rate": notes / total, "answer_rate": answers / total, "samples": float(total)}
 
 
-def run_arm(name: str, seed: int, steps: int, heldout: int, val_n: int, run_dir: Path, lr: str | None = None) -> dict:
+def training_questions(variables: Mapping[str, str]) -> int:
+    import pyarrow.parquet as pq
+
+    return pq.read_metadata(variables["TRAIN_FILES"]).num_rows
+
+
+def run_arm(
+    name: str,
+    seed: int,
+    steps: int,
+    heldout: int,
+    val_n: int,
+    run_dir: Path,
+    lr: str | None = None,
+    questions: int | None = None,
+    negate: bool = False,
+) -> dict:
+    """One training run of an arm. ``questions``: train on the first N training questions, all of them in every step
+    (None: every training question of the arm in every step); ``negate``: the sign control (the reward times -1)."""
     arm = ARMS[name]
     run_dir.mkdir(parents=True, exist_ok=True)
     variables = prepare(arm, heldout)
+    batch = questions or training_questions(variables)
     env = {
         **os.environ,
         **variables,
@@ -500,7 +724,10 @@ def run_arm(name: str, seed: int, steps: int, heldout: int, val_n: int, run_dir:
         "VERL_FILE_LOGGER_PATH": str(run_dir / "metrics.jsonl"),
         "CHECKPOINT_DIR": str(run_dir / "checkpoints"),
         "SMOKE_STEPS": str(steps),
-        "EPOCHS": str(steps),  # an upper bound: 8 rows of 2 prompts are 4 steps an epoch
+        # every step sees the same questions (one step an epoch) and makes one update
+        "BATCH": str(batch),
+        "MINI_BATCH": str(batch),
+        "EPOCHS": str(steps),
         "VAL_BEFORE_TRAIN": "true",
         "TEST_FREQ": str(steps),
         "RETRIEVAL_PORT": str(free_port()),  # never another run's (or another user's) server
@@ -520,7 +747,8 @@ def run_arm(name: str, seed: int, steps: int, heldout: int, val_n: int, run_dir:
         "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
         "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
         "actor_rollout_ref.rollout.val_kwargs.top_p=1.0",
-        *arm.overrides,
+        f"data.train_max_samples={batch if questions else -1}",
+        *(negated_overrides(name) if negate else arm.overrides),
     ]
     started = time.perf_counter()
     result = subprocess.run(
@@ -533,7 +761,8 @@ def run_arm(name: str, seed: int, steps: int, heldout: int, val_n: int, run_dir:
     )
     wall = time.perf_counter() - started
     (run_dir / "training.log").write_text(result.stdout + result.stderr)
-    record = {"arm": name, "seed": seed, "returncode": result.returncode, "wall_s": round(wall, 1)}
+    label = name + (NEGATED_SUFFIX if negate else "")
+    record = {"arm": label, "seed": seed, "questions": batch, "returncode": result.returncode, "wall_s": round(wall, 1)}
     (run_dir / "run.json").write_text(json.dumps(record))
     return record
 
@@ -543,40 +772,68 @@ def trained_a_step(run_dir: Path) -> bool:
     return metrics.exists() and any(step > 0 for step in read_metrics(metrics))
 
 
-def analyse(out: Path, arms: Sequence[str]) -> tuple[list[Point], list[dict], list[Direction]]:
+def analyse(out: Path, arms: Sequence[str]) -> tuple[list[Point], list[dict], list[Direction], list[SignCheck]]:
     points: list[Point] = []
     for run_dir in sorted(out.glob("*-seed*")):
-        arm, _, seed = run_dir.name.rpartition("-seed")
+        label, _, seed = run_dir.name.rpartition("-seed")
+        arm = label.removesuffix(NEGATED_SUFFIX)
         if arm in arms and (run_dir / "metrics.jsonl").exists():
-            points += run_points(arm, int(seed), ARMS[arm].kind, run_dir)
+            points += run_points(label, int(seed), ARMS[arm].kind, run_dir)
     write_csv(points, out / "curves.csv")
     plot(points, [a for a in arms if any(p.arm == a for p in points)], out / "curves.png")
     rows = summary_table(points, arms)
     found = directions(points)
+    checks = [c for c in sign_checks(points, arms) if c.plain or c.negated]
+    labels = sorted({p.arm for p in points})
     (out / "summary.json").write_text(
-        json.dumps({"table": rows, "directions": [d.__dict__ for d in found]}, indent=2, default=str)
+        json.dumps(
+            {
+                "table": rows,
+                "directions": [d.__dict__ for d in found],
+                "sign_checks": [
+                    {"arm": c.arm, "verdict": c.verdict, "rises": c.rises, "falls": c.falls} for c in checks
+                ],
+                "fired_at_step_1": fire_rates(points, labels),
+            },
+            indent=2,
+            default=str,
+        )
     )
-    return points, rows, found
+    return points, rows, found, checks
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=6, help="training steps per run (N)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--steps", type=int, default=20, help="training steps per run (N)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
+    parser.add_argument(
+        "--questions",
+        default="all",
+        help="training questions, all of them in every step: a number, or 'all' (every warm-up question of the arm)",
+    )
+    parser.add_argument(
+        "--fixed-batch",
+        action="store_true",
+        help="the learning check: each arm's reward must rise on the same questions and fall when negated",
+    )
+    parser.add_argument("--no-sign-control", action="store_true", help="with --fixed-batch: skip the negated runs")
     parser.add_argument("--heldout", type=int, default=8, help="held-out questions per arm")
     parser.add_argument("--val-n", type=int, default=4, help="samples per held-out question per validation")
     parser.add_argument("--lr", help="the actor's learning rate in every arm (default: the smoke runs' 1e-4)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/verl-evidence-learning"))
     parser.add_argument("--analyse", type=Path, help="read the runs already in this directory; train nothing")
     args = parser.parse_args()
+    questions = None if args.questions == "all" else int(args.questions)
+    signs = [False, True] if args.fixed_batch and not args.no_sign_control else [False]
 
     out = args.analyse or args.out
     out.mkdir(parents=True, exist_ok=True)
     if not args.analyse:
         load = [round(x, 2) for x in os.getloadavg()]
         print(
-            f"load average at start: {load}; N={args.steps}, seeds {args.seeds}, arms {args.arms}, lr {args.lr}",
+            f"load average at start: {load}; N={args.steps}, seeds {args.seeds}, arms {args.arms}, lr {args.lr}, "
+            f"questions {args.questions}, sign control {len(signs) > 1}",
             flush=True,
         )
         started = time.perf_counter()
@@ -589,23 +846,33 @@ def main() -> None:
             print(f"neutral search warm-up, sampled at its branch: {json.dumps(sampled)}", flush=True)
         for seed in args.seeds:  # seed by seed: a stopped benchmark still has every arm of the first seed
             for arm in args.arms:
-                run_dir = out / f"{arm}-seed{seed}"
-                record = run_arm(arm, seed, args.steps, args.heldout, args.val_n, run_dir, args.lr)
-                if record["returncode"] and not trained_a_step(run_dir):
-                    # Ray's start-up timed out once on an overloaded machine ("The current node timed out during
-                    # startup"): a run that failed before its first step is started once more, from scratch.
-                    print(json.dumps({**record, "retried": True}), flush=True)
-                    shutil.rmtree(run_dir)
-                    record = run_arm(arm, seed, args.steps, args.heldout, args.val_n, run_dir, args.lr)
-                print(json.dumps(record), flush=True)
-                if record["returncode"]:
-                    print((out / f"{arm}-seed{seed}" / "training.log").read_text()[-3000:], file=sys.stderr)
+                for negate in signs:
+                    run_dir = out / f"{arm}{NEGATED_SUFFIX if negate else ''}-seed{seed}"
+                    run = (arm, seed, args.steps, args.heldout, args.val_n, run_dir, args.lr, questions, negate)
+                    record = run_arm(*run)
+                    if record["returncode"] and not trained_a_step(run_dir):
+                        # Ray's start-up timed out once on an overloaded machine ("The current node timed out during
+                        # startup"): a run that failed before its first step is started once more, from scratch.
+                        print(json.dumps({**record, "retried": True}), flush=True)
+                        shutil.rmtree(run_dir)
+                        record = run_arm(*run)
+                    print(json.dumps(record), flush=True)
+                    if record["returncode"]:
+                        print((run_dir / "training.log").read_text()[-3000:], file=sys.stderr)
         wall = time.perf_counter() - started
         print(f"wall time {wall / 60:.1f} min; load average at end: {[round(x, 2) for x in os.getloadavg()]}")
-    _, rows, found = analyse(out, args.arms)
+    points, rows, found, checks = analyse(out, args.arms)
     print("\nfirst vs last (train: mean of the first and last third of the steps; held-out: step 0 and step N)")
     print(format_table(rows))
-    print("\ndirections the papers claim:")
+    if checks:
+        print("\nfixed-batch check (the reward's last third minus its first third, against the step-to-step spread):")
+        print(format_sign_checks(checks))
+    print("\nshare of step-1 samples the reward paid (mean over seeds):")
+    for label, rate in fire_rates(points, sorted({p.arm for p in points})).items():
+        print(f"    {label:20} {rate:.2f}")
+    print(
+        "\ndirections the papers claim (counted only when every seed agrees and the change exceeds the seeds' spread):"
+    )
     print(format_directions(found))
     print(f"\ncurves: {out / 'curves.csv'}, {out / 'curves.png'}")
 

@@ -43,7 +43,7 @@ SIGNAL = (
 RUNS = {
     "eviomni_grpo": ("eviomni_grpo.sh", [], "eviomni"),
     "lear_grpo": ("lear_grpo.sh", [], "lear"),
-    "composite": ("eviomni_grpo.sh", ["reward_preset=composite"], "eviomni"),
+    "composite": ("evinote_grpo.sh", ["reward_preset=composite"], "evinote"),
     "evinote_grpo": ("evinote_grpo.sh", [], "evinote"),
     "search_r1_baseline": ("search_r1_baseline.sh", [], "search_r1"),
     "grace_dapo": ("grace_dapo.sh", [], "grace"),

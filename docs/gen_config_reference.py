@@ -44,21 +44,6 @@ MEANINGS: dict[str, str] = {
     "grace.path_reward": "paid for the right path (`<evidence>` iff answerable)",
     "grace.alpha": "weight of ROUGE-L(evidence, gold evidence)",
     "grace.beta": "weight of ROUGE-L(answer, gold answers)",
-    # verl_evidence.reward_managers.judge.JudgeConfig (reward_kwargs prefix nli_)
-    "judge.model": "NLI checkpoint, hub name or local directory (required by `evinote`)",
-    "judge.device": "`auto` (GPU if the actor has one), `cpu`, `cuda`, `cuda:1`",
-    "judge.batch_size": "pairs per forward pass",
-    "judge.max_length": "token limit of a pair (null: the model's limit); only the premise is truncated",
-    "judge.fp16_on_gpu": "float16 weights on GPU",
-    "judge.in_process": "load the judge in each reward worker instead of one shared Ray actor",
-    "judge.num_gpus": "GPUs reserved for the judge actor (e.g. 1, or 0.2 to share one)",
-    "judge.num_cpus": "CPUs reserved for the judge actor",
-    "judge.max_wait_ms": "how long a batch waits for more requests",
-    "judge.actor_name": "name of the shared actor (null: derived from model, device, max length)",
-    "judge.detached": "detached actor, outlives the worker that created it",
-    "judge.torch_threads": (
-        "torch threads of a CPU judge (null: the actor uses its `num_cpus`, in-process leaves torch's setting)"
-    ),
     # verl_evidence.agent_loops.search_loop.SearchLoopSettings
     "search_loop.retrieval_url": "retrieval server (null: env `VERL_EVIDENCE_RETRIEVAL_URL`)",
     "search_loop.topk": "passages per search",
@@ -77,6 +62,9 @@ MEANINGS: dict[str, str] = {
     ),
     "search_loop.observation": (
         "`passages`, `extract` or `executor` (EviPath executor); null: `extract` with an extractor, else `passages`"
+    ),
+    "search_loop.document_format": (
+        "passage layout: `ours`, `search_r1` (Search-R1's), `auto`: the prompt's (the row's `extra_info.method`)"
     ),
     "search_loop.executor_prompt": "EviPath executor prompt (`observation: executor`); runs on the extractor's model",
     "search_loop.executor_max_tokens": "executor generation length",
@@ -128,6 +116,7 @@ MEANINGS: dict[str, str] = {
     "search_tool.retrieval_url": "retrieval server (null: env `VERL_EVIDENCE_RETRIEVAL_URL`)",
     "search_tool.topk": "passages per query",
     "search_tool.max_queries": "queries per call; more is answered with an error text",
+    "search_tool.document_format": "passage layout: `ours` or `search_r1` (Search-R1's; docs/rollouts.md)",
     "search_tool.timeout": "seconds per retrieval request",
     "search_tool.max_retries": "retries of a failed request",
     "search_tool.backoff": "retry backoff base, seconds",
@@ -246,11 +235,13 @@ def dataclass_rows(cls: type, section: str, prefix: str = "") -> list[tuple[str,
     return rows
 
 
-def pydantic_rows(model: type, section: str) -> list[tuple[str, ...]]:
+def pydantic_rows(model: type, section: str, prefix: str = "") -> list[tuple[str, ...]]:
     rows = []
     for name, field in model.model_fields.items():
         default = "required" if field.is_required() else value(field.get_default(call_default_factory=True))
-        rows.append((f"`{name}`", type_name(field.annotation), default, meaning(section, name, field.description)))
+        rows.append(
+            (f"`{prefix}{name}`", type_name(field.annotation), default, meaning(section, name, field.description))
+        )
     return rows
 
 
@@ -285,13 +276,14 @@ def render() -> str:
     _used.clear()
     from retrieval_server import cli as server_cli
     from retrieval_server.config import BuildConfig, ServerConfig
-    from verl_evidence import advantage
     from verl_evidence.agent_loops.eviomni_loop import EviOmniLoopSettings
     from verl_evidence.agent_loops.search_loop import SearchLoopSettings
     from verl_evidence.reward_managers import MANAGER_NAMES, scorers
     from verl_evidence.reward_managers.judge import JudgeConfig
     from verl_evidence.rewards import evinote, eviomni, grace
-    from verl_evidence.tools.search_tool import RETRIEVAL_URL_ENV, SearchTool
+    from verl_evidence.tools.search_settings import RETRIEVAL_URL_ENV
+    from verl_evidence.tools.search_tool import SearchTool
+    from verl_evidence.trainer import advantage
 
     header = ("key", "type", "default", "meaning")
     out: list[str] = []
@@ -340,15 +332,15 @@ def render() -> str:
             "str",
             value(None),
             (
-                "`train` or `validation` forces one mode for every sample; null: "
-                "validation for rows whose `extra_info.split` is in `validation_splits`"
+                "`train` or `validation` forces one mode for every sample; null: the trainer's phase "
+                "(`extra_info.trainer_phase`, written by `PhaseAgentLoopManager`; docs/methods/grace.md)"
             ),
         ),
         (
             "`validation_splits`",
             "list[str]",
             value(scorers.DEFAULT_VALIDATION_SPLITS),
-            "splits scored with the validation defaults (unless `extra_info.validate` is set)",
+            "without the phase manager: splits scored with the validation defaults (unless `extra_info.validate`)",
         ),
     ]
     for field in dataclasses.fields(grace.GraceConfig):
@@ -373,7 +365,7 @@ def render() -> str:
     )
 
     add("### NLI judge (`nli_*`, for `evinote` and `composite`)\n")
-    add(table(header, dataclass_rows(JudgeConfig, "judge", JudgeConfig.PREFIX)) + "\n")
+    add(table(header, pydantic_rows(JudgeConfig, "judge", JudgeConfig.PREFIX)) + "\n")
 
     # ---- estimator
     add("## Advantage estimator\n")
@@ -414,6 +406,7 @@ def render() -> str:
         "retrieval_url": None,
         "topk": service.topk,
         "max_queries": tool.max_queries,
+        "document_format": tool.document_format,
         "timeout": service.timeout,
         "max_retries": service.max_retries,
         "backoff": service.backoff,
@@ -449,6 +442,8 @@ def render() -> str:
     add(table(("option", "default", "meaning"), typer_rows(server_cli.app, ["adopt"], "adopt")) + "\n")
     add("### `verl-evidence index convert` / `retrieval-server convert`\n")
     add(table(("option", "default", "meaning"), typer_rows(server_cli.app, ["convert"], "convert")) + "\n")
+    add("### `verl-evidence index verify` / `retrieval-server verify`\n")
+    add(table(("option", "default", "meaning"), typer_rows(server_cli.app, ["verify"], "verify")) + "\n")
     add("### `ServerConfig` (Python, `serve run retrieval_server.launch:app_builder key=value ...`)\n")
     add(
         "The fields `start_server(config)` and Ray's `serve run`/`serve deploy` builder take; the CLI "
@@ -482,8 +477,9 @@ def render() -> str:
                 ("`RETRIEVAL_SERVER_TOKEN`", "`serve`", "same as `--token`"),
                 (
                     "`VERL_EVIDENCE_CACHE`",
-                    "`serve`, `index`, demo",
-                    "cache directory (default `~/.cache/verl-evidence`)",
+                    "`serve`, `index`, demo, `--smoke`",
+                    "the project's cache directory (default `~/.cache/verl-evidence`): indexes, encoder exports, the "
+                    "smoke policies and data (`smoke/`, unless `VERL_EVIDENCE_SMOKE_DIR` is set)",
                 ),
                 (
                     "`VERL_USE_EXTERNAL_MODULES`",

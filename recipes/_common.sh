@@ -110,8 +110,19 @@ ve_smoke() {
     )
     return 0
   fi
+  # The trainer's own Ray instance: 16 logical CPUs and the policy's "GPU". A run that joins a running cluster
+  # (RAY_ADDRESS: recipes/slurm/train.sbatch) takes the sizes its nodes' `ray start` gave (ray.init refuses them
+  # then), and its Ray workers were started without this run's environment: the variables the CPU mode's workers
+  # read go in the runtime environment instead.
+  local ray_args=(+ray_kwargs.ray_init.num_gpus="$GPUS_PER_NODE" ray_kwargs.ray_init.num_cpus=16)
+  if [ -n "${RAY_ADDRESS:-}" ]; then
+    ray_args=()
+    for name in VERL_PLATFORM HF_HUB_OFFLINE TRANSFORMERS_OFFLINE TOKENIZERS_PARALLELISM VERL_FILE_LOGGER_PATH; do
+      ray_args+=("+ray_kwargs.ray_init.runtime_env.env_vars.$name='${!name}'")  # quoted: strings, as Ray wants
+    done
+  fi
   SMOKE_ARGS=(
-    trainer.device=cpu +ray_kwargs.ray_init.num_gpus="$GPUS_PER_NODE" ray_kwargs.ray_init.num_cpus=16
+    trainer.device=cpu "${ray_args[@]}"
     +ray_kwargs.ray_init.include_dashboard=false  # seconds of start-up and a process on a small machine
     transfer_queue.backend.SimpleStorage.num_data_storage_units=1
     actor_rollout_ref.rollout.agent.num_workers=1 reward.num_workers=1 data.dataloader_num_workers=0
@@ -329,7 +340,7 @@ ve_common_overrides() {
     trainer.val_before_train="${VAL_BEFORE_TRAIN:-true}"
     # Every training step's reward components, rollout behaviour and masking check (docs/training-metrics.md);
     # MASK_CHECK=false logs the masking shares without stopping the run on a trained retrieved token.
-    trainer.v1.sampler.custom_sampler.path=pkg://verl_evidence.step_sampler
+    trainer.v1.sampler.custom_sampler.path=pkg://verl_evidence.trainer.step_sampler
     trainer.v1.sampler.custom_sampler.name=EvidenceReplayBuffer
     "++trainer.v1.sampler.sampler_kwargs.reward_manager=\${reward.reward_manager.name}"
     "++trainer.v1.sampler.sampler_kwargs.reward_function=\${reward.custom_reward_function.path}"

@@ -12,7 +12,7 @@ GPUS_PER_NODE="${GPUS_PER_NODE:-4}"
 TRAIN_FILES="${TRAIN_FILES:-data/grace/train.parquet}"; VAL_FILES="${VAL_FILES:-data/grace/test.parquet}"
 EXPERIMENT="${EXPERIMENT:-grace-dapo-$MODEL}"
 # Every value is the paper's (GRACE Table 2) except: PROMPT_LEN [ours] the question + 5 retrieved passages of a
-# GRACE context fit with room; ALPHA/BETA the released training code's (validation rows score with 1, 1).
+# GRACE context fit with room; ALPHA/BETA the released training code's (validation scores with 1, 1).
 LR="${LR:-2e-6}"; WARMUP_STEPS="${WARMUP_STEPS:-50}"; WEIGHT_DECAY="${WEIGHT_DECAY:-0.1}"; GRAD_CLIP="${GRAD_CLIP:-1.0}"
 CLIP_LOW="${CLIP_LOW:-0.2}"; CLIP_HIGH="${CLIP_HIGH:-0.28}"; CLIP_C="${CLIP_C:-10.0}"; STEPS="${STEPS:-400}"
 GROUP_SIZE="${GROUP_SIZE:-8}"; BATCH="${BATCH:-32}"; MINI_BATCH="${MINI_BATCH:-8}"; TEMPERATURE="${TEMPERATURE:-1.0}"

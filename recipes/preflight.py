@@ -1,26 +1,109 @@
-"""Pre-flight check every RL recipe runs before its trainer: reward, rollout and data must fit.
+"""Pre-flight check every RL recipe runs before its trainer: reward, rollout, data and devices must fit.
 
     python recipes/preflight.py --config-path=... --config-name=... key=value ...   # the trainer's own arguments
 
-Composes the trainer's config with Hydra exactly as ``verl.trainer.main_ppo`` will, finds what its reward
-needs in the ``requires:`` block of the reward preset (recipes/presets/reward_preset/*.yaml) and checks it
-against the rollout (the agent loop each row will run) and the first rows of every train/val parquet file.
-A mismatch exits 2 before anything starts, naming the data command and the rollout preset to use. A reward
-no preset describes fails too: a run this check cannot vouch for is started only on request (PREFLIGHT=0).
+Composes the trainer's config with Hydra exactly as ``verl.trainer.main_ppo`` will, works out which reward
+functions score the run (a manager's own, a custom function, each component of a composite) and checks what
+each of them reads (:data:`REWARD_NEEDS`) against the rollout (the agent loop each row will run) and the rows of
+every train/val parquet file; then that some prompt fits ``data.max_prompt_length`` and that the GPUs verl will
+ask Ray for exist. Each problem is one ``error:`` line naming the file and what to do; any problem exits 2
+before anything starts. A reward function the table does not know (a user's own) is checked against the
+``requires:`` block of its reward preset; with none, the run is refused: a run this check cannot vouch for is
+started only on request (PREFLIGHT=0).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ROWS_CHECKED = 64  # the first rows of each file: enough to catch rows prepared for another method, read in ms
 
+TARGET = "reward_model.ground_truth.target"
+EVIDENCE = "reward_model.ground_truth.evidence"
+ANSWERABLE = "reward_model.ground_truth.answerable"
+
+
+@dataclass(frozen=True)
+class FieldNeed:
+    path: str  # dotted, from the row's top
+    condition: str  # a key of CONDITIONS
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class RewardNeeds:
+    """What one reward function reads from a row, and the rollouts whose output it parses."""
+
+    rollouts: tuple[str, ...]  # rollout presets; () = any (it reads only the <answer> every rollout writes)
+    data: str  # the data command whose rows carry its fields ({variant}: the reward's `variant` kwarg)
+    fields: tuple[FieldNeed, ...]
+
+
+# (test, how a problem names the field)
+CONDITIONS = {
+    "set": (lambda value, row: value is not None, "{path}"),
+    "non-empty": (lambda value, row: bool(value), "a non-empty {path}"),
+    "true/false": (lambda value, row: isinstance(value, bool), "{path} (true/false)"),
+    "non-empty if answerable": (
+        lambda value, row: field(row, ANSWERABLE) is not True or bool(value),
+        "a non-empty {path} on answerable rows",
+    ),
+}
+
+# What each reward function reads, keyed by the module of its compute_score: the managers eviomni/evinote/grace
+# score with verl_evidence.rewards.<name>; a custom function or a composite component names its own. The one place
+# these needs are written; docs/reward-managers.md shows them (tests/recipes/test_preflight.py keeps both equal).
+REWARD_NEEDS: dict[str, RewardNeeds] = {
+    "verl_evidence.rewards.eviomni": RewardNeeds(
+        rollouts=("eviomni",),  # o_r and o_e come from the EviOmni loop's extra generations
+        data="verl-evidence data eviomni --method {variant}",
+        fields=(
+            FieldNeed(TARGET, "non-empty", "the answer F1 of o_r, o_e and o_f"),
+            FieldNeed("extra_info.passages", "non-empty", "the passages the loop reads and L_P is counted on"),
+            FieldNeed("extra_info.eviomni_len_p", "set", "L_P in policy tokens"),
+        ),
+    ),
+    "verl_evidence.rewards.evinote": RewardNeeds(
+        rollouts=("search", "tool_agent"),  # the notes (<summary>) of a multi-turn search trajectory
+        data="verl-evidence data qa --method evinote",
+        fields=(FieldNeed(TARGET, "non-empty", "the exact match and the NLI claim"),),
+    ),
+    "verl_evidence.rewards.grace": RewardNeeds(
+        rollouts=("single_turn",),  # the context is in the prompt
+        data="verl-evidence data grace",
+        fields=(
+            FieldNeed(TARGET, "non-empty", "the answer ROUGE-L"),
+            # Search-R1/FlashRAG rows carry `evidence: []` for "not annotated": read as "unanswerable", every
+            # refusal would be rewarded
+            FieldNeed(ANSWERABLE, "true/false", "which path is right; `evidence: []` alone would mean unanswerable"),
+            FieldNeed(EVIDENCE, "non-empty if answerable", "the evidence ROUGE-L"),
+        ),
+    ),
+    "verl_evidence.rewards.answer": RewardNeeds(
+        rollouts=(),  # exact match / F1 of the <answer> block, which every rollout writes
+        data="verl-evidence data qa --method search_r1",
+        fields=(FieldNeed(TARGET, "non-empty", "the gold answers"),),
+    ),
+}
+MANAGER_REWARDS = ("eviomni", "evinote", "grace")  # registered managers scoring with verl_evidence.rewards.<name>
+
 
 class PreflightError(Exception):
     pass
+
+
+@dataclass(frozen=True)
+class RewardPart:
+    """One reward function of the run: ``label`` names it in messages, ``function`` as configured."""
+
+    label: str
+    function: str | None  # None: verl's default scoring by data_source
+    kwargs: Mapping[str, Any]
 
 
 def split_argv(argv: list[str]) -> tuple[Path, str, list[str]]:
@@ -39,7 +122,8 @@ def split_argv(argv: list[str]) -> tuple[Path, str, list[str]]:
 
 
 def compose(config_path: Path, config_name: str, overrides: list[str]):
-    """The trainer's config. verl's own config directory is found without importing verl (seconds of start-up).
+    """The trainer's config (with Hydra's own node: the preset choices). verl's config directory is found without
+    importing verl (seconds of start-up).
 
     An override Hydra cannot apply (a misspelt key or preset, a bad value) is the user's to fix: one line naming it.
     """
@@ -57,7 +141,9 @@ def compose(config_path: Path, config_name: str, overrides: list[str]):
     try:
         with initialize_config_dir(config_dir=str(config_path.resolve()), version_base=None):
             return hydra_compose(
-                config_name=config_name, overrides=[*overrides, f"hydra.searchpath=[file://{verl_config}]"]
+                config_name=config_name,
+                overrides=[*overrides, f"hydra.searchpath=[file://{verl_config}]"],
+                return_hydra_config=True,
             )
     except (HydraException, OmegaConfBaseException) as err:
         what = one_line(str(err))
@@ -84,24 +170,6 @@ def load_yaml(path: Path) -> dict:
     return yaml.safe_load(path.read_text()) or {}
 
 
-def preset_requirements(config_path: Path) -> list[dict]:
-    """Every reward preset's ``requires:`` block with the manager and function that identify it."""
-    presets = []
-    for path in sorted((config_path / "reward_preset").glob("*.yaml")):
-        preset = load_yaml(path)
-        if "requires" not in preset:
-            continue
-        presets.append(
-            {
-                "name": path.stem,
-                "manager": preset.get("reward_manager", {}).get("name"),
-                "function": (preset.get("custom_reward_function") or {}).get("path"),
-                **preset["requires"],
-            }
-        )
-    return presets
-
-
 def rollout_loops(config_path: Path) -> dict[str, str]:
     """Rollout preset name -> the agent loop it selects (read from recipes/presets/rollout_preset/*.yaml)."""
     return {
@@ -110,20 +178,65 @@ def rollout_loops(config_path: Path) -> dict[str, str]:
     }
 
 
-def requirement_for(cfg, config_path: Path) -> dict:
+def plain(value: Any) -> Any:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+def function_module(spec: str) -> str:
+    """``pkg://a.b``, ``a.b:fn``, ``pkg://a.b:fn`` -> ``a.b`` (a file path stays as it is)."""
+    module = spec.removeprefix("pkg://")
+    head, sep, tail = module.rpartition(":")
+    return head if sep and head and tail.isidentifier() else module
+
+
+def reward_parts(cfg) -> list[RewardPart]:
+    """The reward functions that score this run, as the managers build them (reward_managers/scorers.py)."""
     manager = cfg.reward.reward_manager.name
-    function = cfg.reward.get("custom_reward_function", {}).get("path")
-    candidates = [p for p in preset_requirements(config_path) if (p["manager"], p["function"]) == (manager, function)]
-    chosen = (cfg.reward.get("requires") or {}).get("name")
-    for preset in candidates:  # the composed preset's own block first (eviomni and lear share a manager)
-        if preset["name"] == chosen:
-            return preset
-    if candidates:
-        return candidates[0]
+    custom_config = cfg.reward.get("custom_reward_function") or {}
+    custom = custom_config.get("path")
+    kwargs = plain(cfg.reward.get("reward_kwargs")) or {}
+    if manager in MANAGER_REWARDS:
+        return [RewardPart(f"{manager} reward", f"verl_evidence.rewards.{manager}", kwargs)]
+    if manager != "composite":  # verl's managers (naive, dapo, ...) call the custom function, else verl's default
+        name = function_module(custom).removeprefix("verl_evidence.rewards.") if custom else "default"
+        return [
+            RewardPart(f"{name} reward ({manager} manager)", custom, plain(custom_config.get("reward_kwargs")) or {})
+        ]
+    components = kwargs.get("components")
+    if not isinstance(components, list) or not components or not all(isinstance(c, dict) for c in components):
+        raise PreflightError(
+            "the composite reward manager needs reward.reward_kwargs.components, a list of {reward, weight} "
+            "(docs/reward-managers.md)"
+        )
+    parts = []
+    for component in components:
+        reward = str(component.get("reward"))
+        function = f"verl_evidence.rewards.{reward}" if reward in MANAGER_REWARDS else reward
+        if reward == "custom":
+            function = custom
+        label = f"composite's {component.get('name') or reward} component"
+        parts.append(RewardPart(label, function, component.get("kwargs") or {}))
+    return parts
+
+
+def needs_of(part: RewardPart, cfg, preset_file: Path) -> RewardNeeds:
+    """The table's needs of the part's function; a function it does not know: the preset's ``requires:`` block."""
+    known = REWARD_NEEDS.get(function_module(part.function or ""))
+    if known is not None:
+        return known
+    requires = plain(cfg.reward.get("requires"))
+    if requires:
+        fields = tuple(FieldNeed(str(name), "set") for name in requires.get("row_fields") or ())
+        return RewardNeeds(
+            tuple(requires.get("rollout") or ()), str(requires.get("data") or "your data command"), fields
+        )
+    scored_by = f"function {part.function!r}" if part.function else "verl's default scoring by data_source"
     raise PreflightError(
-        f"no reward preset in {config_path / 'reward_preset'} describes reward manager {manager!r}"
-        + (f" with function {function!r}" if function else "")
-        + ": add a `requires:` block to its preset (see docs/recipes.md), or start anyway with PREFLIGHT=0"
+        f"no reward preset describes the {part.label} ({scored_by}): add a `requires:` block with its rollout, "
+        f"data command and row fields to {preset_file} or a preset of your own (docs/reward-managers.md), or "
+        "start anyway with PREFLIGHT=0"
     )
 
 
@@ -155,43 +268,232 @@ def field(row: dict, dotted: str) -> Any:
     return value
 
 
+def data_files(cfg) -> dict[str, list[str]]:
+    """Path -> the config keys naming it (a file given as both train and val files is read once)."""
+    files: dict[str, list[str]] = {}
+    for key in ("train_files", "val_files"):
+        for path in as_paths(cfg.data.get(key)):
+            files.setdefault(path, []).append(f"data.{key}")
+    return files
+
+
+# -- prompt lengths -----------------------------------------------------------------------------------------------
+
+
+def tokenizer_dir(model_path: str) -> Path | None:
+    """The policy's tokenizer files on this machine: its directory, or the Hugging Face cache's copy."""
+    local = Path(model_path).expanduser()
+    if local.is_dir():
+        return local if (local / "tokenizer.json").is_file() else None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(model_path, "tokenizer.json")
+    except Exception:  # not a hub id either: the trainer reports the path itself
+        return None
+    return Path(found).parent if isinstance(found, str) else None
+
+
+class PromptLengths:
+    """Prompt token counts as verl's overlong filter takes them: the chat template applied, generation prompt on."""
+
+    def __init__(self, directory: Path, template_kwargs: Mapping[str, Any]) -> None:
+        from tokenizers import Tokenizer
+
+        self.directory = directory
+        self.template_kwargs = dict(template_kwargs)
+        self.messages_only = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        self._templated = None
+
+    def lower_bounds(self, prompts: list[Any]) -> list[int]:
+        """The messages' own tokens: the template only adds to them."""
+        contents = [[str(m.get("content") or "") for m in (p or []) if isinstance(m, dict)] for p in prompts]
+        flat = self.messages_only.encode_batch([c for cs in contents for c in cs], add_special_tokens=False)
+        counts, start = [], 0
+        for cs in contents:
+            counts.append(sum(len(e.ids) for e in flat[start : start + len(cs)]))
+            start += len(cs)
+        return counts
+
+    def exact(self, prompt: list[dict]) -> int:
+        if self._templated is None:  # transformers only for a refusal
+            from transformers import PreTrainedTokenizerFast
+
+            self._templated = PreTrainedTokenizerFast.from_pretrained(str(self.directory))
+        ids = self._templated.apply_chat_template(
+            prompt, add_generation_prompt=True, tokenize=True, **self.template_kwargs
+        )
+        ids = ids["input_ids"] if isinstance(ids, Mapping) else ids
+        return len(ids)
+
+
+def prompt_batches(path: str, key: str) -> Iterator[list[Any]]:
+    import pyarrow.parquet as pq
+
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=1024, columns=[key]):
+        yield batch.column(0).to_pylist()
+
+
+def overlong_problem(path: str, keys: list[str], cfg, lengths: PromptLengths) -> str | None:
+    """Every prompt of the file longer than data.max_prompt_length: verl's filter would leave no rows.
+
+    A prompt counts as too long when its messages alone are (``tokenizers``, milliseconds): the chat template only
+    adds tokens, so no file verl would train on is refused. (Rendering every template needs transformers, whose
+    import costs 10+ s on a busy node; the refusal's lengths are rendered, as verl counts them.) Stops at the
+    first prompt that may fit, the first row of a file made for this run: only a file about to be refused is
+    read to its end.
+    """
+    limit = int(cfg.data.max_prompt_length)
+    shortest = longest = None  # (lower bound, prompt)
+    rows = 0
+    for prompts in prompt_batches(path, cfg.data.get("prompt_key", "prompt")):
+        for prompt, bound in zip(prompts, lengths.lower_bounds(prompts), strict=True):
+            rows += 1
+            if bound <= limit:
+                return None
+            shortest = (bound, prompt) if shortest is None or bound < shortest[0] else shortest
+            longest = (bound, prompt) if longest is None or bound > longest[0] else longest
+    if shortest is None:
+        return None
+    low, high = lengths.exact(shortest[1]), lengths.exact(longest[1])
+    return (
+        f"{'/'.join(keys)}: all {rows} prompts of {path} are longer than data.max_prompt_length={limit} tokens "
+        f"(shortest {low}, longest {high}), so verl's overlong filter would leave no rows; raise PROMPT_LEN "
+        f"(data.max_prompt_length) to at least {low}, or prepare the rows with fewer or shorter passages"
+    )
+
+
+# -- devices --------------------------------------------------------------------------------------------------------
+
+
+def gpu_problem(cfg) -> str | None:
+    """verl asks Ray for trainer.nnodes x trainer.n_gpus_per_node GPUs and waits for them: absent ones, forever.
+
+    Not checked when the run joins a running Ray cluster (its GPUs are the cluster's, e.g. a Slurm job's) or tells
+    Ray how many GPUs there are (ray_init.num_gpus, as the CPU mode does).
+    """
+    wanted = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+    ray_init = plain(cfg.get("ray_kwargs", {}).get("ray_init")) or {}
+    if wanted <= 0 or ray_init.get("num_gpus") is not None:
+        return None
+    from ray._private import services
+    from ray._private.accelerators import get_accelerator_manager_for_resource
+
+    try:  # what ray.init(address=...) will join: RAY_ADDRESS, the config's address, a cluster running here
+        joins = services.canonicalize_bootstrap_address(ray_init.get("address"), ray_init.get("_temp_dir"))
+    except Exception:  # an address Ray cannot use: ray.init says so itself
+        return None
+    if joins:
+        return None
+    resource = "NPU" if str(cfg.trainer.get("device")) == "npu" else "GPU"  # what verl's resource pool counts
+    manager = get_accelerator_manager_for_resource(resource)
+    visible = manager.get_current_process_visible_accelerator_ids()
+    found = manager.get_current_node_num_accelerators()
+    found = min(found, len(visible)) if visible is not None else found
+    if found >= wanted:
+        return None
+    return (
+        f"this run asks Ray for {wanted} {resource}(s) (trainer.nnodes={cfg.trainer.nnodes} x "
+        f"trainer.n_gpus_per_node={cfg.trainer.n_gpus_per_node}) and this node has {found}, so verl would wait for "
+        f"them forever; on a machine without GPUs add --smoke to the recipe (docs/debug-on-cpu.md), else set "
+        f"GPUS_PER_NODE/NNODES to what the node or the Ray cluster has"
+    )
+
+
+# -- the check ------------------------------------------------------------------------------------------------------
+
+
+def data_command(part: RewardPart, need: RewardNeeds) -> str:
+    return need.data.format(variant=part.kwargs.get("variant", "eviomni"))
+
+
+def rollout_fit(
+    needs: list[tuple[RewardPart, RewardNeeds]], loops: dict[str, str], default_loop: str
+) -> tuple[dict[str, str], list[str]]:
+    """The agent loops every part of the reward can score (loop -> rollout preset), and the problems found."""
+    bound = [(part, need) for part, need in needs if need.rollouts]
+    allowed = set(loops) if not bound else set.intersection(*(set(need.rollouts) for _, need in bound))
+    if not allowed:
+        parsed = ", ".join(f"the {part.label} parses rollout {' or '.join(need.rollouts)}" for part, need in bound)
+        return {}, [f"no rollout serves every part of this reward ({parsed}): pick components that read one"]
+    allowed_loops = {loops[name]: name for name in sorted(allowed) if name in loops}
+    if default_loop in allowed_loops:
+        return allowed_loops, []
+    hint = " or ".join(f"rollout_preset={name}" for name in sorted(allowed))
+    return allowed_loops, [f"the rollout runs agent loop {default_loop!r}; use {hint}"]
+
+
+def row_problems(
+    where: str,
+    path: str,
+    rows: list[dict],
+    needs: list[tuple[RewardPart, RewardNeeds]],
+    allowed_loops: dict[str, str],
+    default_loop: str,
+) -> list[str]:
+    """Fields a part reads that these rows lack (or hold unusable values of), and agent loops they name."""
+    problems, seen = [], set()
+    for part, need in needs:
+        for need_field in need.fields:
+            test, shown = CONDITIONS[need_field.condition]
+            if need_field.path in seen or all(test(field(row, need_field.path), row) for row in rows):
+                continue
+            seen.add(need_field.path)
+            why = f" ({need_field.why})" if need_field.why else " (rows for another method?)"
+            problems.append(
+                f"{where}: rows of {path} lack {shown.format(path=need_field.path)}, which the {part.label} "
+                f"reads{why}; prepare rows with `{data_command(part, need)}`"
+            )
+    row_loops = sorted({row.get("agent_name") or default_loop for row in rows} - set(allowed_loops))
+    if allowed_loops and row_loops and row_loops != [default_loop]:
+        problems.append(
+            f"{where}: rows of {path} name agent loop {', '.join(map(repr, row_loops))} in their agent_name "
+            f"column, which wins over the rollout preset; prepare rows with `{data_command(*needs[0])}`"
+        )
+    return problems
+
+
+def prompt_lengths(cfg) -> PromptLengths | None:
+    """The policy's prompt counter, when verl filters overlong prompts and the tokenizer is on this machine."""
+    if not cfg.data.get("filter_overlong_prompts"):
+        return None
+    model = str(cfg.actor_rollout_ref.model.path)
+    found = tokenizer_dir(model)
+    if found is None:  # not a refusal: the trainer loads (downloads) the model and its tokenizer itself
+        print(f"# pre-flight: prompt lengths not checked: no tokenizer.json of {model} here yet", file=sys.stderr)
+        return None
+    return PromptLengths(found, plain(cfg.data.get("apply_chat_template_kwargs")) or {})
+
+
 def check(argv: list[str]) -> list[str]:
-    """Problems with this trainer command (empty: the reward, rollout and data fit)."""
+    """Problems with this trainer command, one line each (empty: reward, rollout, data and devices fit)."""
     config_path, config_name, overrides = split_argv(argv)
     cfg = compose(config_path, config_name, overrides)
-    need = requirement_for(cfg, config_path)
-    loops = rollout_loops(config_path)
-    allowed_loops = {loops[name]: name for name in need["rollout"]}
-    rollout_hint = " or ".join(f"rollout_preset={name}" for name in need["rollout"])
-    data_hint = f"prepare rows with `{need['data']}`"
+    preset = cfg.hydra.runtime.choices.get("reward_preset") or config_name
+    needs = [
+        (part, needs_of(part, cfg, config_path / "reward_preset" / f"{preset}.yaml")) for part in reward_parts(cfg)
+    ]
     default_loop = cfg.actor_rollout_ref.rollout.agent.default_agent_loop
-    problems = []
-    if default_loop not in allowed_loops:
-        problems.append(f"the rollout runs agent loop {default_loop!r}; use {rollout_hint}")
-    files = [("data.train_files", p) for p in as_paths(cfg.data.train_files)]
-    files += [("data.val_files", p) for p in as_paths(cfg.data.get("val_files"))]
-    for key, path in files:
+    allowed_loops, reward_problems = rollout_fit(needs, rollout_loops(config_path), default_loop)
+    problems = [p for p in [gpu_problem(cfg)] if p]
+    lengths = prompt_lengths(cfg)
+    for path, keys in data_files(cfg).items():
+        where = "/".join(keys)
         try:
             rows = first_rows(path)
         except FileNotFoundError:
-            problems.append(f"{key}: {path} does not exist; {data_hint}")
+            reward_problems.append(f"{where}: {path} does not exist; prepare rows with `{data_command(*needs[0])}`")
             continue
         except (OSError, ValueError) as err:  # not parquet (pyarrow's errors are these): the user's to fix
-            problems.append(f"{key}: cannot read {path} as parquet ({type(err).__name__}: {err}); {data_hint}")
+            reward_problems.append(f"{where}: cannot read {path} as parquet ({type(err).__name__}: {err})")
             continue
         if not rows:
-            problems.append(f"{key}: {path} has no rows; {data_hint}")
+            reward_problems.append(f"{where}: {path} has no rows; prepare rows with `{data_command(*needs[0])}`")
             continue
-        missing = [name for name in need["row_fields"] if any(field(row, name) is None for row in rows)]
-        if missing:
-            problems.append(f"{key}: rows of {path} lack {', '.join(missing)} (rows for another method?); {data_hint}")
-        row_loops = sorted({row.get("agent_name") or default_loop for row in rows} - set(allowed_loops))
-        if row_loops and row_loops != [default_loop]:
-            problems.append(
-                f"{key}: rows of {path} name agent loop {', '.join(map(repr, row_loops))} in their agent_name "
-                f"column, which wins over the rollout preset; {data_hint}"
-            )
-    return [f"reward preset {need['name']!r}: {problem}" for problem in problems]
+        reward_problems += row_problems(where, path, rows, needs, allowed_loops, default_loop)
+        overlong = overlong_problem(path, keys, cfg, lengths) if lengths else None
+        problems += [overlong] if overlong else []
+    return problems + [f"reward preset {preset!r}: {problem}" for problem in reward_problems]
 
 
 def main() -> None:
@@ -201,11 +503,10 @@ def main() -> None:
         print(f"error: {err}; nothing was started", file=sys.stderr)
         sys.exit(2)
     if problems:
-        print("error: the reward, rollout and data of this run do not fit; nothing was started:", file=sys.stderr)
         for problem in problems:
-            print(f"  - {problem}", file=sys.stderr)
+            print(f"error: {problem}; nothing was started", file=sys.stderr)
         sys.exit(2)
-    print("# pre-flight: reward, rollout and data fit", file=sys.stderr)
+    print("# pre-flight: reward, rollout, data and devices fit", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ from retrieval_server.index import (
     _progress,
     _write_json_atomic,
     read_dense_index,
+    record_checksums,
 )
 
 logger = logging.getLogger(__name__)
@@ -467,7 +468,13 @@ def _adopt_locked(
         "count": count,
         "encoder": describe(declared, dim),
         "dim": dim,
-        "index": {"factory": index_factory_of(index), "metric": "inner_product", "file": DENSE_INDEX, "ntotal": ntotal},
+        "index": {
+            "factory": index_factory_of(index),
+            "metric": "inner_product",
+            "file": DENSE_INDEX,
+            "ntotal": ntotal,
+            **({"search_params": setting} if (setting := _file_search_setting(index)) else {}),
+        },
         "docstore": DOCSTORE,
         "bm25": {"dir": BM25_DIR, "tokenizer": "bm25s.Tokenizer(stopwords=en)", "tokenizer_vocab": BM25_TOKENIZER_VOCAB}
         if bm25
@@ -482,5 +489,25 @@ def _adopt_locked(
         },
         "build_seconds": round(time.time() - started, 2),
     }
+    manifest = record_checksums(output_dir, manifest)
     _write_json_atomic(output_dir / MANIFEST, manifest)
     return manifest
+
+
+def _file_search_setting(index) -> str:
+    """The speed/recall setting an adopted IVF or HNSW file carries (faiss writes it into the file), "" for none."""
+    import faiss
+
+    from retrieval_server.recall import speed_knob
+
+    knob = speed_knob(index)
+    if knob is None:
+        return ""
+    name = knob[0]
+    value = faiss.extract_index_ivf(index).nprobe if name == "nprobe" else faiss.downcast_index(index).hnsw.efSearch
+    if name == "nprobe" and value == 1:
+        logger.warning(
+            "the adopted IVF index searches 1 list per query (faiss's default): measure its recall with "
+            "`verl-evidence index recall --search-params nprobe=N` and serve with --search-params"
+        )
+    return f"{name}={value}"

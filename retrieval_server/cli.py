@@ -1,5 +1,5 @@
-"""Command line: ``retrieval-server {serve,build,recall,adopt,convert}`` and, inside ``verl-evidence``,
-``serve`` + ``index {build,recall,adopt,convert}``."""
+"""Command line: ``retrieval-server {serve,build,recall,adopt,convert,verify}`` and, inside ``verl-evidence``,
+``serve`` + ``index {build,recall,adopt,convert,verify}``."""
 
 from __future__ import annotations
 
@@ -106,7 +106,9 @@ def serve(
     topk: int = typer.Option(3, help="Default top-k when a request sends none"),
     rerank_model: str | None = typer.Option(None, help="Cross-encoder to rerank the top-n with"),
     rerank_top_n: int = typer.Option(20),
-    search_params: str = typer.Option("", help='faiss parameters, e.g. "nprobe=64"'),
+    search_params: str = typer.Option(
+        "", help='faiss parameters, e.g. "nprobe=64" (default: the setting index build/convert chose by recall)'
+    ),
     mmap_index: bool = typer.Option(
         False, help="Memory-map the FAISS index: replicas on a node share one copy via the page cache"
     ),
@@ -172,7 +174,7 @@ def serve(
             "to serve your own (verl-evidence index build / adopt)",
             err=True,
         )
-    logging.basicConfig(level=logging.INFO)
+    _quiet_faiss_loader()
     settings = {
         "corpus": corpus, "encoder_model": model, "method": method, "default_topk": topk,
         "rerank_model": rerank_model, "rerank_top_n": rerank_top_n, "search_params": search_params,
@@ -226,13 +228,16 @@ def build(
     batch_size: int = typer.Option(64, help="Encoder batch size"),
     bm25: bool = typer.Option(True, help="Also build a BM25 index"),
     device: str | None = typer.Option(None),
+    target_recall: float = typer.Option(
+        0.95, min=0.0, max=1.0, help="IVF/HNSW: served at the smallest nprobe/efSearch reaching this recall@10"
+    ),
 ) -> None:
     """Corpus -> encoded shards -> FAISS (+BM25) index with a manifest. Re-running resumes."""
     from retrieval_server.config import BuildConfig, EncoderConfig, packaged_minilm_encoder
     from retrieval_server.index import build_index
     from retrieval_server.launch import default_index_dir
 
-    logging.basicConfig(level=logging.INFO)
+    _quiet_faiss_loader()
     corpus = corpus or _default_corpus(ctx, "--corpus", "pass the corpus to index")
     with _settings_from_options():
         if model is None:
@@ -246,8 +251,19 @@ def build(
             corpus=corpus, output_dir=output or default_index_dir(corpus), encoder=encoder, index_factory=factory,
             shard_size=shard_size, train_sample=train_sample, encode_batch_size=batch_size, bm25=bm25, device=device,
         )  # fmt: skip
-    manifest = build_index(config)
-    typer.echo(json.dumps({k: manifest[k] for k in ("count", "dim", "index", "encoder")}, indent=2))
+    manifest = build_index(config, target_recall=target_recall)
+    summary = {k: manifest[k] for k in ("count", "dim", "index", "encoder")}
+    summary["index"] = {k: v for k, v in manifest["index"].items() if k != "tuning"}
+    typer.echo(json.dumps(summary, indent=2))
+    if "tuning" in manifest["index"]:
+        tuning = manifest["index"]["tuning"]
+        _print_tuning(
+            f"{manifest['index']['factory']}: recall@{tuning['k']} against exact search ({tuning['queries']} sampled "
+            "passages as queries)",
+            tuning["recall"],
+            tuning["k"],
+            tuning["search_params"],
+        )
     typer.echo(f"index written to {config.output_dir}")
 
 
@@ -261,6 +277,9 @@ def recall(
     ),
     k: list[int] = typer.Option([1, 3, 5, 10], "--k", help="Cut-offs"),
     method: str = typer.Option("dense", help="dense | bm25 | hybrid"),
+    search_params: str = typer.Option(
+        "", help='faiss parameters, e.g. "nprobe=64" (default: the setting the index was built or converted at)'
+    ),
 ) -> None:
     """Recall@k of the questions' gold passages (in-process, no server)."""
     from rich.console import Console
@@ -274,9 +293,11 @@ def recall(
         if defaults.qa is None:
             raise typer.BadParameter("this command has no default QA set: pass one", param_hint="--qa")
         qa = Path(defaults.qa())
+    _quiet_faiss_loader()
     index_dir = index_dir or ensure_index(_default_corpus(ctx, "--index-dir", "pass the index to measure"))
-    scores = recall_at_k(index_dir, qa, ks=sorted(k), method=method)
-    table = Table(title=f"Recall of gold passages ({method}, {scores['questions']} questions)")
+    scores = recall_at_k(index_dir, qa, ks=sorted(k), method=method, search_params=search_params)
+    at = f", {scores['search_params']}" if scores["search_params"] else ""
+    table = Table(title=f"Recall of gold passages ({method}{at}, {scores['questions']} questions)")
     table.add_column("k")
     table.add_column("recall (all gold)")
     table.add_column("hit (any gold)")
@@ -330,7 +351,7 @@ def adopt(
     """Serve an index you already have: verify its encoder on a sample, convert the corpus once, write the manifest."""
     from retrieval_server.adopt import adopt_index
 
-    logging.basicConfig(level=logging.INFO)
+    _quiet_faiss_loader()
     with _settings_from_options():
         encoder = _declared_encoder(model, pooling, query_prefix, passage_prefix, max_length, normalize)
     manifest = adopt_index(
@@ -353,37 +374,92 @@ def convert(
     ),
     k: int = typer.Option(10, min=1, help="Recall cut-off"),
     search_params: list[str] = typer.Option(
-        [], help='Settings to measure, e.g. "nprobe=64" (repeatable; default: a sweep)'
+        [],
+        help='Settings to measure, e.g. "nprobe=64" (repeatable, cheapest first; default: nprobe/efSearch doubled '
+        "until --target-recall)",
+    ),
+    target_recall: float = typer.Option(
+        0.95, min=0.0, max=1.0, help="The served setting: the first reaching this recall@k (else the best plateau)"
     ),
 ) -> None:
     """Convert a Flat index to fp16 / SQ8 / HNSW / IVF-PQ without re-encoding, and report its recall@k against Flat."""
-    from rich.console import Console
-    from rich.table import Table
-
     from retrieval_server.convert import convert_index
 
-    logging.basicConfig(level=logging.INFO)
+    _quiet_faiss_loader()
     try:
         manifest = convert_index(
             index_dir, output, to, train_sample=train_sample, chunk_size=chunk_size, recall_queries=recall_queries, k=k,
-            search_params=search_params or None,
+            search_params=search_params or None, target_recall=target_recall,
         )  # fmt: skip
     except ValueError as err:  # a --to or --search-params faiss cannot use
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(code=2) from None
     info = manifest["converted"]
-    table = Table(
-        title=f"{manifest['index']['factory']}: recall@{k} against Flat "
-        f"({info['recall_queries']} sampled passages as queries)"
+    _print_tuning(
+        f"{manifest['index']['factory']}: recall@{k} against Flat ({info['recall_queries']} sampled passages as "
+        "queries)",
+        info["recall"],
+        k,
+        manifest["index"]["search_params"],
     )
-    for column in ("search params", f"recall@{k}", "ms/query"):
-        table.add_column(column)
-    for row in info["recall"]:
-        table.add_row(row["search_params"] or "-", f"{row[f'recall@{k}']:.3f}", f"{row['ms_per_query']:.2f}")
-    Console().print(table)
     ratio = info["index_bytes"] / info["source_index_bytes"]
     typer.echo(f"index file {info['index_bytes'] / 2**20:.1f} MiB ({ratio:.3f} x the Flat file); written to {output}")
-    typer.echo(f"serve it: retrieval-server serve --index-dir {output} --search-params <one of the settings above>")
+    typer.echo(f"serve it: retrieval-server serve --index-dir {output}")
+
+
+def _print_tuning(title: str, rows: list[dict], k: int, chosen: str) -> None:
+    """The recall table of a sweep, the setting the index is served at marked."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in ("search params", f"recall@{k}", "ms/query", "served"):
+        table.add_column(column)
+    for row in rows:
+        mark = "<- served" if row["search_params"] == chosen else ""
+        table.add_row(row["search_params"] or "-", f"{row[f'recall@{k}']:.3f}", f"{row['ms_per_query']:.2f}", mark)
+    Console().print(table)
+
+
+def _quiet_faiss_loader() -> None:
+    """INFO logging on, faiss's loader off: it logs 8 lines about CPU instruction sets at every import."""
+    logging.basicConfig(level=logging.INFO)
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)
+
+
+def verify(
+    index_dir: Path = typer.Option(..., help="Index directory to check"),
+    corpus: Path | None = typer.Option(None, help="Corpus JSONL the index must have been built from"),
+    model: str | None = typer.Option(None, help="Encoder model the index must have been built with"),
+    search_params: str = typer.Option("", help='faiss parameters to check against the index, e.g. "nprobe=64"'),
+    record: bool = typer.Option(
+        False,
+        help="Record the files' checksums in the manifest after every other check passes (upgrades a version-1 "
+        "manifest; after replacing a file on purpose)",
+    ),
+) -> None:
+    """Check an index directory as `serve` does at start-up, without starting anything; --record its checksums."""
+    from retrieval_server.index import (
+        check_search_params,
+        read_manifest,
+        recorded_encoder,
+        verify_and_record,
+        verify_index,
+    )
+
+    _quiet_faiss_loader()
+    requested = None
+    if model is not None:
+        requested = recorded_encoder(read_manifest(index_dir)).model_copy(update={"model": model})
+    check = verify_and_record if record else verify_index
+    manifest = check(index_dir, corpus=corpus, encoder=requested)
+    check_search_params(index_dir, manifest, search_params)
+    said = manifest["index"]
+    typer.echo(
+        f"{index_dir}: {manifest['count']} passages, {said['factory']} index of {manifest['dim']}-d vectors"
+        f"{' served at ' + said['search_params'] if said.get('search_params') else ''}; files "
+        f"{'recorded' if record else 'match their checksums'}"
+    )
 
 
 app.command("serve")(serve)
@@ -394,10 +470,12 @@ index_app.command("recall")(recall)
 for _app in (app, index_app):
     _app.command("adopt")(adopt)
     _app.command("convert")(convert)
+    _app.command("verify")(verify)
 
 
 def register(root: typer.Typer, defaults: DefaultData | None = None) -> None:
-    """Add ``serve`` and ``index {build,recall,adopt,convert}`` to another CLI (``verl-evidence``), with its data."""
+    """Add ``serve`` and ``index {build,recall,adopt,convert,verify}`` to another CLI (``verl-evidence``), with its
+    data."""
     settings = {"obj": defaults} if defaults is not None else None
     root.command("serve", context_settings=settings)(serve)
     root.add_typer(index_app, name="index", context_settings=settings)

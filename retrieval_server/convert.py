@@ -14,7 +14,6 @@ content), a symbolic link otherwise.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -30,10 +29,12 @@ from retrieval_server.index import (
     _NullProgress,
     _progress,
     _write_json_atomic,
+    faiss_warnings_summarised,
     read_dense_index,
+    record_checksums,
     verify_index,
 )
-from retrieval_server.recall import neighbour_recall
+from retrieval_server.recall import DEFAULT_TARGET_RECALL, choose_search_params
 
 logger = logging.getLogger(__name__)
 
@@ -46,10 +47,10 @@ PRESETS = {
 
 
 def ivf_pq_factory(count: int, dim: int) -> str:
-    """``IVF<nlist>,PQ<m>``: nlist a power of two near 4*sqrt(n) (at most n/39, FAISS's training minimum);
-    m = dim/8 sub-quantisers of 8 bits (768-d: 96 bytes per vector)."""
+    """``IVF<nlist>,PQ<m>``: nlist the power of two nearest 4*sqrt(n), lowered to the largest power of two at most
+    n/39 (FAISS's training minimum of 39 vectors per list); m = dim/8 sub-quantisers of 8 bits (768-d: 96 bytes)."""
     nlist = 2 ** round(math.log2(max(4 * math.sqrt(count), 1)))
-    nlist = max(1, min(nlist, count // 39))
+    nlist = min(nlist, 2 ** max(count // 39, 1).bit_length() // 2)
     m = next(m for m in range(max(dim // 8, 1), 0, -1) if dim % m == 0)
     return f"IVF{nlist},PQ{m}"
 
@@ -60,18 +61,6 @@ def resolve_factory(target: str, count: int, dim: int) -> str:
     if key in PRESETS:
         return PRESETS[key] or ivf_pq_factory(count, dim)
     return target
-
-
-def default_sweep(factory: str, nlist: int | None) -> list[str]:
-    """The search parameters worth measuring for a factory: nprobe for IVF, efSearch for HNSW."""
-    if factory.startswith("IVF") or ",IVF" in factory:
-        probes = [p for p in (1, 4, 16, 64, 256) if nlist is None or p < nlist]
-        if nlist is not None and nlist <= 256:
-            probes.append(nlist)  # every list: IVF's own exact ceiling
-        return [f"nprobe={p}" for p in probes]
-    if "HNSW" in factory:
-        return [f"efSearch={e}" for e in (16, 64, 256)]
-    return [""]
 
 
 def _share(source: Path, destination: Path) -> str:
@@ -93,31 +82,19 @@ def _read_chunks(index, start: int, stop: int, chunk: int):
         yield begin, index.reconstruct_n(begin, end - begin)
 
 
-def measure_recall(source, target, rows: np.ndarray, k: int, params: list[str]) -> list[dict]:
-    """recall@k of ``target`` against exact search of ``source``, with stored passages as the queries.
+def measure_recall(
+    source, target, rows: np.ndarray, k: int, params: list[str] | None, target_recall: float = DEFAULT_TARGET_RECALL
+) -> dict:
+    """recall@k of ``target`` against exact search of ``source``, with stored passages as the queries, at the
+    settings ``params`` (None: the :func:`~retrieval_server.recall.speed_knob` sweep), and the setting chosen to
+    serve at (``target`` is left set to it): see :func:`~retrieval_server.recall.choose_search_params`.
 
     A query's own passage is dropped from both rankings: otherwise every index
     would score an easy hit at rank 1.
     """
-    import faiss
-
     queries = np.ascontiguousarray(source.reconstruct_batch(rows), dtype=np.float32)
     _, exact = source.search(queries, k + 1)
-    out = []
-    for setting in params:
-        if setting:
-            faiss.ParameterSpace().set_index_parameters(target, setting)
-        started = time.perf_counter()
-        _, approx = target.search(queries, k + 1)
-        seconds = time.perf_counter() - started
-        out.append(
-            {
-                "search_params": setting,
-                f"recall@{k}": round(neighbour_recall(exact, approx, k, exclude=rows), 4),
-                "ms_per_query": round(1000 * seconds / len(rows), 3),
-            }
-        )
-    return out
+    return choose_search_params(target, queries, exact, k, exclude=rows, target=target_recall, settings=params)
 
 
 def convert_flat(
@@ -130,11 +107,13 @@ def convert_flat(
     search_params: list[str] | None = None,
     seed: int = 0,
     show_progress: bool = False,
+    target_recall: float = DEFAULT_TARGET_RECALL,
 ):
     """A FAISS Flat index -> a new ``factory`` index, plus its recall against the source.
 
-    Returns ``(index, recall rows, sampled query rows)``. The source is only read
-    (``reconstruct_batch`` for the training sample, ``reconstruct_n`` per chunk).
+    Returns ``(index, tuning, sampled query rows)``, ``tuning`` as :func:`measure_recall` returns it (the index
+    is left set to its chosen setting). The source is only read (``reconstruct_batch`` for the training sample,
+    ``reconstruct_n`` per chunk).
     """
     import faiss
 
@@ -146,7 +125,8 @@ def convert_flat(
             take = np.sort(rng.choice(count, size=min(train_sample, count), replace=False))
             logger.info("training %s on %d of %d vectors", factory, len(take), count)
             try:
-                index.train(np.ascontiguousarray(source.reconstruct_batch(take), dtype=np.float32))
+                with faiss_warnings_summarised(f"training {factory}"):
+                    index.train(np.ascontiguousarray(source.reconstruct_batch(take), dtype=np.float32))
             except RuntimeError as err:
                 raise ValueError(
                     f"cannot train FAISS index {factory!r} on {len(take)} vectors (IVF wants >= 39 per list, an 8-bit "
@@ -158,12 +138,8 @@ def convert_flat(
             progress.update(task, completed=begin + len(vectors))
 
     rows = np.sort(rng.choice(count, size=min(recall_queries, count), replace=False))
-    try:
-        nlist = int(faiss.extract_index_ivf(index).nlist)
-    except RuntimeError:
-        nlist = None
-    recall = measure_recall(source, index, rows, min(k, count - 1), search_params or default_sweep(factory, nlist))
-    return index, recall, rows
+    tuning = measure_recall(source, index, rows, min(k, count - 1), search_params, target_recall)
+    return index, tuning, rows
 
 
 def convert_index(
@@ -177,11 +153,13 @@ def convert_index(
     search_params: list[str] | None = None,
     seed: int = 0,
     show_progress: bool = True,
+    target_recall: float = DEFAULT_TARGET_RECALL,
 ) -> dict:
     """Write ``output_dir`` (manifest + converted index, docstore shared); returns its manifest.
 
     ``target``: fp16, sq8, hnsw, ivf-pq or a FAISS factory string. ``search_params``:
-    the settings to measure recall at (default: a sweep of nprobe / efSearch).
+    the settings to measure recall at (default: nprobe / efSearch doubled until ``target_recall``).
+    The index file is written set to the chosen setting, which the manifest records.
     """
     import faiss
 
@@ -198,8 +176,8 @@ def convert_index(
             "convert from the Flat index it was made from"
         )
     factory = resolve_factory(target, int(source.ntotal), int(source.d))
-    index, recall, rows = convert_flat(
-        source, factory, train_sample, chunk_size, recall_queries, k, search_params, seed, show_progress
+    index, tuning, rows = convert_flat(
+        source, factory, train_sample, chunk_size, recall_queries, k, search_params, seed, show_progress, target_recall
     )
     count = int(source.ntotal)
 
@@ -213,7 +191,13 @@ def convert_index(
         shared["bm25"] = _share(source_dir / manifest["bm25"]["dir"], output_dir / manifest["bm25"]["dir"])
     converted = {
         **manifest,
-        "index": {"factory": factory, "metric": "inner_product", "file": DENSE_INDEX, "ntotal": int(index.ntotal)},
+        "index": {
+            "factory": factory,
+            "metric": "inner_product",
+            "file": DENSE_INDEX,
+            "ntotal": int(index.ntotal),
+            "search_params": tuning["search_params"],
+        },
         "shards": None,
         "converted": {
             "from": str(source_dir.resolve()),
@@ -221,12 +205,14 @@ def convert_index(
             "train_sample": min(train_sample, count),
             "shared": shared,
             "recall_queries": len(rows),
-            "recall": recall,
+            "recall": tuning["recall"],
+            "target_recall": tuning["target_recall"],
             "index_bytes": (output_dir / DENSE_INDEX).stat().st_size,
             "source_index_bytes": source_file.stat().st_size,
         },
         "build_seconds": round(time.time() - started, 2),
     }
+    converted = record_checksums(output_dir, converted)
     _write_json_atomic(output_dir / MANIFEST, converted)
-    logger.info("converted index written to %s: %s", output_dir, json.dumps(recall))
+    logger.info("converted index written to %s", output_dir)
     return converted

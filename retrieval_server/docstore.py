@@ -11,13 +11,14 @@ the whole column per call with ``large_string`` (benchmarks/scale.py measures bo
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+
+from retrieval_server.jsonl import iter_passages
 
 logger = logging.getLogger(__name__)
 
@@ -30,18 +31,8 @@ class CorpusFormatError(ValueError):
 
 def iter_corpus(path: Path) -> Iterator[tuple[str, str]]:
     """(id, contents) per line of a FlashRAG-style JSONL corpus; a bad line is an error naming file and line."""
-    with open(path, encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                doc_id, contents = record["id"], record["contents"]
-            except (json.JSONDecodeError, KeyError, TypeError) as err:
-                raise CorpusFormatError(f'{path}:{line_number}: expected {{"id", "contents"}} JSON ({err})') from err
-            if not isinstance(contents, str):
-                raise CorpusFormatError(f"{path}:{line_number}: 'contents' must be a string")
-            yield str(doc_id), contents
+    for _, doc_id, contents in iter_passages(path, CorpusFormatError):
+        yield doc_id, contents
 
 
 def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
@@ -181,11 +172,6 @@ class DocumentStore:
         """The passage ids, one list per record batch (all 21M of wiki-18 as one list would take ~1.5 GB)."""
         for batch in self._batches:
             yield batch.column(0).to_pylist()
-
-    def iter_contents(self) -> Iterator[list[str]]:
-        """The passages' texts, one list per record batch."""
-        for batch in self._batches:
-            yield batch.column(1).to_pylist()
 
     def ids(self) -> list[str]:
         """Every passage id as one list: for small stores and tests; large callers use :meth:`iter_ids`."""

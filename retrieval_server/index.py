@@ -2,7 +2,7 @@
 
 Layout of an index directory::
 
-    manifest.json        what was built, from what, with which encoder
+    manifest.json        what was built, from what, with which encoder; the served files' sizes and checksums
     docstore.arrow       passages, row i = FAISS id i
     shards/00000.npy     passage embeddings, ``shard_size`` rows each (resumption unit)
     shards/build.json    corpus checksum + encoder of the shards, so stale shards are never reused
@@ -12,14 +12,21 @@ Layout of an index directory::
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import shutil
+import struct
 import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from pydantic import BaseModel
 
 from retrieval_server.config import BuildConfig, EncoderConfig
 from retrieval_server.docstore import file_sha256, iter_corpus, write_docstore
@@ -32,18 +39,97 @@ DENSE_INDEX = "dense.faiss"
 BM25_DIR = "bm25"
 SHARDS_DIR = "shards"
 BM25_TOKENIZER_VOCAB = "vocab.tokenizer.json"
-MANIFEST_VERSION = 1
+# 2: the served files' sizes and checksums ("files", "checksum"); 1 (before them): refused by serve until
+# `index verify --record` (or a rebuild) records them.
+MANIFEST_VERSION = 2
+READABLE_MANIFEST_VERSIONS = (1, 2)
 
 
 class IndexMismatchError(RuntimeError):
     """The index on disk does not belong to the corpus/model it is asked to serve."""
 
 
+class SearchParamsError(IndexMismatchError):
+    """``search_params`` that the index's type does not take (``nprobe`` on a Flat index)."""
+
+
+class DiskFullError(OSError):
+    """A write of the builder found the disk full; its temporary files are removed."""
+
+    def __init__(self, path: Path, need_bytes: int) -> None:
+        free = shutil.disk_usage(path if path.is_dir() else path.parent).free
+        self.message = (
+            f"disk full at {path}: need ~{need_bytes / 2**30:.1f} GB more for the rest of the build "
+            f"({free / 2**30:.1f} GB free); temporary files removed, finished shards kept: free space and re-run"
+        )
+        super().__init__(errno.ENOSPC, self.message)  # no filename: the user-error line is this message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _is_disk_full(err: BaseException) -> bool:
+    # pyarrow's and faiss's write errors carry the C library's message, not always an errno
+    return getattr(err, "errno", None) == errno.ENOSPC or "No space left on device" in str(err)
+
+
+class _CorpusFields(BaseModel):
+    path: str
+    sha256: str
+    size: int
+
+
+class _EncoderFields(BaseModel):
+    model: str
+    fingerprint: str
+
+
+class _IndexFields(BaseModel):
+    factory: str
+    file: str
+    ntotal: int
+    search_params: str = ""
+
+
+class _ManifestFields(BaseModel):
+    """What start-up reads from a manifest, with its types; other fields are informational."""
+
+    version: int
+    corpus: _CorpusFields
+    count: int
+    encoder: _EncoderFields
+    dim: int
+    index: _IndexFields
+    docstore: str
+    bm25: dict | None = None
+    files: dict[str, dict] | None = None
+
+
 def read_manifest(index_dir: Path) -> dict:
+    """The manifest as a dict, refused (naming the file) when it is not JSON, misses a field start-up reads, or has
+    a version this code does not know."""
     path = Path(index_dir) / MANIFEST
     if not path.exists():
         raise IndexMismatchError(f"no index manifest at {path}: build the index first (verl-evidence index build)")
-    return json.loads(path.read_text())
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        raise IndexMismatchError(f"{path} is not a JSON manifest ({err}): rebuild or re-adopt the index") from None
+    version = manifest.get("version") if isinstance(manifest, dict) else None
+    if version not in READABLE_MANIFEST_VERSIONS:
+        raise IndexMismatchError(
+            f"{path} has manifest version {version!r}; this verl-evidence reads versions "
+            f"{', '.join(map(str, READABLE_MANIFEST_VERSIONS))} (upgrade verl-evidence, or rebuild the index)"
+        )
+    from pydantic import ValidationError
+
+    try:
+        _ManifestFields.model_validate(manifest)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise IndexMismatchError(f"{path}: {where}: {first['msg']} (rebuild or re-adopt the index)") from None
+    return manifest
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:
@@ -75,6 +161,20 @@ def _progress():
     )
 
 
+@contextmanager
+def faiss_warnings_summarised(what: str) -> Iterator[None]:
+    """faiss's C++ warnings during ``what`` (k-means warns once per run: 48 identical lines for a PQ48 codebook),
+    logged once per distinct line with its count instead of printed each time."""
+    from wurlitzer import pipes
+
+    with pipes(stdout=None) as (_, captured):
+        yield
+    lines = (line.strip().removeprefix("WARNING").strip() for line in captured.getvalue().splitlines())
+    for line, times in Counter(filter(None, lines)).items():
+        advice = " (raise --train-sample, or use fewer lists or PQ bits)" if "training points" in line else ""
+        logger.warning("faiss, %s (%d time%s): %s%s", what, times, "" if times == 1 else "s", line, advice)
+
+
 def encode_shards(
     config: BuildConfig, corpus_sha256: str, count: int, encoder=None, show_progress: bool = True
 ) -> tuple[list[Path], int]:
@@ -98,6 +198,12 @@ def encode_shards(
     _write_json_atomic(build_info_path, build_info)
 
     paths = _shard_paths(shard_dir, count, config.shard_size)
+    for i, path in enumerate(paths):
+        rows = min(config.shard_size, count - i * config.shard_size)
+        problem = _shard_problem(path, rows, encoder.dim)
+        if problem is not None:
+            logger.warning("shard %s %s: encoding it again", path, problem)
+            path.unlink()
     todo = [i for i, p in enumerate(paths) if not p.exists()]
     if len(todo) < len(paths):
         logger.info("resuming: %d of %d shards already encoded", len(paths) - len(todo), len(paths))
@@ -122,6 +228,19 @@ def encode_shards(
                     batch = []
                     shard += 1
     return paths, encoder.dim
+
+
+def _shard_problem(path: Path, rows: int, dim: int) -> str | None:
+    """Why a finished shard cannot be resumed from (unreadable, truncated, another shape), or None."""
+    if not path.exists():
+        return None
+    try:
+        vectors = np.load(path, mmap_mode="r")  # reads the header; a file shorter than it announces fails here
+    except (ValueError, OSError, EOFError) as err:
+        return f"is unreadable or truncated ({err})"
+    if vectors.shape != (rows, dim) or vectors.dtype != np.float32:
+        return f"holds {vectors.dtype} {vectors.shape}, not float32 ({rows}, {dim})"
+    return None
 
 
 class _NullProgress:
@@ -149,7 +268,8 @@ def build_faiss_index(shard_paths: list[Path], dim: int, factory: str, train_sam
         take = np.sort(rng.choice(total, size=min(train_sample, total), replace=False))
         sample = np.concatenate(shards)[take] if total <= train_sample * 4 else _gather_rows(shards, take)
         try:
-            index.train(np.ascontiguousarray(sample, dtype=np.float32))
+            with faiss_warnings_summarised(f"training {factory}"):
+                index.train(np.ascontiguousarray(sample, dtype=np.float32))
         except RuntimeError as err:
             raise ValueError(f"cannot train FAISS index {factory!r} on {len(sample)} vectors: {err}") from err
     for path in shard_paths:
@@ -187,9 +307,16 @@ def build_bm25(config: BuildConfig) -> None:
 
 
 def build_index(
-    config: BuildConfig, encoder=None, show_progress: bool = True, lock_timeout_s: float | None = None
+    config: BuildConfig,
+    encoder=None,
+    show_progress: bool = True,
+    lock_timeout_s: float | None = None,
+    target_recall: float = 0.95,
 ) -> dict:
     """Build (or finish building) an index; returns the manifest. Idempotent when nothing changed.
+
+    An IVF or HNSW index is written set to the smallest ``nprobe``/``efSearch`` whose recall@10 against exact
+    search reaches ``target_recall`` (:func:`tune_on_shards`), recorded in the manifest with the sweep.
 
     An exclusive lock on the directory makes concurrent builders (two test runs,
     a demo and a server) wait for each other instead of interleaving files;
@@ -202,7 +329,7 @@ def build_index(
     lock = FileLock(lock_path)
     _wait_for_lock(lock, lock_path, lock_timeout_s)
     try:
-        return _build_index_locked(config, encoder, show_progress)
+        return _build_index_locked(config, encoder, show_progress, target_recall)
     finally:
         lock.release()
 
@@ -224,16 +351,18 @@ def _wait_for_lock(lock, lock_path: Path, timeout_s: float | None) -> None:
         ) from None
 
 
-def _build_index_locked(config: BuildConfig, encoder, show_progress: bool) -> dict:
-    import faiss
-
-    from retrieval_server.encoders import describe, model_fingerprint
+def _build_index_locked(config: BuildConfig, encoder, show_progress: bool, target_recall: float) -> dict:
+    from retrieval_server.encoders import model_fingerprint
 
     started = time.time()
     corpus_sha256 = file_sha256(config.corpus)
     manifest_path = config.output_dir / MANIFEST
     if manifest_path.exists():
-        existing = json.loads(manifest_path.read_text())
+        try:
+            existing = read_manifest(config.output_dir)
+        except IndexMismatchError as err:
+            logger.warning("%s; rebuilding", err)
+            existing = {}
         # Judged by content, not by where corpus and model were when it was built (a moved or deleted
         # checkout or venv, a second clone): the same bytes give the same index.
         if (
@@ -244,17 +373,51 @@ def _build_index_locked(config: BuildConfig, encoder, show_progress: bool) -> di
             and (existing.get("bm25") is not None) >= config.bm25
             and (not config.bm25 or (config.output_dir / BM25_DIR / BM25_TOKENIZER_VOCAB).exists())
             and all((config.output_dir / name).exists() for name in (DOCSTORE, DENSE_INDEX))
+            and _files_still_written(config.output_dir, existing, manifest_path)
         ):
             logger.info("index in %s is up to date", config.output_dir)
+            if existing["version"] < MANIFEST_VERSION:  # our own files, checked above: record their checksums
+                logger.info("recording the checksums of %s's files in its manifest", config.output_dir)
+                existing = record_checksums(config.output_dir, existing)
+                _write_json_atomic(manifest_path, existing)
             return _record_locations(manifest_path, existing, config)
         manifest_path.unlink()  # about to rebuild: never leave a manifest describing other files
+
+    progress = {"count": None, "dim": None}
+    try:
+        return _build_files(config, encoder, show_progress, target_recall, corpus_sha256, started, progress)
+    except BaseException as err:
+        _remove_temporary_files(config.output_dir)
+        if isinstance(err, (OSError, RuntimeError)) and _is_disk_full(err):
+            raise DiskFullError(config.output_dir, _space_needed(config, progress)) from err
+        raise
+
+
+def _files_still_written(index_dir: Path, manifest: dict, manifest_path: Path) -> bool:
+    """The files hold what the manifest says (and, once recorded, are the files it recorded): else rebuild them."""
+    problems = _open_problems(index_dir, manifest, manifest_path)
+    if not problems and manifest["version"] >= MANIFEST_VERSION:
+        problems = _checksum_problems(index_dir, manifest, manifest_path)
+    for problem in problems:
+        logger.warning("%s: rebuilding", problem)
+    return not problems
+
+
+def _build_files(config, encoder, show_progress, target_recall, corpus_sha256, started, progress) -> dict:
+    import faiss
+
+    from retrieval_server.encoders import SentenceEncoder, describe
 
     docstore_path = config.output_dir / DOCSTORE
     count = write_docstore(config.corpus, docstore_path)
     if count == 0:
         raise ValueError(f"{config.corpus}: corpus is empty")
+    encoder = encoder or SentenceEncoder(config.encoder, device=config.device)
+    progress.update(count=count, dim=encoder.dim)
     shard_paths, dim = encode_shards(config, corpus_sha256, count, encoder=encoder, show_progress=show_progress)
     index = build_faiss_index(shard_paths, dim, config.index_factory, config.train_sample)
+    # IVF's nprobe and HNSW's efSearch are written into the file: it is served at the setting chosen here.
+    tuning = tune_on_shards(index, shard_paths, target_recall) if _has_speed_knob(index) else None
     faiss.write_index(index, str(config.output_dir / (DENSE_INDEX + ".tmp")))
     (config.output_dir / (DENSE_INDEX + ".tmp")).replace(config.output_dir / DENSE_INDEX)
     if config.bm25:
@@ -271,6 +434,7 @@ def _build_index_locked(config: BuildConfig, encoder, show_progress: bool) -> di
             "metric": "inner_product",
             "file": DENSE_INDEX,
             "ntotal": int(index.ntotal),
+            **({"search_params": tuning["search_params"], "tuning": tuning} if tuning else {}),
         },
         "docstore": DOCSTORE,
         "bm25": {"dir": BM25_DIR, "tokenizer": "bm25s.Tokenizer(stopwords=en)", "tokenizer_vocab": BM25_TOKENIZER_VOCAB}
@@ -279,8 +443,67 @@ def _build_index_locked(config: BuildConfig, encoder, show_progress: bool) -> di
         "shards": {"dir": SHARDS_DIR, "shard_size": config.shard_size, "count": len(shard_paths)},
         "build_seconds": round(time.time() - started, 2),
     }
-    _write_json_atomic(manifest_path, manifest)
+    manifest = record_checksums(config.output_dir, manifest)
+    _write_json_atomic(config.output_dir / MANIFEST, manifest)
     return manifest
+
+
+def _has_speed_knob(index) -> bool:
+    from retrieval_server.recall import speed_knob
+
+    return speed_knob(index) is not None
+
+
+def tune_on_shards(index, shard_paths: list[Path], target_recall: float, k: int = 10, queries: int = 256) -> dict:
+    """Choose ``index``'s search setting by recall@k against exact search of the shards (sampled passages as queries,
+    each one's own passage dropped); see :func:`retrieval_server.recall.choose_search_params`."""
+    import faiss
+
+    from retrieval_server.recall import choose_search_params
+
+    shards = [np.load(p, mmap_mode="r") for p in shard_paths]
+    total = sum(len(s) for s in shards)
+    k = max(1, min(k, total - 1))
+    rows = np.sort(np.random.default_rng(0).choice(total, size=min(queries, total), replace=False))
+    sample = np.ascontiguousarray(_gather_rows(shards, rows), dtype=np.float32)
+    exact = faiss.ResultHeap(len(rows), k + 1, keep_max=True)  # merged shard by shard: no second copy of the vectors
+    offset = 0
+    for shard in shards:
+        scores, found = faiss.knn(
+            sample, np.ascontiguousarray(shard, dtype=np.float32), min(k + 1, len(shard)), faiss.METRIC_INNER_PRODUCT
+        )
+        exact.add_result(scores, np.where(found >= 0, found + offset, -1))
+        offset += len(shard)
+    exact.finalize()
+    tuning = choose_search_params(index, sample, exact.I, k, exclude=rows, target=target_recall)
+    chosen = next(row for row in tuning["recall"] if row["search_params"] == tuning["search_params"])
+    logger.info(
+        "the index is written set to %s: recall@%d %.3f against exact search",
+        tuning["search_params"], k, chosen[f"recall@{k}"],
+    )  # fmt: skip
+    return {**tuning, "queries": len(rows)}
+
+
+def _remove_temporary_files(index_dir: Path) -> None:
+    """What an interrupted build leaves half-written; finished shards stay (they are the resumption unit)."""
+    for path in [*index_dir.glob(f"{SHARDS_DIR}/*.tmp.npy"), *index_dir.glob("*.tmp")]:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def _space_needed(config: BuildConfig, progress: dict) -> int:
+    """Rough bytes the rest of a build writes: docstore (about the corpus), shards and a Flat-sized index, BM25."""
+    corpus = config.corpus.stat().st_size
+    docstore = 0 if (config.output_dir / DOCSTORE).exists() else corpus
+    if progress["count"] and progress["dim"]:
+        vector_bytes = progress["count"] * progress["dim"] * 4
+        finished = sum(p.stat().st_size for p in (config.output_dir / SHARDS_DIR).glob("[0-9]*.npy"))
+        vectors = max(vector_bytes - finished, 0) + vector_bytes
+    else:
+        vectors = 2 * corpus  # unknown before the encoder loads: about the corpus's size, twice
+    return docstore + vectors + (corpus // 2 if config.bm25 else 0)
 
 
 def read_dense_index(path: Path, mmap: bool = False):
@@ -379,8 +602,216 @@ def corpus_sha256(corpus: Path, index_dir: Path) -> str:
     return digest
 
 
-def verify_index(index_dir: Path, corpus: Path | None = None, encoder: EncoderConfig | None = None) -> dict:
+# ---------------------------------------------------------------- the served files: checksums and cheap opens
+# xxh3-128 of the file's size and of 256 blocks of 64 KiB spread evenly over it (first and last included); a file of
+# at most 16 MiB is hashed whole. Why sampled: every start checks the files, and hashing a 60 GB Flat index whole
+# means reading 60 GB (minutes from disk); 16 MiB take milliseconds. A replaced, truncated or extended file is caught
+# (another file differs in every block, and the size is hashed); a few bytes changed between samples are not (bit
+# rot is the file system's job).
+CHECKSUM_METHOD = "xxh3_128 of the size and 256 evenly spaced 64 KiB blocks (whole file up to 16 MiB)"
+CHECKSUM_BLOCK_BYTES = 1 << 16
+CHECKSUM_BLOCKS = 256
+
+
+def file_checksum(path: Path) -> dict:
+    """``{"size", "xxh3_128"}`` of a file by :data:`CHECKSUM_METHOD`."""
+    import xxhash
+
+    digest = xxhash.xxh3_128()
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        digest.update(size.to_bytes(8, "little"))
+        if size <= CHECKSUM_BLOCK_BYTES * CHECKSUM_BLOCKS:
+            while block := handle.read(1 << 20):
+                digest.update(block)
+        else:
+            last = size - CHECKSUM_BLOCK_BYTES
+            for i in range(CHECKSUM_BLOCKS):
+                digest.update(os.pread(handle.fileno(), CHECKSUM_BLOCK_BYTES, last * i // (CHECKSUM_BLOCKS - 1)))
+    return {"size": size, "xxh3_128": digest.hexdigest()}
+
+
+def served_files(index_dir: Path, manifest: dict) -> list[str]:
+    """The files a server reads, relative to the index directory: docstore, dense index, BM25's files."""
+    names = [manifest["docstore"], manifest["index"]["file"]]
+    if manifest.get("bm25"):
+        bm25_dir = Path(index_dir) / manifest["bm25"]["dir"]
+        names += sorted(p.relative_to(index_dir).as_posix() for p in bm25_dir.rglob("*") if p.is_file())
+    return names
+
+
+def record_checksums(index_dir: Path, manifest: dict) -> dict:
+    """``manifest`` at the current version with the checksums of the files it serves (the caller writes it)."""
+    files = {name: file_checksum(Path(index_dir) / name) for name in served_files(index_dir, manifest)}
+    return {**manifest, "version": MANIFEST_VERSION, "checksum": CHECKSUM_METHOD, "files": files}
+
+
+def _checksum_problems(index_dir: Path, manifest: dict, manifest_path: Path) -> list[str]:
+    if manifest["version"] < MANIFEST_VERSION:
+        return [f"{manifest_path} records no checksums of the files it serves (manifest version {manifest['version']})"]
+    if manifest.get("checksum") != CHECKSUM_METHOD or not isinstance(manifest.get("files"), dict):
+        return [f"{manifest_path} records no checksums of its files in this verl-evidence's way ({CHECKSUM_METHOD})"]
+    recorded = manifest["files"]
+    problems = []
+    for name in served_files(index_dir, manifest):
+        path = Path(index_dir) / name
+        if name not in recorded:
+            problems.append(f"{path} is served but {manifest_path} records no checksum of it")
+            continue
+        if not path.exists():
+            continue  # reported as missing
+        now = file_checksum(path)
+        if now["size"] != recorded[name].get("size"):
+            problems.append(
+                f"{path} is {now['size']} bytes, {manifest_path} recorded {recorded[name].get('size')}: "
+                "truncated, extended or replaced since the index was written"
+            )
+        elif now["xxh3_128"] != recorded[name].get("xxh3_128"):
+            problems.append(
+                f"{path} is not the file {manifest_path} recorded (same size, other content): "
+                "replaced or rewritten since the index was written"
+            )
+    return problems
+
+
+# The header every faiss index file starts with: type code (fourcc), dimension, vector count, two fields faiss writes
+# as 1 << 20, is_trained, metric. faiss has no header-only reader, and a full read (even memory-mapped) loads an HNSW
+# graph whole: ~5 GB for wiki-18, only to learn the count.
+_FAISS_HEADER = struct.Struct("<4siqqq?i")
+_FAISS_HEADER_MARK = 1 << 20
+
+
+@dataclass(frozen=True)
+class FaissHeader:
+    fourcc: str
+    dim: int
+    ntotal: int
+    metric: int
+
+
+def read_faiss_header(path: Path) -> FaissHeader:
+    """The header of a faiss index file, read without loading the index; refused unless it is one."""
+    with open(path, "rb") as handle:
+        raw = handle.read(_FAISS_HEADER.size)
+    if len(raw) == _FAISS_HEADER.size:
+        fourcc, dim, ntotal, mark_a, mark_b, _, metric = _FAISS_HEADER.unpack(raw)
+        if mark_a == mark_b == _FAISS_HEADER_MARK and dim > 0 and ntotal >= 0:
+            return FaissHeader(fourcc.decode("latin-1"), dim, ntotal, metric)
+    raise IndexMismatchError(f"{path} does not start with a FAISS index header: not a FAISS index file, or truncated")
+
+
+def factory_fourcc(factory: str, dim: int) -> str | None:
+    """The type code a ``factory`` index is written under (an empty one, serialised: no training, a few KB), or
+    None when faiss cannot make that factory string (an adopted type named by class)."""
+    import faiss
+
+    try:
+        empty = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError:
+        return None
+    return bytes(faiss.serialize_index(empty)[:4]).decode("latin-1")
+
+
+def _open_problems(index_dir: Path, manifest: dict, manifest_path: Path) -> list[str]:
+    """Open the docstore and read the dense index's header (both cheap: a mapped Arrow footer, 37 bytes) and compare
+    what they hold with the manifest."""
+    import faiss
+    import pyarrow as pa
+
+    from retrieval_server.docstore import DocumentStore
+
+    problems = []
+    docstore_path = Path(index_dir) / manifest["docstore"]
+    if docstore_path.exists():
+        try:
+            rows = len(DocumentStore(docstore_path))
+        except (pa.ArrowInvalid, OSError, ValueError) as err:
+            problems.append(f"{docstore_path} cannot be read as a passage store (truncated or not one?): {err}")
+        else:
+            if rows != manifest["count"]:
+                problems.append(
+                    f"{docstore_path} holds {rows} passages, {manifest_path} says count {manifest['count']}"
+                )
+    dense_path = Path(index_dir) / manifest["index"]["file"]
+    if dense_path.exists():
+        try:
+            header = read_faiss_header(dense_path)
+        except IndexMismatchError as err:
+            return [*problems, str(err)]
+        said = manifest["index"]
+        if header.ntotal != said["ntotal"] or header.ntotal != manifest["count"]:
+            problems.append(
+                f"{dense_path} holds {header.ntotal} vectors, {manifest_path} says ntotal {said['ntotal']} "
+                f"and count {manifest['count']}"
+            )
+        if header.dim != manifest["dim"]:
+            problems.append(f"{dense_path} holds {header.dim}-d vectors, {manifest_path} says dim {manifest['dim']}")
+        if header.metric != faiss.METRIC_INNER_PRODUCT:
+            problems.append(f"{dense_path} ranks by metric {header.metric}, not inner product (0)")
+        expected = factory_fourcc(said["factory"], header.dim)
+        if expected is not None and expected != header.fourcc:
+            problems.append(
+                f"{dense_path} is a faiss {header.fourcc!r} index, not the {said['factory']!r} "
+                f"({expected!r}) {manifest_path} says"
+            )
+    bm25 = manifest.get("bm25")
+    if bm25:
+        params = Path(index_dir) / bm25["dir"] / "params.index.json"
+        try:
+            docs = json.loads(params.read_text())["num_docs"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            problems.append(f"{params} (BM25) cannot be read: {err}")
+        else:
+            if docs != manifest["count"]:
+                problems.append(f"{params} indexes {docs} passages, {manifest_path} says count {manifest['count']}")
+    return problems
+
+
+def check_search_params(index_dir: Path, manifest: dict, search_params: str) -> None:
+    """Raise :class:`SearchParamsError` (one line: the setting, the index file and its type, what it takes) unless
+    faiss can apply ``search_params`` to this index. Tried on an empty index of the same factory (the file's type code
+    is checked against it at start-up), so a huge index is not read for it."""
+    import faiss
+
+    if not search_params.strip():
+        return
+    dense_path = Path(index_dir) / manifest["index"]["file"]
+    factory = manifest["index"]["factory"]
+    try:
+        index = faiss.index_factory(manifest["dim"], factory, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError:  # a type faiss's factory cannot name: the file itself, mapped
+        index = read_dense_index(dense_path, mmap=True)
+    space = faiss.ParameterSpace()
+    space.initialize(index)
+    takes = sorted({space.parameter_ranges.at(i).name for i in range(space.parameter_ranges.size())} - {"ht"})
+    offer = f"it takes {', '.join(takes)}" if takes else "it takes no search parameters (it searches exhaustively)"
+    for setting in filter(None, (part.strip() for part in search_params.split(","))):
+        name, equals, value = setting.partition("=")
+        try:
+            float(value)
+        except ValueError:
+            equals = ""
+        if not equals or not name.strip():
+            raise SearchParamsError(f"--search-params {search_params!r}: {setting!r} is not NAME=NUMBER")
+        try:
+            space.set_index_parameters(index, setting)
+        except RuntimeError:
+            raise SearchParamsError(
+                f"--search-params {search_params!r}: {dense_path} ({factory}) has no search parameter "
+                f"{name.strip()!r}: {offer}"
+            ) from None
+
+
+def verify_index(
+    index_dir: Path, corpus: Path | None = None, encoder: EncoderConfig | None = None, checksums: bool = True
+) -> dict:
     """Check that manifest, corpus, model and index files agree; raise :class:`IndexMismatchError` naming the files.
+
+    The served files must have the sizes and checksums the manifest recorded (``checksums``; a manifest
+    without them, version 1, is refused with the command that records them), and hold what it says: the
+    docstore ``count`` passages, the dense index ``ntotal`` vectors of ``dim`` under the recorded factory's
+    type, BM25 ``count`` documents. Opening them is cheap (an Arrow footer, a faiss header), so every
+    start does it, in the launching process before any replica.
 
     Content decides, not location. A recorded corpus that no longer exists is no
     reason to refuse (the index holds its own copy of the passages, and its
@@ -455,6 +886,29 @@ def verify_index(index_dir: Path, corpus: Path | None = None, encoder: EncoderCo
     for required in (docstore_path, dense_path):
         if not required.exists():
             problems.append(f"{required} listed in {manifest_path} is missing")
-    if problems:
-        raise IndexMismatchError("refusing to serve this index:\n  - " + "\n  - ".join(problems))
+    problems += _open_problems(index_dir, manifest, manifest_path)
+    if checksums and not problems:
+        checksum_problems = _checksum_problems(index_dir, manifest, manifest_path)
+        if checksum_problems:
+            problems += checksum_problems[:-1] + [
+                f"{checksum_problems[-1]}; if these are the files to serve, record them with "
+                f"`verl-evidence index verify --index-dir {index_dir} --record`, else rebuild or re-adopt the index"
+            ]
+    if problems:  # one line, however many: a log or a terminal shows it whole
+        raise IndexMismatchError("refusing to serve this index: " + "; ".join(problems))
     return manifest
+
+
+def verify_and_record(index_dir: Path, corpus: Path | None = None, encoder: EncoderConfig | None = None) -> dict:
+    """``index verify --record``: every check of :func:`verify_index` but the checksums, a full (mapped) read of the
+    dense index, then the files' checksums written into the manifest (upgrading a version-1 manifest). Returns it."""
+    manifest = verify_index(index_dir, corpus=corpus, encoder=encoder, checksums=False)
+    dense_path = Path(index_dir) / manifest["index"]["file"]
+    try:
+        read_dense_index(dense_path, mmap=True)  # once: a file truncated past its header fails here
+    except RuntimeError as err:
+        raise IndexMismatchError(f"{dense_path} cannot be read by faiss (truncated?): {err}".splitlines()[0]) from None
+    stored = read_manifest(index_dir)  # the file's own locations, not the ones this check substituted
+    updated = record_checksums(index_dir, stored)
+    _write_json_atomic(Path(index_dir) / MANIFEST, updated)
+    return updated

@@ -70,6 +70,41 @@ def init_local_ray(attempts: int = 2, **init_args) -> None:
             ray.shutdown()
 
 
+class _NoRayStopAdvice(logging.Filter):
+    """Drops Ray's advice to run `ray stop` for a cluster that does not answer: it stops every Ray on the node."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "`ray stop`" not in record.getMessage()
+
+
+def join_cluster(address: str) -> None:
+    """``ray.init`` onto an existing cluster; one that does not answer fails naming where its address came from.
+
+    For an address found in Ray's address file (``auto`` without RAY_ADDRESS), Ray advises `ray stop`, which on a
+    shared node stops every Ray instance there, other users' and other jobs' included; the advice given here names
+    the file instead (a `ray start` stopped by a signal leaves it behind).
+    """
+    import ray
+    from ray._common.utils import get_ray_address_file
+
+    ray_logger = logging.getLogger("ray._private.worker")
+    no_advice = _NoRayStopAdvice()
+    ray_logger.addFilter(no_advice)
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    except ConnectionError as err:
+        if address == "auto" and not os.environ.get("RAY_ADDRESS"):
+            found = get_ray_address_file(None)
+            raise ConnectionError(
+                f"{err}, the address in {found} (written by the last `ray start` on this node): if that Ray has "
+                f"stopped, remove {found} or pass --address host:port (not `ray stop`: it stops every Ray on the node)"
+            ) from err
+        source = "RAY_ADDRESS" if address == "auto" else "--address"
+        raise ConnectionError(f"{err} ({source}): is the cluster's head running at that address?") from err
+    finally:
+        ray_logger.removeFilter(no_advice)
+
+
 def default_index_dir(corpus: Path) -> Path:
     """Where :func:`ensure_index` keeps the index of ``corpus``: named by the content of corpus and model.
 
@@ -307,7 +342,7 @@ def _start_once(config: ServerConfig, address: str | None, ray_num_cpus: int | N
     try:
         if not ray.is_initialized():
             if address:
-                ray.init(address=address, include_dashboard=False, log_to_driver=False)
+                join_cluster(address)
             else:
                 # The ingress is chosen when Serve's controller starts, from its environment: only a cluster
                 # started here can be given one (an existing cluster keeps the one it was started with).

@@ -14,7 +14,13 @@ import numpy as np
 
 from retrieval_server.config import EncoderConfig, ServerConfig
 from retrieval_server.docstore import DocumentStore
-from retrieval_server.index import IndexMismatchError, read_manifest, recorded_encoder, verify_index
+from retrieval_server.index import (
+    IndexMismatchError,
+    check_search_params,
+    read_manifest,
+    recorded_encoder,
+    verify_index,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -133,15 +139,27 @@ def _cut(rows: np.ndarray, scores: np.ndarray | None, depths: np.ndarray) -> tup
     return rows, (None if scores is None else np.where(past, -np.inf, scores).astype(scores.dtype))
 
 
-def check_server_config(config: ServerConfig) -> tuple[dict, EncoderConfig]:
-    """Verify index files, corpus and (requested or recorded) encoder; return the manifest and the encoder to use."""
+def check_server_config(config: ServerConfig, prepare: bool = True) -> tuple[dict, EncoderConfig]:
+    """Verify index files, corpus and (requested or recorded) encoder; return the manifest and the encoder to use.
+
+    ``prepare`` (the launching process, before any replica): also try ``search_params`` on the index's type and make
+    the ONNX export CPU replicas load (in a subprocess), so that neither fails inside a replica.
+    """
     requested = None
     if config.encoder_model is not None:
         requested = recorded_encoder(read_manifest(Path(config.index_dir))).model_copy(
             update={"model": config.encoder_model}
         )
     manifest = verify_index(Path(config.index_dir), corpus=config.corpus, encoder=requested)
-    return manifest, recorded_encoder(manifest)  # the model location that passed the check
+    encoder = recorded_encoder(manifest)  # the model location that passed the check
+    if prepare and config.method in ("dense", "hybrid"):
+        from retrieval_server.encoders import prepare_query_encoder
+
+        check_search_params(Path(config.index_dir), manifest, config.search_params)
+        prepare_query_encoder(
+            encoder, config.encoder_backend, config.device, config.num_gpus_per_replica, Path(config.index_dir)
+        )
+    return manifest, encoder
 
 
 class Retriever:
@@ -152,7 +170,7 @@ class Retriever:
 
         self.config = config
         index_dir = Path(config.index_dir)
-        self.manifest, encoder_config = check_server_config(config)
+        self.manifest, encoder_config = check_server_config(config, prepare=False)
         self.docstore = DocumentStore(index_dir / self.manifest["docstore"])
         self.encoder = None
         self.dense = None

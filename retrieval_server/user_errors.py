@@ -21,12 +21,14 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-# "module:Class"; subclasses count (AdoptionError is an IndexMismatchError).
+# "module:Class"; subclasses count (AdoptionError and SearchParamsError are IndexMismatchErrors; DiskFullError is an
+# OSError).
 SERVER_USER_ERRORS = (
     "retrieval_server.index:IndexMismatchError",
     "retrieval_server.docstore:CorpusFormatError",
     "retrieval_server.haproxy_front:PortInUseError",
     "retrieval_server.client:RetrievalError",  # the server is not there, or refuses the token
+    "retrieval_server.encoders.onnx_runtime:OnnxExportError",  # --encoder-backend onnx on a model it cannot export
 )
 
 _DEBUG = "user_errors.debug"  # key in the click context's meta, shared by every command under the root

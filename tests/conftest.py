@@ -20,6 +20,9 @@ from pathlib import Path
 import pytest
 from smoke_runs import EVIOMNI_SHARED_RUN_ENV, SmokeRun, run_smoke, smoke_paths
 
+# The order and the pytest-xdist worker groups of the tests: marks on the tests (tests/scheduling.py).
+pytest_plugins = ("scheduling",)
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 OUR_PACKAGES = ("verl_evidence", "retrieval_server")
 # Fixtures that start Ray / Ray Serve: a test using one belongs to the slow tier (`make test-fast` skips it).
@@ -72,110 +75,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         )
 
 
-# pytest-xdist (`make test`: -n 2). The suite keeps both cores busy, so what costs CPU is shared between the workers
-# and the order decides how the run ends: the longest tests start first, so that no worker ends the run alone with
-# one, and the shared EviOmni training (`eviomni_smoke_run`) starts early in the test that needs it most.
-# Both workers share one Ray/Serve session cluster (`retrieval_server`): the first to need it starts it.
-# Node-id prefixes, longest first as `make test --durations` measured them; the other tests follow in collection order.
-LONGEST_FIRST = (
-    "tests/eval/test_checkpoint_eval.py",  # trains the shared EviOmni run in its set-up
-    "tests/adapters/test_judge_ray.py",  # (a whole module: ONE_WORKER_MODULES)
-    "tests/recipes/test_smoke_training.py::test_evinote_recipe",
-    "tests/recipes/test_smoke_training.py::test_grace_dapo_recipe",
-    "tests/recipes/test_resume.py",  # resumes from the shared run's checkpoints: by now they are written
-    "tests/retrieval/test_docstore.py",
-    "tests/retrieval/test_adopt.py",
-    "tests/retrieval/test_ingress.py::test_servers_started_one_after_another",  # (with the next: ONE_WORKER_TESTS)
-    "tests/retrieval/test_ingress.py::test_port_taken_between_choice_and_bind",
-    "tests/recipes/test_smoke_training.py::test_a_loop_that_trains_retrieved_tokens",
-    "tests/retrieval/test_ingress.py::test_python_proxy_ingress_from_the_command_line",
-    "tests/retrieval/test_ingress.py::test_a_hard_killed_server",
-    "tests/recipes/test_recipes.py::test_recipe_starts_and_stops_the_retrieval_server",
-    "tests/recipes/test_recipes.py::test_a_server_for_other_nodes_is_behind_a_per_run_token",
-)
-# Readers of what a long test leaves: last, so that they find it done instead of waiting for it on another worker.
-RUN_LAST = ("tests/recipes/test_smoke_training.py::test_eviomni_recipe_trains_on_cpu",)
-# Modules whose tests share a costly module-scoped fixture (an NLI actor, a 2 GiB store, adopted and converted
-# indexes, Serve apps of their own): one worker runs all of a module's tests so that the fixture is built once. A
-# module that deploys a named Serve app on the shared session cluster must be here: on two workers it would be
-# deployed twice under one name, each deployment replacing the other's. Every other test is scheduled on its own.
-ONE_WORKER_MODULES = frozenset(
-    {
-        "tests/adapters/test_judge_ray.py",
-        "tests/retrieval/test_adopt.py",
-        "tests/retrieval/test_docstore.py",
-        "tests/retrieval/test_batching_server.py",
-        "tests/retrieval/test_replica_kill.py",
-    }
-)
-# Tests of one module that read one costly module-scoped fixture, and so run on one worker: {node id: group}.
-ONE_WORKER_TESTS = {
-    "tests/retrieval/test_ingress.py::test_servers_started_one_after_another_in_one_process": "server_sequence",
-    "tests/retrieval/test_ingress.py::test_port_taken_between_choice_and_bind": "server_sequence",
-    **{
-        f"tests/cpu_mode/test_cpu_mode.py::{name}": "cpu_mode_probes"
-        for name in (
-            "test_selected_mode_registers_platform_engine_rollout_and_a_working_process_group",
-            "test_selected_mode_polls_the_replay_buffer_often_unless_the_caller_chose_an_interval",
-            "test_mode_is_inactive_unless_selected",
-        )
-    },
-}
-
-
-# Tests that read one module-scoped fixture, by node-id prefix (parametrized tests included): {prefix: group}.
-ONE_WORKER_PREFIXES = {
-    f"tests/recipes/test_recipes.py::{name}": "composed"  # every recipe composed by verl + Hydra in one subprocess
-    for name in (
-        "test_recipe_composes_with_verl_config",
-        "test_composed_values",
-        "test_grace_validation_scores_with_alpha_beta_one_through_the_preset",
-        "test_clip_reaches_the_ratios_verls_loss_reads",
-        "test_unknown_key_fails_composition",
-        "test_switching_presets",
-        "test_loop_settings_are_checked",
-    )
-}
-
-
-def _one_worker_group(nodeid: str) -> str:
-    """The scheduling unit of a test: its module, its group of tests, or itself."""
-    module = nodeid.split("::", 1)[0]
-    if module in ONE_WORKER_MODULES:
-        return module
-    if nodeid in ONE_WORKER_TESTS:
-        return ONE_WORKER_TESTS[nodeid]
-    return next((group for prefix, group in ONE_WORKER_PREFIXES.items() if nodeid.startswith(prefix)), nodeid)
-
-
-def _start_rank(nodeid: str) -> int:
-    for rank, prefix in enumerate(LONGEST_FIRST):
-        if nodeid.startswith(prefix):
-            return rank
-    return len(LONGEST_FIRST) + 1 if nodeid.startswith(RUN_LAST) else len(LONGEST_FIRST)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """pytest-xdist's `load` distribution, one test at a time in collection order, with ONE_WORKER_MODULES and the
-    groups of ONE_WORKER_TESTS and ONE_WORKER_PREFIXES kept whole (xdist's own `loadgroup` marks do not reach its
-    scheduler under pytest 9.2: their node-id rewrite is lost)."""
-    if config.getvalue("dist") != "load":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    config.option.loadscopereorder = False  # xdist would put the units with most tests first: keep our order
-
-    class LongestFirstScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return _one_worker_group(nodeid)
-
-    return LongestFirstScheduling(config, log)
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Keep the fast tier free of Ray (a Ray fixture in a test without the `slow` mark is an error); the longest
-    tests first (stable: every worker collects the same order, as pytest-xdist requires)."""
+    """Keep the fast tier free of Ray (a Ray fixture in a test without the `slow` mark is an error)."""
     unmarked = [
         item.nodeid
         for item in items
@@ -186,7 +87,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             f"these tests start Ray/Ray Serve ({', '.join(sorted(RAY_FIXTURES))}) but are not marked slow: "
             + ", ".join(unmarked)
         )
-    items.sort(key=lambda item: _start_rank(item.nodeid))
 
 
 @pytest.fixture(scope="session")

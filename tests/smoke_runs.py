@@ -16,11 +16,10 @@ from pathlib import Path
 from verl_evidence.local.smoke.logs import read_metrics
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
-# The session's shared EviOmni run (and the run that resumes from its checkpoints, which must read the same batches):
-# one GRPO group of 8 per step instead of the recipe's two. EviOmni's F1-based score spreads within a single group
-# (each of the 10 EviOmni groups in the rollout dumps seen here had 2-7 of 8 samples above 0), and each step then
-# costs about half: ~25 CPU-s less per run on this 2-core machine. GRACE and EviNote keep two groups: their gated
-# scores often tie across a group.
+# The session's shared EviOmni run: one GRPO group of 8 per step instead of the recipe's two. EviOmni's F1-based
+# score spreads within a single group (each of the 10 EviOmni groups in the rollout dumps seen here had 2-7 of 8
+# samples above 0), and each step then costs about half: ~25 CPU-s less per run on this 2-core machine. GRACE and
+# EviNote keep two groups: their gated scores often tie across a group.
 EVIOMNI_SHARED_RUN_ENV = {"BATCH": "1", "MINI_BATCH": "1"}
 
 

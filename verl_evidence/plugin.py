@@ -14,7 +14,7 @@ from verl_evidence.registration import when_imported
 
 
 def _register_estimator() -> None:
-    from verl_evidence import advantage  # noqa: F401  (its decorator registers grpo_clipstd)
+    from verl_evidence.trainer import advantage  # noqa: F401  (its decorator registers grpo_clipstd)
 
 
 def _register_reward_managers() -> None:
@@ -28,7 +28,7 @@ def _register_agent_loops() -> None:
 
 
 def _patch_trainer() -> None:
-    from verl_evidence.trainer_patches import patch_rollout_dump
+    from verl_evidence.trainer.patches import patch_rollout_dump
 
     patch_rollout_dump()  # the training rollout dump with each trajectory's reward components (version-gated)
 

@@ -26,6 +26,7 @@ from retrieval_server.encoders.onnx_export import (
     PROBE_TEXTS,
     ensure_onnx_export,
     export_onnx,
+    export_onnx_in_subprocess,
     max_abs_difference,
     onnx_cache_key,
     onnx_export_dir,
@@ -60,6 +61,7 @@ __all__ = [
     "describe",
     "ensure_onnx_export",
     "export_onnx",
+    "export_onnx_in_subprocess",
     "load_export_tokenizer",
     "load_query_encoder",
     "max_abs_difference",
@@ -67,6 +69,7 @@ __all__ = [
     "onnx_cache_key",
     "onnx_export_dir",
     "plan_runs",
+    "prepare_query_encoder",
     "quantize_onnx",
     "resolve_device",
     "weights_stamp",
@@ -115,3 +118,34 @@ def load_query_encoder(
     _require_onnxruntime()
     quantized = backend == "onnx-int8"
     return OnnxEncoder(ensure_onnx_export(config, index_dir, quantized), config, quantized=quantized, threads=threads)
+
+
+def replica_backend(backend: str, device: str | None, num_gpus: float) -> str:
+    """The backend a replica will run, decided by the process that starts it: ``auto`` is ONNX on a CPU replica.
+
+    A replica reserving no GPU runs on CPU (Ray hides the GPUs from it) unless ``device`` says otherwise.
+    """
+    if backend != "auto":
+        return backend
+    on_cpu = resolve_device(device) == "cpu" if device else num_gpus == 0
+    return "onnx" if on_cpu else "torch"
+
+
+def prepare_query_encoder(
+    config: EncoderConfig, backend: str, device: str | None, num_gpus: float, index_dir: Path | None
+) -> None:
+    """Make the ONNX export the replicas will load, before any starts (``serve``'s own process, via a subprocess).
+
+    Replicas starting together would otherwise wait for one of them to export, inside Serve's start-up deadline.
+    ``auto`` on a model that cannot be exported (or without onnxruntime) warns: its replicas use torch.
+    """
+    backend_to_run = replica_backend(backend, device, num_gpus)
+    if backend_to_run not in ("onnx", "onnx-int8"):
+        return
+    try:
+        _require_onnxruntime()
+        ensure_onnx_export(config, index_dir, quantized=backend_to_run == "onnx-int8")
+    except (ImportError, OnnxExportError) as err:
+        if backend != "auto":
+            raise
+        logger.warning("ONNX encoder unavailable (%s); replicas will use torch", err)

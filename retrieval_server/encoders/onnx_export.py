@@ -8,6 +8,8 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -96,7 +98,7 @@ def ensure_onnx_export(config: EncoderConfig, index_dir: Path | None, quantized:
             if target != cached and (cached / "export.json").exists():
                 _publish(cached, target)  # what the cache holds; an int8 graph it lacks is made below
             if not (target / "export.json").exists():  # another replica may have made it while we waited
-                export_onnx(config, target)
+                make_export(config, target)
             if quantized and not (target / "model.int8.onnx").exists():
                 quantize_onnx(target)
     if target != cached and not (cached / needed).exists():
@@ -209,6 +211,56 @@ def export_onnx(config: EncoderConfig, target: Path) -> dict:
     seconds = meta["export_seconds"]
     logger.info("exported %s to ONNX at %s in %.1f s (max |torch - onnx| %.1e)", config.model, target, seconds, diff)
     return meta
+
+
+def make_export(config: EncoderConfig, target: Path) -> None:
+    """Export here when this process already holds torch (nothing to spare it), else in a subprocess."""
+    if "torch" in sys.modules:
+        export_onnx(config, target)
+    else:
+        export_onnx_in_subprocess(config, target)
+
+
+# The last stderr line of a child whose export was refused: the message to raise in the parent.
+_REFUSED = "onnx export refused: "
+
+
+def export_onnx_in_subprocess(config: EncoderConfig, target: Path) -> None:
+    """:func:`export_onnx` in a child interpreter. The exporter needs torch, and the processes that ask for an
+    export (``serve`` before it starts Serve, a CPU replica on a machine without one) must not import it: torch
+    would stay loaded for their whole life (~1.5 CPU-s of a replica's start, hundreds of MB), while the child
+    gives it all back when it exits. Raises :class:`OnnxExportError` with the child's reason."""
+    script = "import sys; from retrieval_server.encoders.onnx_export import _export_main; _export_main(*sys.argv[1:])"
+    # The child imports what this process imports, whatever started it (a Ray worker's path, a test's checkout).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(entry for entry in sys.path if entry)}
+    logger.info("exporting %s to ONNX at %s (in a subprocess, once per machine)", config.model, target)
+    result = subprocess.run(
+        [sys.executable, "-c", script, config.model_dump_json(), str(target)], capture_output=True, text=True, env=env
+    )
+    if result.returncode != 0:
+        lines = result.stderr.strip().splitlines()
+        refused = next((line.removeprefix(_REFUSED) for line in reversed(lines) if line.startswith(_REFUSED)), None)
+        raise OnnxExportError(
+            refused
+            or f"exporting {config.model} to ONNX failed in its subprocess (exit {result.returncode}): "
+            f"{lines[-1] if lines else 'no output'}; serve it with encoder_backend='torch'"
+        )
+    meta = json.loads((target / "export.json").read_text())
+    logger.info(
+        "exported %s to ONNX in %.1f s (max |torch - onnx| %.1e)",
+        config.model,
+        meta["export_seconds"],
+        meta["max_abs_diff_vs_torch"],
+    )
+
+
+def _export_main(config_json: str, target: str) -> None:
+    """The child of :func:`export_onnx_in_subprocess`."""
+    try:
+        export_onnx(EncoderConfig.model_validate_json(config_json), Path(target))
+    except OnnxExportError as err:
+        print(_REFUSED + " ".join(str(err).split()), file=sys.stderr)
+        sys.exit(3)
 
 
 def quantize_onnx(export_dir: Path) -> None:

@@ -12,7 +12,7 @@ from verl import DataProto
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, get_adv_estimator_fn
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
-from verl_evidence.advantage import compute_grpo_clipstd_advantage
+from verl_evidence.trainer.advantage import compute_grpo_clipstd_advantage
 
 
 def outcome_rewards(scores: list[float], lengths: list[int], width: int = 6):

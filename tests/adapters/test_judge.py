@@ -244,3 +244,17 @@ def test_judge_config_from_reward_kwargs(nli_dir):
         JudgeConfig.from_reward_kwargs({"nli_model": "m", "nli_bach_size": 8})
     # one in-process judge per configuration, shared by every manager of the process
     assert connect_judge(config) is connect_judge(config)
+
+
+def test_the_judge_settings_are_one_list(nli_dir):
+    """NLIJudge's keywords and defaults are JudgeConfig's fields; the in-process client passes the whole config."""
+    judge = NLIJudge(str(nli_dir), device="cpu", batch_size=3)
+    assert judge.config == JudgeConfig(model=str(nli_dir), device="cpu", batch_size=3)
+    assert judge.batch_size == 3 and judge.device == "cpu"
+    with pytest.raises(TypeError, match=r"unknown setting\(s\) \['bach_size'\]"):
+        NLIJudge(str(nli_dir), bach_size=3)
+    config = JudgeConfig(model=str(nli_dir), device="cpu", batch_size=5, max_length=40, in_process=True)
+    client = connect_judge(config)
+    assert client.batcher.judge.config.batch_size == 5 and client.batcher.judge.max_length == 40
+    with pytest.raises(ValueError, match="nli_bach_size"):  # a typo in YAML is refused, naming the keys
+        JudgeConfig.from_reward_kwargs({"nli_model": "m", "nli_bach_size": 8})

@@ -13,7 +13,7 @@ from verl_evidence.rewards import evinote
 
 ray = pytest.importorskip("ray")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.longest_first(1), pytest.mark.one_worker_group]
 
 PAIRS = [
     ("*The committee wrote the report* -1998-", "the committee is the answer to the question: who wrote it?"),

@@ -335,7 +335,7 @@ SEARCH_STATS = {
 
 @pytest.mark.parametrize("manager", ["evinote", "eviomni", "composite"])
 def test_rollout_statistics_reach_reward_extra_info(make_config, tokenizer, nli_dir, manager):
-    from verl_evidence.reward_managers.managers import ROLLOUT_STAT_KEYS
+    from verl_evidence.trainer.step_metrics import ROLLOUT_STATS
 
     judge = [
         f"+reward.reward_kwargs.nli_model={nli_dir}",
@@ -357,7 +357,7 @@ def test_rollout_statistics_reach_reward_extra_info(make_config, tokenizer, nli_
     outputs = score_with_worker(config, make_batch(tokenizer, samples))
     assert_same_keys(outputs)
     infos = [o["reward_extra_info"] for o in outputs]
-    for key in ROLLOUT_STAT_KEYS:
+    for key in ROLLOUT_STATS:
         assert infos[0][key] == float(SEARCH_STATS[key])
         assert infos[1][key] == 0.0 and infos[2][key] == 0.0
     assert infos[0]["num_searches"] == 3.0 and infos[0]["compression_ratio"] == 5.0

@@ -61,4 +61,4 @@ def test_plain_import_verl_registers_managers_and_estimator(verl_import_probe):
     assert registries["managers"] == dict.fromkeys(
         ("eviomni", "evinote", "grace", "composite"), "verl_evidence.reward_managers.managers"
     )
-    assert registries["estimator"] == "verl_evidence.advantage"
+    assert registries["estimator"] == "verl_evidence.trainer.advantage"

@@ -92,5 +92,5 @@ def test_importing_one_of_our_modules_first_still_registers_everything(first_imp
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == (
-        "['evidence_search', 'eviomni'] EviNoteRewardManager verl_evidence.advantage"
+        "['evidence_search', 'eviomni'] EviNoteRewardManager verl_evidence.trainer.advantage"
     )

@@ -1,5 +1,5 @@
-"""Per-step metrics (verl_evidence.step_metrics), the sampler that feeds them (step_sampler) and the
-version-gated rollout-dump patch (trainer_patches), against verl's real classes.
+"""Per-step metrics (verl_evidence.trainer.step_metrics), the sampler that feeds them (step_sampler) and the
+version-gated rollout-dump patch (trainer.patches), against verl's real classes.
 
 The verl internals each piece relies on are pinned here: these tests fail when verl changes under them.
 """
@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from verl_evidence import step_metrics as sm
-from verl_evidence.step_metrics import MaskingError, Trajectory
+from verl_evidence.trainer import step_metrics as sm
+from verl_evidence.trainer.step_metrics import MaskingError, Trajectory
 
 
 def search_trajectory(
@@ -158,7 +158,7 @@ def build_sampler(make_config, *overrides: str):
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
     config = make_config(
-        "trainer.v1.sampler.custom_sampler.path=pkg://verl_evidence.step_sampler",
+        "trainer.v1.sampler.custom_sampler.path=pkg://verl_evidence.trainer.step_sampler",
         "trainer.v1.sampler.custom_sampler.name=EvidenceReplayBuffer",
         *overrides,
     )
@@ -216,9 +216,9 @@ def test_the_trainer_logs_what_sample_returns_before_it_trains_on_the_batch():
 def test_rollout_dump_patch_pins_verls_training_dump():
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
-    from verl_evidence import trainer_patches
+    from verl_evidence.trainer import patches
 
-    assert trainer_patches.verl_supported()
+    assert patches.verl_supported()
     source = inspect.getsource(PPOTrainer._log_rollout_data)
     assert 'reward_extra_infos_dict = {"uid": [batch.keys[i] for i in sorted_indices]}' in source
     assert tuple(
@@ -227,7 +227,7 @@ def test_rollout_dump_patch_pins_verls_training_dump():
             if hasattr(PPOTrainer._dump_generations, "__wrapped__")
             else PPOTrainer._dump_generations
         ).parameters
-    ) == (trainer_patches.DUMP_PARAMETERS)
+    ) == (patches.DUMP_PARAMETERS)
     write = inspect.getsource(PPOTrainer._write_generations)
     assert "for k, v in reward_extra_infos_dict.items():" in write and "base_data[k] = v" in write
 
@@ -236,7 +236,7 @@ def test_rollout_dump_patch_adds_columns_only_to_the_training_dump(monkeypatch, 
     import transfer_queue as tq
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
-    from verl_evidence import trainer_patches
+    from verl_evidence.trainer import patches
 
     class Trainer(PPOTrainer):  # a subclass: verl's own class stays as the plugin left it
         pass
@@ -265,7 +265,7 @@ def test_rollout_dump_patch_adds_columns_only_to_the_training_dump(monkeypatch, 
         return {"extra_fields": [fields[k] for k in keys]}
 
     monkeypatch.setattr(tq, "kv_batch_get", kv_batch_get)
-    assert trainer_patches.patch_rollout_dump(Trainer)
+    assert patches.patch_rollout_dump(Trainer)
     Trainer._dump_generations(None, ["i"] * 2, ["o"] * 2, [None] * 2, [1.0, 0.0], {"uid": ["a_1_0", "a_0_0"]}, "d")
     assert requested == [(["a_1_0", "a_0_0"], "train", ["extra_fields"])]
     columns = calls[0][4]

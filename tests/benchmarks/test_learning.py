@@ -227,6 +227,121 @@ def test_the_search_r1_arm_scores_exact_match_and_logs_evinote_at_weight_zero() 
     assert set(components[0]["keys"]) <= set(scored) and scored["score"] == 1.0
 
 
+# --- the fixed-batch check and its sign control --------------------------------------------------------------
+
+
+def _reward_curve(label: str, seed: int, values: list[float]) -> list:
+    return _curve(label, seed, learning.reward_metric(label), dict(enumerate(values, start=1)))
+
+
+def test_a_trend_is_last_third_minus_first_third_against_the_step_to_step_spread() -> None:
+    found = learning.trend({0: 9.0, 1: 0.1, 2: 0.2, 3: 0.3, 4: 0.4, 5: 0.5, 6: 0.6})  # step 0 (a validation) left out
+    assert found.margin == pytest.approx(0.4) and found.spread == pytest.approx(0.0) and found.steps == 6
+    noisy = learning.trend({1: 0.0, 2: 1.0, 3: 0.0, 4: 1.0, 5: 0.0, 6: 1.0})
+    assert noisy.margin == pytest.approx(0.0) and noisy.spread == pytest.approx(
+        0.9798, abs=1e-4
+    )  # std of the diffs 1,-1,1,-1,1
+    assert "spread 0.980" in noisy.describe()
+
+
+def test_sign_check_needs_a_rise_in_every_seed_and_a_fall_in_every_negated_seed() -> None:
+    rising, falling = [0.1, 0.1, 0.2, 0.2, 0.3, 0.3], [0.3, 0.3, 0.2, 0.2, 0.1, 0.1]
+    points = _reward_curve("eviomni", 1, rising) + _reward_curve("eviomni", 2, rising)
+    only_plain = learning.sign_checks(points, ["eviomni"])[0]
+    assert only_plain.rises and not only_plain.falls and only_plain.verdict == "rises (no sign control run)"
+    negated = "eviomni" + learning.NEGATED_SUFFIX
+    shown = points + _reward_curve(negated, 1, falling) + _reward_curve(negated, 2, falling)
+    check = learning.sign_checks(shown, ["eviomni"])[0]
+    assert check.rises and check.falls and check.clear and check.verdict.startswith("SHOWN")
+    # one negated seed rises: the reward did not move the policy in both directions
+    not_shown = points + _reward_curve(negated, 1, falling) + _reward_curve(negated, 2, rising)
+    assert "not shown" in learning.sign_checks(not_shown, ["eviomni"])[0].verdict
+    # one plain seed falls
+    mixed = _reward_curve("eviomni", 1, rising) + _reward_curve("eviomni", 2, falling)
+    assert learning.sign_checks(mixed, ["eviomni"])[0].verdict == "DOES NOT RISE in every seed"
+    # a rise smaller than the step-to-step spread is shown but flagged
+    jumpy = [0.0, 1.0, 0.0, 1.0, 0.1, 1.1]
+    flagged = _reward_curve("grace", 1, jumpy) + _reward_curve("grace" + learning.NEGATED_SUFFIX, 1, jumpy[::-1])
+    assert learning.sign_checks(flagged, ["grace"])[0].verdict.endswith("(within the step-to-step spread)")
+    assert "negated  seed 1" in learning.format_sign_checks(learning.sign_checks(flagged, ["grace"]))
+
+
+def test_the_negated_reward_reads_its_own_logged_score_not_the_trained_total() -> None:
+    assert learning.reward_metric("grace") == "critic/score/mean"
+    assert learning.reward_metric("grace-negated") == "reward/composite/negated.score/mean"
+
+
+@pytest.mark.parametrize("arm_name", list(learning.ARMS))
+def test_every_arms_sign_control_is_its_own_reward_at_weight_minus_one(arm_name: str) -> None:
+    """Composed by Hydra from the arm's recipe preset as the benchmark passes it, then built by the real composite."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from verl_evidence.reward_managers.scorers import build_composite
+
+    arm = learning.ARMS[arm_name]
+    config_name = arm.recipe.removesuffix(".sh")
+    with initialize_config_dir(config_dir=str(REPO / "recipes" / "presets"), version_base=None):
+        plain = compose(config_name=config_name, overrides=list(arm.overrides))
+        negated = compose(config_name=config_name, overrides=list(learning.negated_overrides(arm_name)))
+    assert negated.reward.reward_manager.name == "composite"
+    components = OmegaConf.to_container(negated.reward.reward_kwargs.components)
+    signed = [c for c in components if c["weight"] != 0]
+    assert [(c["name"], c["weight"]) for c in signed] == [(learning.NEGATED_LABEL, -1.0)]
+    # the same reward, with the options the plain run trains with
+    if plain.reward.reward_manager.name == "composite":
+        plain_signed = [c for c in OmegaConf.to_container(plain.reward.reward_kwargs.components) if c["weight"] != 0]
+        assert [c["reward"] for c in plain_signed] == [signed[0]["reward"]] and plain_signed[0]["weight"] == 1.0
+    elif plain.reward.reward_manager.name in {"dapo", "naive"}:
+        function = plain.reward.custom_reward_function
+        assert function.path.endswith("." + signed[0]["reward"])
+        assert signed[0]["kwargs"] == OmegaConf.to_container(function.reward_kwargs)
+    else:
+        assert signed[0]["reward"] == plain.reward.reward_manager.name
+        options = {
+            k: v for k, v in OmegaConf.to_container(plain.reward.reward_kwargs).items() if not k.startswith("nli_")
+        }
+        assert signed[0]["kwargs"] == options
+    if all(c["reward"] != "evinote" for c in components):  # EviNote's scorer needs its NLI judge: trainer only
+        built = build_composite(components)
+        assert [(label, weight) for label, weight, _ in built.components if weight] == [(learning.NEGATED_LABEL, -1.0)]
+
+
+def test_hydra_values_keep_strings_and_markers_intact() -> None:
+    assert (
+        learning.hydra_value({"markers": ["*", "-"], "alpha": 2.0, "on": True})
+        == "{markers:['*','-'],alpha:2.0,on:true}"
+    )
+    assert learning.hydra_value("it's") == "'it\\'s'"
+
+
+def test_fire_rate_is_the_share_of_step_1_samples_the_reward_paid() -> None:
+    entries = [{"score": 0.0}, {"score": 1.1}, {"score": -0.5}, {"score": 0.0}]
+    assert learning.aggregate(entries, "search")["fired"] == 0.5
+    points = _curve("evinote", 1, "fired", {1: 0.25, 2: 0.9}) + _curve("evinote", 2, "fired", {1: 0.75})
+    assert learning.fire_rates(points, ["evinote", "grace"]) == {"evinote": 0.5}
+
+
+def test_a_direction_counts_only_when_every_seed_agrees_beyond_their_spread() -> None:
+    agree = _curve("grace", 1, "balanced_accuracy", {1: 0.5, 2: 0.7}) + _curve(
+        "grace", 2, "balanced_accuracy", {1: 0.5, 2: 0.72}
+    )
+    grace = _verdict(learning.directions(agree), "GRACE")
+    assert grace.holds and grace.consistent and grace.beyond_spread and grace.counts
+    assert "COUNTS" in learning.format_directions([grace])
+    # every seed rises, but by amounts so different that the mean is within their spread
+    spread = _curve("grace", 1, "balanced_accuracy", {1: 0.5, 2: 0.52}) + _curve(
+        "grace", 2, "balanced_accuracy", {1: 0.5, 2: 0.98}
+    )
+    wide = _verdict(learning.directions(spread), "GRACE")
+    assert wide.holds and wide.consistent and not wide.beyond_spread and not wide.counts
+    assert "within the seeds' spread" in learning.format_directions([wide])
+    # one seed: no spread to compare with, so nothing counts
+    one = _verdict(learning.directions(_curve("grace", 1, "balanced_accuracy", {1: 0.5, 2: 0.9})), "GRACE")
+    assert one.holds and one.beyond_spread is None and not one.counts
+    assert "one seed: no spread" in learning.format_directions([one])
+
+
 # --- the smoke package: held-out split and the neutral warm-up -----------------------------------------------
 
 

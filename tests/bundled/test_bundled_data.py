@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from verl_evidence import bundled
-from verl_evidence.rewards.text import normalize
+from verl_evidence.rewards.qa_metrics import normalize
 
 # Same boundary the passages were written to: a sentence ends at . ! ? followed by a capital, digit or quote.
 SENTENCE_BOUNDARY = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'])")

@@ -127,6 +127,7 @@ def unselected() -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.one_worker_group("cpu_mode_probes")
 def test_selected_mode_registers_platform_engine_rollout_and_a_working_process_group(selected):
     probe = {key: value for key, value in selected.items() if key not in POLL_KEYS}
     assert probe == {
@@ -159,6 +160,7 @@ POLL_KEYS = ("default", "async", "caller_keyword", "caller_positional")
 
 
 @pytest.mark.slow
+@pytest.mark.one_worker_group("cpu_mode_probes")
 def test_selected_mode_polls_the_replay_buffer_often_unless_the_caller_chose_an_interval(selected, unselected):
     assert {key: selected[key] for key in POLL_KEYS} == {
         "default": verl_patches.REPLAY_BUFFER_POLL_S, "async": verl_patches.REPLAY_BUFFER_POLL_S,
@@ -170,6 +172,7 @@ def test_selected_mode_polls_the_replay_buffer_often_unless_the_caller_chose_an_
 
 
 @pytest.mark.slow
+@pytest.mark.one_worker_group("cpu_mode_probes")
 def test_mode_is_inactive_unless_selected(unselected):
     assert {key: value for key, value in unselected.items() if key not in POLL_KEYS} == {
         "hf_replica": False,

@@ -79,6 +79,20 @@ QUESTIONS = [
 ]
 
 
+def invoke(*args: object):
+    """``verl-evidence data ARGS...`` in this process."""
+    from typer.testing import CliRunner
+
+    from verl_evidence.cli import app
+
+    return CliRunner().invoke(app, ["data", *map(str, args)], catch_exceptions=False)
+
+
+def flat(output: str) -> str:
+    """Output with rich's line wrapping undone."""
+    return " ".join(output.split())
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
     return path

@@ -6,19 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from verl_evidence.cli import app
 from verl_evidence.dataprep.rows import read_parquet
 from verl_evidence.dataprep.templates import format_passages
 
-from .conftest import PASSAGES, QUESTIONS, write_jsonl
-
-runner = CliRunner()
-
-
-def invoke(*args: str):
-    return runner.invoke(app, ["data", *map(str, args)], catch_exceptions=False)
+from .conftest import PASSAGES, QUESTIONS, invoke, write_jsonl
 
 
 def verl_dataset(path: Path, tokenizer_dir: Path):
@@ -196,6 +188,8 @@ def test_grace_cli_prints_statistics(tiny_set, tmp_path: Path) -> None:
         6,
         "--split",
         "test",
+        "--construction",
+        "balanced",  # a test split is built naturally unless told (test_grace_natural_test_set)
         "-o",
         out,
     )
@@ -216,7 +210,7 @@ def test_grace_cli_prints_statistics(tiny_set, tmp_path: Path) -> None:
         assert truth["evidence"] == (by_id[extra["id"]]["gold_evidence"] if truth["answerable"] else [])
         assert extra["validate"] is True  # split "test": GRACE's validation weights
         assert row["agent_name"] == "single_turn_agent"
-        assert format_passages([PASSAGES[p] for p in extra["passage_ids"]]) in row["prompt"][0]["content"]
+        assert format_passages([PASSAGES[p] for p in extra["passage_ids"]]) in row["prompt"][-1]["content"]
     contexts = [(r["extra_info"]["question"], tuple(r["extra_info"]["passage_ids"])) for r in rows]
     assert len(contexts) == len(set(contexts))
 
@@ -275,3 +269,30 @@ def test_grace_default_retrievers() -> None:
 
     assert default_retrievers(None) == ["oracle", "bm25", "dense", "random"]
     assert default_retrievers("/models/reranker") == ["oracle", "bm25", "dense", "dense+rerank", "random"]
+    assert default_retrievers("/models/reranker", annotated=False) == ["bm25", "dense", "dense+rerank", "random"]
+    assert default_retrievers("/models/reranker", natural=True) == ["dense"]  # the paper's test retriever
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (
+            b'{"id": "q1", "question": {"text": "Who?"}, "golden_answers": ["x"]}\n',
+            ":2: column 'question' must be a string",
+        ),
+        (b'{"id": "q1", "question": ["Who?"], "golden_answers": ["x"]}\n', ":2: column 'question' must be a string"),
+        (b'{"id": "q1", "question": "Wh\xff?", "golden_answers": ["x"]}\n', ":2: not UTF-8 text (byte 0xff"),
+        (b'{"id": null, "question": "Who?", "golden_answers": ["x"]}\n', ":2: column id is null"),
+    ],
+)
+def test_qa_refuses_what_it_cannot_read(tmp_path: Path, content: bytes, message: str) -> None:
+    """One line naming the file and line, exit 2, no output file (not even the writer's partial one)."""
+    good = json.dumps({"id": "q0", "question": "Where?", "golden_answers": ["here"]}).encode() + b"\n"
+    source = tmp_path / "bad.jsonl"
+    source.write_bytes(good + content)
+    out = tmp_path / "out" / "rows.parquet"
+    result = invoke("qa", source, "--data-source", "nq", "-o", out)
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {source}{message}"), result.output
+    assert not out.parent.exists() or not any(out.parent.iterdir())

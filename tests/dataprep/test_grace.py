@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 
 from verl_evidence.dataprep.grace import (
     GraceInput,
+    answer_sentences,
     construct,
+    contains_answer,
     make_insufficient,
     make_sufficient,
     read_hotpotqa,
@@ -163,6 +165,81 @@ def test_construct_invariants(problem) -> None:
     assert again == examples  # seeded: identical output
 
 
+@settings(max_examples=60, deadline=None)
+@given(grace_problem())
+def test_natural_construction_keeps_the_retrieval(problem) -> None:
+    """The test set (§4.3): contexts are the top-k as retrieved; answerable exactly when the gold is in it."""
+    items, retrievers, corpus, k, seed = problem
+    examples, stats = construct(items, retrievers, corpus, k, seed, natural=True)
+    rankings = {r.name: r.rankings for r in retrievers}
+    for example in examples:
+        retrieved = rankings[example.retriever][example.record.id][:k]
+        assert list(example.passage_ids) == retrieved
+        assert example.answerable == (set(example.record.gold_passage_ids) <= set(retrieved))
+        assert example.gold_evidence == (example.record.gold_evidence if example.answerable else ())
+    for retriever in retrievers:
+        counted = sum(c[retriever.name] for c in (stats.answerable, stats.unanswerable, stats.duplicates))
+        empty = sum(not retriever.rankings[item.record.id] for item in items)  # nothing retrieved: no context
+        assert counted == len(items) - empty and stats.skipped[retriever.name] == empty
+    assert construct(items, retrievers, corpus, k, seed + 1, natural=True)[0] == examples  # no seeded choice
+
+
+# Passages for questions with answers only: the gold passage is whichever holds an answer.
+ANSWER_CORPUS = {
+    "a1": "Nile\nThe Nile flows north. It ends in the Mediterranean Sea near Alexandria.",
+    "a2": "Alexandria\nAlexandria lies on the Mediterranean Sea.",
+    "n1": "Mediterranean Sea\nA sea between Europe and Africa.",  # the answer only in the title
+    "n2": "Amazon\nThe Amazon ends in the Atlantic Ocean.",
+    "n3": "Danube\nThe Danube ends in the Black Sea.",
+    "n4": "Rhine\nThe Rhine ends in the North Sea.",
+    "n5": "Po\nThe Po ends in the Adriatic.",
+}
+NILE = QARecord("n", "Into which sea does the Nile flow?", ("Mediterranean Sea", "the Mediterranean"), "nq")
+
+
+def test_an_answer_is_matched_on_whole_tokens_of_the_text() -> None:
+    assert contains_answer(ANSWER_CORPUS["a1"], ["mediterranean sea"])  # normalised
+    assert not contains_answer(ANSWER_CORPUS["n1"], ["Mediterranean Sea"])  # the title is not the text
+    assert not contains_answer("T\nIt was built in 19901.", ["1990"])  # whole tokens, not substrings
+    assert contains_answer("T\nIt was built in 1990.", ["1990"])
+    assert answer_sentences(ANSWER_CORPUS["a1"], ["Mediterranean Sea"]) == [
+        "It ends in the Mediterranean Sea near Alexandria."
+    ]
+    assert answer_sentences("T\nThe U.S. Army won.", ["U.S. Army"]) == ["The U.S. Army won."]
+
+
+def test_questions_with_answers_only_are_labelled_by_the_retrieved_passages() -> None:
+    item = GraceInput(NILE)
+    # The only passage holding the answer is ranked 5th: beyond k = 3.
+    ranking = ListRetriever("dense", {"n": ["n1", "n2", "n3", "n4", "a1", "n5"]})
+    natural, stats = construct([item], [ranking], ANSWER_CORPUS, 3, natural=True, by_answer=True)
+    assert [(e.passage_ids, e.answerable, e.gold_evidence) for e in natural] == [(("n1", "n2", "n3"), False, ())]
+
+    for seed in range(6):  # both sides of the 50/50 split
+        (example,), _ = construct([item], [ranking], ANSWER_CORPUS, 3, seed, by_answer=True)
+        if example.answerable:  # the best-ranked passage with an answer replaces the lowest-ranked one
+            assert example.passage_ids == ("n1", "n2", "a1")
+            assert example.gold_evidence == ("It ends in the Mediterranean Sea near Alexandria.",)
+        else:  # the top-k had no answer: kept as retrieved
+            assert example.passage_ids == ("n1", "n2", "n3") and example.gold_evidence == ()
+    answer_first = ListRetriever("bm25", {"n": ["a2", "n1", "a1", "n2", "n3"]})
+    for seed in range(6):
+        (example,), _ = construct([item], [answer_first], ANSWER_CORPUS, 3, seed, by_answer=True)
+        if not example.answerable:  # every passage with an answer out, the next ones without in, in order
+            assert example.passage_ids == ("n1", "n2", "n3")
+
+
+def test_a_sample_with_no_retrieved_answer_cannot_be_answerable_and_is_counted() -> None:
+    items = [GraceInput(QARecord(f"s{i}", f"Which sea, {i}?", ("Caspian Sea",), "nq")) for i in range(6)]
+    ranking = ListRetriever("dense", {item.record.id: ["n1", "n2", "n3", "n4", "n5"] for item in items})
+    examples, stats = construct(items, [ranking], ANSWER_CORPUS, 3, by_answer=True)
+    assert stats.skipped["dense"] == 3 and stats.unanswerable["dense"] == 3  # the sufficient half is skipped
+    assert all(not e.answerable for e in examples)
+    assert stats.as_dict(["dense"])["total"] == {"answerable": 0, "unanswerable": 3, "duplicates": 0, "skipped": 3}
+    with pytest.raises(DataPrepError, match="'oracle' needs annotated gold passages"):
+        construct(items, [OracleRetriever()], ANSWER_CORPUS, 3, by_answer=True)
+
+
 def test_construct_with_real_retrievers() -> None:
     records = [
         QARecord(
@@ -209,7 +286,7 @@ def test_oracle_and_random_retrievers() -> None:
 
 def test_construct_refuses_samples_without_gold() -> None:
     item = GraceInput(QARecord("s", "q?", ("a",), "bundled"))
-    with pytest.raises(DataPrepError, match="no gold passages"):
+    with pytest.raises(DataPrepError, match="no gold passages.*--style qa"):
         construct([item], [OracleRetriever()], {"p": "x"}, 1)
 
 
@@ -341,3 +418,21 @@ def test_qasper_reader_and_per_paper_pool(tmp_path: Path) -> None:
     for example in examples:  # every context stays inside the paper
         assert set(example.passage_ids) <= set(corpus)
     assert stats.total == len(examples)
+
+
+def test_dense_questions_get_the_models_own_query_prompt() -> None:
+    """Qwen3-Embedding (GRACE's retriever) defines a ``query`` prompt: questions are encoded with it."""
+    import numpy as np
+
+    from verl_evidence.dataprep.retrievers import DenseRetriever, _default_dense_model
+
+    dense = DenseRetriever(PASSAGES, _default_dense_model())
+    question = "Into which sea does the Danube empty?"
+    plain = dense.scores([question])
+    dense.model.prompts = {**(dense.model.prompts or {}), "query": "Instruct: find the passage.\nQuery: "}
+    prompted = dense.scores([question])
+    expected = dense.model.encode(["Instruct: find the passage.\nQuery: " + question], normalize_embeddings=True)
+    assert not np.allclose(plain, prompted)
+    assert np.allclose(prompted, expected @ dense.embeddings.T, atol=1e-5)
+    dense.query_prefix = "query: "  # an explicit prefix (E5) wins over the model's prompt
+    assert dense._prompt("query", dense.query_prefix) is None

@@ -43,6 +43,11 @@ def test_flashrag_reader_keeps_gold_annotations(tiny_set) -> None:
         ({"id": "a", "question": "q?", "golden_answers": ["  "]}, "empty golden_answers"),
         ({"id": "a", "question": "   ", "golden_answers": ["x"]}, "empty question"),
         ({"id": "a", "question": "q?", "golden_answers": 3}, "must be a string or a list"),
+        ({"id": "a", "question": {"text": "Who?"}, "golden_answers": ["x"]}, "'question' must be a string, got dict"),
+        ({"id": "a", "question": ["Who?"], "golden_answers": ["x"]}, "'question' must be a string, got list"),
+        ({"id": None, "question": "q?", "golden_answers": ["x"]}, "column id is null"),
+        ({"id": {"n": 1}, "question": "q?", "golden_answers": ["x"]}, "'id' must be a string, got dict"),
+        ({"id": "a", "question": "q?", "golden_answers": [{"text": "x"}]}, "'golden_answers' must hold strings"),
     ],
 )
 def test_bad_rows(tmp_path: Path, row: dict, message: str) -> None:
@@ -73,6 +78,20 @@ def test_invalid_json_line(tmp_path: Path) -> None:
     path = tmp_path / "broken.jsonl"
     path.write_text('{"id": "a", "question": "q?", "golden_answers": ["x"]}\n{"id": \n')
     with pytest.raises(DataPrepError, match=r"broken.jsonl:2: not valid JSON"):
+        read_flashrag_jsonl(path, "nq")
+
+
+def test_bytes_that_are_not_utf8_name_their_line(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'{"id": "a", "question": "q?", "golden_answers": ["x"]}\n{"id": "b", "question": "caf\xe9?"}\n')
+    with pytest.raises(DataPrepError, match=r"latin1.jsonl:2: not UTF-8 text \(byte 0xe9 at column 29\)"):
+        read_flashrag_jsonl(path, "nq")
+
+
+def test_a_parquet_named_jsonl_is_named_as_one(tmp_path: Path) -> None:
+    path = tmp_path / "train.jsonl"
+    pq.write_table(pa.table({"id": ["a"], "question": ["q?"]}), path)
+    with pytest.raises(DataPrepError, match=r"train.jsonl: a parquet file, not JSON lines"):
         read_flashrag_jsonl(path, "nq")
 
 

@@ -79,3 +79,52 @@ def test_eviomni_and_grace_from_the_retrieval_server(server_url: str, tokenizer_
         ids = row["extra_info"]["passage_ids"]
         assert len(ids) == 5 and set(ids) <= set(corpus)
         assert (gold[row["extra_info"]["id"]] <= set(ids)) == row["reward_model"]["ground_truth"]["answerable"]
+
+
+def test_grace_from_a_search_r1_parquet_against_the_served_index(server_url: str, tiny_set, tmp_path: Path) -> None:
+    """Search-R1's files (answers only) -> GRACE rows, the served index as the dense retriever; and a server
+    holding another corpus than the QA file's refused in one line (it used to be ``KeyError: '0'``)."""
+    from retrieval_server.client import RetrievalClient
+    from verl_evidence import bundled
+    from verl_evidence.dataprep.grace import contains_answer
+    from verl_evidence.dataprep.mix import summary_path
+
+    from .search_r1_files import write_search_r1_parquet
+
+    questions = [json.loads(line) for line in Path(bundled.qa_path()).read_text().splitlines() if line.strip()]
+    examples = [{"id": q["id"], "question": q["question"], "golden_answers": q["golden_answers"]} for q in questions]
+    source = write_search_r1_parquet(tmp_path / "train.parquet", {"nq": examples}, "train")
+    corpus = read_corpus(bundled.corpus_path())
+    runner = CliRunner()
+
+    out = tmp_path / "grace_train.parquet"
+    result = runner.invoke(app, ["data", "grace", str(source), "--retriever", f"dense={server_url}", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = read_parquet(out)
+    answerable = [r for r in rows if r["extra_info"]["answerable"]]
+    assert answerable and len(rows) - len(answerable)
+    for row in rows:
+        ids, truth = row["extra_info"]["passage_ids"], row["reward_model"]["ground_truth"]
+        assert len(ids) == 5 and set(ids) <= set(corpus)  # the served passages, looked up by their ids
+        assert any(contains_answer(corpus[p], truth["target"]) for p in ids) == truth["answerable"]
+        assert bool(truth["evidence"]) == truth["answerable"]
+
+    test_out = tmp_path / "grace_test.parquet"
+    args = ["data", "grace", str(source), "--retriever", f"dense={server_url}", "--split", "test", "--sample", "40"]
+    result = runner.invoke(app, [*args, "-o", str(test_out)])
+    assert result.exit_code == 0, result.output
+    rows = read_parquet(test_out)
+    summary = json.loads(summary_path(test_out).read_text())
+    assert (summary["construction"], summary["k"], len(summary["sample"]["ids"]["nq"])) == ("natural", 3, 40)
+    served = RetrievalClient(server_url).retrieve([r["extra_info"]["question"] for r in rows], topk=3)
+    assert [r["extra_info"]["passage_ids"] for r in rows] == [[h["document"]["id"] for h in hits] for hits in served]
+
+    qa, tiny_corpus = tiny_set
+    result = runner.invoke(
+        app,
+        ["data", "grace", str(qa), "--corpus", str(tiny_corpus), "--retriever", f"dense={server_url}", "-o", str(out)],
+    )
+    assert result.exit_code == 2, result.output
+    message = " ".join(result.output.split())
+    assert f"absent from {tiny_corpus}: the server serves another corpus" in message
+    assert result.output.startswith("error: retriever 'dense'") and "Traceback" not in result.output

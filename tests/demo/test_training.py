@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from verl.utils.tracking import FileLogger
 
 import verl_evidence
-from verl_evidence.eval import demo, training_report
+from verl_evidence.eval import demo_training, training_report
 from verl_evidence.eval.training_report import training_curves, write_training_report
 from verl_evidence.local.smoke.logs import read_metrics
 
@@ -246,7 +246,7 @@ def test_a_recorded_demo_train_run(tmp_path: Path) -> None:
     check_png(report.png)
     curves = report.curves
     assert curves.train_steps == [1, 2] and curves.validation_steps == [0, 1, 2]
-    assert curves.samples_per_validation == demo.TRAIN_VALIDATION_SAMPLES
+    assert curves.samples_per_validation == demo_training.TRAIN_VALIDATION_SAMPLES
     assert set(curves.components()) >= {"reward", "ans", "ans_f", "ans_r", "ans_e", "len", "format"}
     header, rows = table_rows(report.markdown.read_text())
     assert sorted(rows) == ["0", "1", "2"] and "val format" in header and "train format" in header
@@ -280,24 +280,24 @@ def test_train_steps_must_be_positive() -> None:
 
 
 def test_the_recipe_comes_from_this_checkout() -> None:
-    assert demo.training_recipe() == REPO / "recipes" / demo.TRAIN_RECIPE
+    assert demo_training.training_recipe() == REPO / "recipes" / demo_training.TRAIN_RECIPE
 
 
 def test_without_a_checkout_train_fails_naming_where_it_looked(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(verl_evidence, "__file__", str(tmp_path / "site-packages" / "verl_evidence" / "__init__.py"))
     monkeypatch.chdir(tmp_path)
     with pytest.raises(typer.BadParameter, match=r"recipes/eviomni_grpo\.sh --smoke from a source checkout") as error:
-        demo.training_recipe()
+        demo_training.training_recipe()
     assert str(tmp_path / "site-packages" / "recipes") in str(error.value)
     assert "make demo DEMO_ARGS=--train" in str(error.value)
 
 
 def test_the_invocation_is_the_recipes_smoke_run_with_validation_every_step(monkeypatch) -> None:
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
-    command, env = demo.training_invocation(REPO / "recipes" / "eviomni_grpo.sh", steps=5)
+    command, env = demo_training.training_invocation(REPO / "recipes" / "eviomni_grpo.sh", steps=5)
     assert command[:3] == ["bash", str(REPO / "recipes" / "eviomni_grpo.sh"), "--smoke"]
-    assert f"data.val_max_samples={demo.TRAIN_VALIDATION_PROMPTS}" in command
-    assert f"actor_rollout_ref.rollout.val_kwargs.n={demo.TRAIN_VALIDATION_SAMPLES}" in command
+    assert f"data.val_max_samples={demo_training.TRAIN_VALIDATION_PROMPTS}" in command
+    assert f"actor_rollout_ref.rollout.val_kwargs.n={demo_training.TRAIN_VALIDATION_SAMPLES}" in command
     assert env["SMOKE_STEPS"] == "5" and env["TEST_FREQ"] == "1" and env["VAL_BEFORE_TRAIN"] == "true"
     assert env["EPOCHS"] == "5"  # the 8 smoke rows give 4 steps per epoch: enough epochs for every step asked
     assert env["PYTHON"] == sys.executable and env["PYTHONUNBUFFERED"] == "1"
@@ -320,10 +320,10 @@ def test_run_training_streams_the_log_and_links_the_plot_from_the_report(tmp_pat
     out = tmp_path / "demo"
     out.mkdir()
     (out / "report.md").write_text("# verl-evidence demo\n")
-    assert demo.run_training(recipe, out, 3, out / "report.md")
+    assert demo_training.run_training(recipe, out, 3, out / "report.md")
     log = (out / "training.log").read_text()
     assert "args: --smoke data.val_max_samples=" in log and "Training Progress" in log
-    assert read_metrics(out / demo.TRAIN_METRICS) == read_metrics(metrics)  # verl's file logger wrote it there
+    assert read_metrics(out / demo_training.TRAIN_METRICS) == read_metrics(metrics)  # verl's file logger wrote it there
     report = (out / "report.md").read_text()
     assert report.startswith("# verl-evidence demo\n") and "\n## Training\n" in report
     assert "](training.md)" in report and "![reward components per training step](training.png)" in report
@@ -342,7 +342,7 @@ def test_a_failed_training_run_is_reported_with_its_log(tmp_path: Path, capsys) 
     out = tmp_path / "demo"
     out.mkdir()
     (out / "report.md").write_text("# verl-evidence demo\n")
-    assert not demo.run_training(recipe, out, 3, out / "report.md")
+    assert not demo_training.run_training(recipe, out, 3, out / "report.md")
     assert "TypeError: boom" in (out / "training.log").read_text()
     assert "The training run failed (exit code 1); see [training.log](training.log)." in (out / "report.md").read_text()
     assert not (out / "training.png").exists()
@@ -356,7 +356,7 @@ def test_the_recipe_accepts_the_demo_overrides() -> None:
     """The recipe's real entry point composes the demo's overrides (a misspelt key would only fail minutes in)."""
     import yaml
 
-    command, env = demo.training_invocation(REPO / "recipes" / demo.TRAIN_RECIPE, steps=4)
+    command, env = demo_training.training_invocation(REPO / "recipes" / demo_training.TRAIN_RECIPE, steps=4)
     command = [part for part in command if part != "--smoke"]  # --smoke would build the tiny policy first
     command[2:2] = ["--cfg", "job", "--resolve"]
     result = subprocess.run(
@@ -364,8 +364,8 @@ def test_the_recipe_accepts_the_demo_overrides() -> None:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     config = yaml.safe_load(result.stdout[result.stdout.index("\nactor_rollout_ref:") + 1 :])
-    assert config["data"]["val_max_samples"] == demo.TRAIN_VALIDATION_PROMPTS
+    assert config["data"]["val_max_samples"] == demo_training.TRAIN_VALIDATION_PROMPTS
     val_kwargs = config["actor_rollout_ref"]["rollout"]["val_kwargs"]
-    assert val_kwargs["n"] == demo.TRAIN_VALIDATION_SAMPLES and val_kwargs["do_sample"] is True
+    assert val_kwargs["n"] == demo_training.TRAIN_VALIDATION_SAMPLES and val_kwargs["do_sample"] is True
     assert val_kwargs["temperature"] == 1.0
     assert config["trainer"]["test_freq"] == 1 and config["trainer"]["val_before_train"] is True

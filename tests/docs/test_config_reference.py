@@ -41,8 +41,8 @@ def test_every_setting_of_the_code_is_on_the_page(generated: str) -> None:
     for cls in (SearchLoopSettings, EviOmniLoopSettings):
         for field in dataclasses.fields(cls):
             assert f"| `{field.name}` |" in generated, (cls.__name__, field.name)
-    for field in dataclasses.fields(JudgeConfig):
-        assert f"| `nli_{field.name}` |" in generated
+    for name in JudgeConfig.model_fields:
+        assert f"| `nli_{name}` |" in generated
     for name in ServerConfig.model_fields:
         assert f"| `{name}` |" in generated
     assert re.search(r"\| `max_turns` \| int \| `6` \|", generated)

@@ -17,9 +17,10 @@ import pytest
 from typer.testing import CliRunner
 
 from verl_evidence.eval.checkpoints import MERGE_RECORD
-from verl_evidence.rewards.text import exact_match
+from verl_evidence.rewards.qa_metrics import exact_match
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+# longest_first: trains the shared EviOmni run (eviomni_smoke_run) that later tests read
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400), pytest.mark.longest_first(0)]
 
 
 def warmed_rows_in_two_sources(path: Path) -> Path:

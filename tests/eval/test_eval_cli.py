@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
 import pytest
+from http_servers import OpenAICompatibleServer
 from typer.testing import CliRunner
-
-from verl_evidence.testing import OpenAICompatibleServer
 
 pytestmark = pytest.mark.slow
 
@@ -16,7 +16,16 @@ DATA = Path(__file__).parent / "data"
 
 
 def test_eval_command_writes_report_and_resumes_from_its_cache(retrieval_server_url, tmp_path) -> None:
+    """One evaluation, resumed with the papers' scoring: nothing is rolled out again.
+
+    The resumed run asks a separate reader (a tiny local HF model) for the EviOmni examples, BERTScore (a
+    tiny local BERT) and an LLM judge (an OpenAI-compatible server on 127.0.0.1) for the GRACE ones, and
+    prints GRACE's Table 1 with this run as a row. (The scoring's own cache and the other papers' tables
+    are tested without a CLI run: tests/eval/test_paper_scoring.py, test_paper_table.py.)
+    """
     from verl_evidence.cli import app
+    from verl_evidence.eval.cli import console
+    from verl_evidence.local.tiny_models import tiny_causal_lm, tiny_nli_model, tiny_tokenizer
 
     out = tmp_path / "eval"
     args = [
@@ -26,7 +35,7 @@ def test_eval_command_writes_report_and_resumes_from_its_cache(retrieval_server_
         "--qa",
         str(DATA / "qa.jsonl"),
         "--rollouts",
-        "search,grace",
+        "search,eviomni,grace",
         "--retrieval-url",
         retrieval_server_url,
         "--out",
@@ -37,15 +46,55 @@ def test_eval_command_writes_report_and_resumes_from_its_cache(retrieval_server_
     assert "RANDOMLY INITIALISED" in first.output  # the random judge is announced
     report = (out / "report.md").read_text()
     assert "| search | qa_1hop |" in report and "| grace | all |" in report
-    assert "### `evinote`" in report and "### `grace`" in report and "### `eviomni`" not in report
+    assert "### `evinote`" in report and "### `grace`" in report and "### `eviomni`" in report
     lines = (out / "results.jsonl").read_text().splitlines()
-    assert len(lines) == 7  # 4 search + 3 GRACE trajectories
-    assert {json.loads(line)["rollout"] for line in lines} == {"search", "grace"}
+    assert len(lines) == 9  # 4 search + 2 EviOmni + 3 GRACE trajectories
+    assert {json.loads(line)["rollout"] for line in lines} == {"search", "eviomni", "grace"}
 
-    # resume: nothing left to do, so nothing is appended
-    second = CliRunner().invoke(app, args)
+    reader_dir = tmp_path / "reader"
+    tiny_causal_lm(seed=3, directory=reader_dir)
+    bert_dir = tiny_nli_model(tmp_path / "bert")
+    judge = OpenAICompatibleServer(tiny_tokenizer(), chat_reply="CORRECT")
+    scoring = ["--reader", str(reader_dir), "--bertscore", "--bertscore-model", str(bert_dir)]
+    scoring += ["--bertscore-layers", "2", "--judge", judge.url, "--judge-model", "judge-v3"]
+    try:
+        second = CliRunner().invoke(app, [*args, *scoring, "--paper", "grace"])
+    finally:
+        judge.stop()
     assert second.exit_code == 0, second.output
-    assert (out / "results.jsonl").read_text().splitlines() == lines
+    records = {}
+    after = (out / "results.jsonl").read_text().splitlines()
+    for line in after:
+        record = json.loads(line)
+        records[record["example_id"]] = record  # later lines win, as in the cache
+    # nothing was rolled out again: the rollouts' fields are those of the first run
+    for line in lines:
+        before = json.loads(line)
+        assert records[before["example_id"]]["response"] == before["response"]
+    eviomni = [r for r in records.values() if r["rollout"] == "eviomni"]
+    grace = [r for r in records.values() if r["rollout"] == "grace"]
+    assert eviomni and all(isinstance(r["reader_prediction"], str) for r in eviomni)
+    assert all(r["reader"].startswith(f"hf:{reader_dir.resolve()}|prompt:") for r in eviomni)
+    assert len(judge.requests) == len(grace) and all(r["judge_correct"] is True for r in grace)
+    assert all(r["bertscore_f1"] is not None for r in grace if r["answerable"])
+    assert all(r["bertscore_f1"] is None for r in grace if not r["answerable"])
+    # appended: one line per scoring result (reader, judge, BERTScore), no rollout was redone
+    assert len(after) == len(lines) + len(eviomni) + len(grace) + sum(1 for r in grace if r["answerable"])
+
+    # the paper's table: its reported rows, then this run's, in Markdown and CSV, and printed
+    paper_md = (out / "paper_grace.md").read_text()
+    assert "| [Table 1] GRACE-Qwen3-4B | 27.08 | 73.09 | 74.25 |" in paper_md
+    with (out / "paper_grace.csv").open() as fh:
+        rows = {row["policy"]: row for row in csv.DictReader(fh)}
+    ours = rows["trajectories.jsonl"]
+    assert ours["group"] == "This evaluation" and ours["HotpotQA/Acc"] == ""  # no HotpotQA rows here
+    judged = [r for r in grace if r["data_source"] == "qa_1hop"]
+    assert float(ours["qa_1hop/Ans LJ"]) == 100.0 and int(ours["qa_1hop/n"]) == len(judged)
+    assert "as in the grace paper" in second.output and "paper scoring: " in second.output
+    assert "## As in the grace paper" in (out / "report.md").read_text()
+    table_lines = [line for line in second.output.splitlines() if "[Table 1]" in line]
+    assert table_lines and max(len(line) for line in table_lines) <= console.width  # fitted to the console
+    assert "…" not in second.output
 
 
 def test_eval_command_rejects_two_policies(tmp_path) -> None:

@@ -96,7 +96,7 @@ def test_each_rollout_is_scored_by_its_managers_and_the_composite_adds_up(record
 
 
 def test_good_cases_score_higher_than_bad_cases_for_every_manager(records) -> None:
-    from verl_evidence.eval.demo import separation
+    from verl_evidence.eval.demo_report import separation
 
     rows = separation(list(records[0].values()))
     assert {r["manager"] for r in rows} == {"evinote", "composite", "eviomni", "grace"}

@@ -15,10 +15,11 @@ import time
 from collections.abc import Callable
 
 import pytest
+from http_servers import ThreadedUvicorn
 from pydantic import BaseModel
 
+from verl_evidence.evipath.demonstrations import load_demonstrations
 from verl_evidence.prompts import load_prompt
-from verl_evidence.testing import ThreadedUvicorn
 
 
 class ChatMessage(BaseModel):
@@ -268,12 +269,26 @@ class ScriptedTeacher:
             for name in ("evipath_planner_synth", "evipath_executor_answer", "evipath_executor_synth")
         }
         self.by_question = {row["question"]: row["_id"] for row in HOTPOT_ROWS}
+        self.demonstration_texts = {
+            message["content"]
+            for name in ("evipath_planner_synth_demos", "evipath_executor_synth_demos")
+            for demonstration in load_demonstrations(name)
+            for message in demonstration
+        }
+
+    def record_turns(self, messages: list[dict]) -> list[dict]:
+        """The messages about the record at hand: after the system prompt and the packaged demonstrations."""
+        turns = messages[1:]
+        while turns and turns[0]["content"] in self.demonstration_texts:
+            turns = turns[1:]
+        return turns
 
     def __call__(self, messages: list[dict]) -> str:
-        system, user = messages[0]["content"], messages[1]["content"]
+        turns = self.record_turns(messages)
+        system, user = messages[0]["content"], turns[0]["content"]
         if system == self.system["evipath_planner_synth"]:
             record_id = self.by_question[_field(user, "Question")]
-            turn = sum(1 for m in messages if m["role"] == "assistant")
+            turn = sum(1 for m in turns if m["role"] == "assistant")
             return self.planner[record_id][turn]
         if system == self.system["evipath_executor_answer"]:
             return f"<answer> {EXECUTOR_ANSWERS[_field(user, 'Question')]} </answer>"

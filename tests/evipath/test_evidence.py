@@ -19,11 +19,11 @@ def test_uses_the_packaged_minilm(selector):
     assert selector.tau == 0.9
 
 
-def test_items_at_or_above_tau_are_kept(selector):
+def test_items_above_tau_are_kept(selector):
     selection = selector.select(GOLDEN[0], GOLDEN)
     scores = np.array(selection.scores)
-    assert scores[0] >= 0.9  # the same sentence
-    assert selection.indices == tuple(int(i) for i in np.flatnonzero(scores >= 0.9))
+    assert scores[0] > 0.9  # the same sentence
+    assert selection.indices == tuple(int(i) for i in np.flatnonzero(scores > 0.9))
     assert 0 in selection.indices and 2 not in selection.indices
     assert not selection.fallback
 
@@ -49,8 +49,29 @@ def test_threshold_moves_the_cut(selector):
         none = selector.select(answer, GOLDEN)
     finally:
         selector.tau = old_tau
-    assert len(wide.indices) == 2 and not wide.fallback
+    assert len(wide.indices) == 1 and not wide.fallback  # the middle item sits exactly at tau: left out
     assert none.fallback and len(none.indices) == 1
+
+
+def test_tau_comparison_is_strict_at_the_boundary(selector):
+    """Eq. 6 keeps cos > tau: an item whose cosine equals tau is not selected, one just below it is."""
+    answer = "Houston Baptist University was founded in 1960."
+    scores = selector.select(answer, GOLDEN).scores
+    order = np.argsort(scores)[::-1]
+    best, second = float(scores[order[0]]), float(scores[order[1]])
+    old_tau = selector.tau
+    try:
+        selector.tau = second
+        at_second = selector.select(answer, GOLDEN)
+        selector.tau = float(np.nextafter(np.float32(second), np.float32(-1)))
+        below_second = selector.select(answer, GOLDEN)
+        selector.tau = best
+        at_best = selector.select(answer, GOLDEN)
+    finally:
+        selector.tau = old_tau
+    assert at_second.indices == (int(order[0]),) and not at_second.fallback
+    assert set(below_second.indices) == {int(order[0]), int(order[1])}
+    assert at_best.fallback and at_best.indices == (int(order[0]),)  # nothing passes: the best one, flagged
 
 
 def test_cosines_match_a_direct_encode(selector):

@@ -91,7 +91,8 @@ def test_selection_of_a_distractor_is_rejected(chat_server, scripted, selector, 
     def select_distractor(messages):
         reply = teacher(messages)
         if messages[0]["content"] == teacher.system["evipath_executor_synth"]:
-            line = next(row for row in messages[1]["content"].splitlines() if row.endswith(distractor))
+            user = teacher.record_turns(messages)[0]["content"]
+            line = next(row for row in user.splitlines() if row.endswith(distractor))
             index = line.split("]")[0].lstrip("[")
             reply = reply.split("<select>")[0] + f"<select>[{index}]</select>" + reply.split("</select>")[1]
         return reply

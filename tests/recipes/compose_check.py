@@ -44,7 +44,8 @@ def build_manager(cfg) -> str:
 
     from verl_evidence.local.tiny_models import tiny_tokenizer
 
-    if cfg.reward.reward_manager.name == "evinote":
+    components = (cfg.reward.get("reward_kwargs") or {}).get("components") or []
+    if cfg.reward.reward_manager.name == "evinote" or any(c.get("reward") == "evinote" for c in components):
         from verl_evidence.reward_managers.judge import JudgeConfig
 
         kwargs = OmegaConf.to_container(cfg.reward.get("reward_kwargs") or {}, resolve=True)

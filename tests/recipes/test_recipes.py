@@ -20,7 +20,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes"
 SCRIPTS = ["eviomni_grpo.sh", "lear_grpo.sh", "evinote_grpo.sh", "grace_dapo.sh", "search_r1_baseline.sh"]
-SHELL_FILES = sorted([*RECIPES.glob("*.sh"), *RECIPES.glob("slurm/*.sbatch")])
+SHELL_FILES = sorted([*RECIPES.glob("*.sh"), *RECIPES.glob("slurm/*.sbatch"), *RECIPES.glob("slurm/*.sh")])
 # What each recipe must wire up (manager class, estimator, default agent loop).
 EXPECTED = {
     "eviomni_grpo.sh": ("EviOmniRewardManager", "compute_grpo_clipstd_advantage", "eviomni"),
@@ -36,7 +36,8 @@ RETRIEVAL_CHOICE = ("RETRIEVAL_URL", "SERVER_ARGS", "ALLOW_DEMO_CORPUS")
 
 
 def recipe_env(**env: str) -> dict[str, str]:
-    base = {key: value for key, value in os.environ.items() if key not in RETRIEVAL_CHOICE}
+    # (RAY_ADDRESS too: a test session's Ray must not make a --smoke run join its cluster)
+    base = {key: value for key, value in os.environ.items() if key not in (*RETRIEVAL_CHOICE, "RAY_ADDRESS")}
     return {**base, "PYTHON": "python", **env}
 
 
@@ -83,7 +84,7 @@ def compose(jobs: list[list[str]], samples: dict[int, list[dict]] | None = None,
 # Variants composed along with the five recipes (one interpreter start for all of them).
 VARIANTS = {
     "typo": ("grace_dapo.sh", ["actor_rollout_ref.actor.clip_ratio_hgih=0.3"], {}),
-    "composite": ("eviomni_grpo.sh", ["reward_preset=composite"], {}),
+    "composite": ("evinote_grpo.sh", ["reward_preset=composite"], {}),
     "grace_manager": ("grace_dapo.sh", ["reward_preset=grace"], {}),
     "tool_agent": ("search_r1_baseline.sh", [], {"ROLLOUT_PRESET": "tool_agent"}),
     "renamed": ("eviomni_grpo.sh", ["reward.reward_manager.name=grace"], {}),
@@ -326,6 +327,7 @@ def test_help_lists_usage() -> None:
 @pytest.mark.slow  # the composition subprocess (verl + Hydra, every recipe)
 @pytest.mark.timeout(600)  # its own limit
 @pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.one_worker_group("composed")  # the tests reading `composed` (one verl + Hydra subprocess)
 def test_recipe_composes_with_verl_config(composed: dict[str, dict], script: str) -> None:
     report = composed[script]
     assert report["ok"], report.get("trace") or report
@@ -338,6 +340,7 @@ def test_recipe_composes_with_verl_config(composed: dict[str, dict], script: str
 
 @pytest.mark.slow  # the composition subprocess (verl + Hydra, every recipe)
 @pytest.mark.timeout(600)  # its own limit
+@pytest.mark.one_worker_group("composed")
 def test_composed_values(composed: dict[str, dict]) -> None:
     eviomni = composed["eviomni_grpo.sh"]["config"]
     assert eviomni["algorithm"]["eps_std"] == 0.1
@@ -354,6 +357,7 @@ def test_composed_values(composed: dict[str, dict]) -> None:
 @pytest.mark.slow  # the composition subprocess (verl + Hydra, every recipe)
 @pytest.mark.timeout(600)  # its own limit
 @pytest.mark.parametrize("variant", ["grace_dapo.sh", "grace_manager"])
+@pytest.mark.one_worker_group("composed")
 def test_grace_validation_scores_with_alpha_beta_one_through_the_preset(
     composed: dict[str, dict], variant: str
 ) -> None:
@@ -369,6 +373,7 @@ def test_grace_validation_scores_with_alpha_beta_one_through_the_preset(
 
 @pytest.mark.slow  # the composition subprocess (verl + Hydra, every recipe)
 @pytest.mark.timeout(600)  # its own limit
+@pytest.mark.one_worker_group("composed")
 def test_clip_reaches_the_ratios_verls_loss_reads(composed: dict[str, dict]) -> None:
     """verl 0.9.1's policy loss reads clip_ratio_low/high (clip_ratio only as their fallback when null)."""
     default = composed["evinote_grpo.sh"]["config"]["actor_rollout_ref"]["actor"]
@@ -386,6 +391,7 @@ def test_clip_reaches_the_ratios_verls_loss_reads(composed: dict[str, dict]) -> 
 
 @pytest.mark.slow  # the composition subprocess (verl + Hydra, every recipe)
 @pytest.mark.timeout(600)  # its own limit
+@pytest.mark.one_worker_group("composed")
 def test_unknown_key_fails_composition(composed: dict[str, dict]) -> None:
     report = composed["typo"]
     assert not report["ok"] and "clip_ratio_hgih" in report["error"]
@@ -393,6 +399,7 @@ def test_unknown_key_fails_composition(composed: dict[str, dict]) -> None:
 
 @pytest.mark.slow  # the composition subprocess (verl + Hydra, every recipe)
 @pytest.mark.timeout(600)  # its own limit
+@pytest.mark.one_worker_group("composed")
 def test_switching_presets(composed: dict[str, dict]) -> None:
     composite, grace, tool, renamed = (composed[k] for k in ("composite", "grace_manager", "tool_agent", "renamed"))
     assert composite["ok"] and composite["manager"].endswith("CompositeRewardManager"), composite
@@ -421,47 +428,6 @@ for entry in yaml.safe_load(open({str(path)!r})):
     assert result.returncode == 0, result.stderr[-2000:]
 
 
-# ------------------------------------------------------------------ Slurm
-
-
-def test_slurm_dry_run(tmp_path: Path) -> None:
-    env = {
-        **os.environ,
-        "DRY_RUN": "1",
-        "NODES": "gpu01 gpu02 gpu03",
-        "REPO": str(REPO),
-        "SETUP": "true",
-        "RETRIEVAL_REPLICAS": "3",
-    }
-    result = subprocess.run(
-        ["bash", str(RECIPES / "slurm" / "train.sbatch"), "trainer.total_epochs=2"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    out = result.stdout
-    assert out.count("ray start --head") == 1 and out.count("ray start --address=gpu01:6379") == 2
-    assert "-w gpu02" in out and "-w gpu03" in out
-    assert "verl-evidence serve --address auto --host 0.0.0.0 --port 8000 --replicas 3" in out
-    assert out.index("ray start --head") < out.index("verl-evidence serve") < out.index("# trainer:")
-    values = overrides(trainer_argv(out))
-    assert values["trainer.nnodes"] == "3"
-    assert values["actor_rollout_ref.rollout.custom.evidence_search.retrieval_url"] == "http://gpu01:8000"
-    assert trainer_argv(out)[-1] == "trainer.total_epochs=2"
-
-    no_search = subprocess.run(
-        ["bash", str(RECIPES / "slurm" / "train.sbatch")],
-        capture_output=True,
-        text=True,
-        env={**env, "RECIPE": "grace_dapo.sh", "NODES": "gpu01"},
-        cwd=tmp_path,
-    )
-    assert no_search.returncode == 0 and "verl-evidence serve" not in no_search.stdout
-
-
 # ------------------------------------------------------------------ starting the real retrieval server
 
 
@@ -481,12 +447,12 @@ def _assert_stopped_by_the_exit_trap(pid: int, url: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(700)  # the serve step may take its own 600 s limit
+@pytest.mark.longest_first(12)
 def test_recipe_starts_and_stops_the_retrieval_server(tmp_path: Path) -> None:
     """_common.sh's server step, for real: `verl-evidence serve` (bundled corpus).
 
     By default the recipe goes on at once (the trainer would start while the server loads) and the first search
-    waits for /health through the env the step exports. SERVER_FIRST=1 (waiting for /health in the script) is
-    run by test_a_server_for_other_nodes_is_behind_a_per_run_token: one server start less.
+    waits for /health through the env the step exports.
     """
     import signal
     import socket
@@ -543,68 +509,24 @@ PY
             os.kill(pid, signal.SIGKILL)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(700)
-def test_a_server_for_other_nodes_is_behind_a_per_run_token(tmp_path: Path) -> None:
-    """RETRIEVAL_URL naming this machine: the server listens on 0.0.0.0, so the run makes a token; the search client
-    (env VERL_EVIDENCE_RETRIEVAL_TOKEN) gets hits, a request without it gets 401. Only a fingerprint is printed.
-    SERVER_FIRST=1: the script waits for /health itself (no wait left to the search client), and its EXIT trap
-    stops the server it started."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    host = socket.gethostname()
-    script = f"""
-set -euo pipefail
-source {RECIPES}/_common.sh
-ve_parse_args
-RETRIEVAL_URL=http://{host}:{port}
-ALLOW_DEMO_CORPUS=1  # the bundled corpus, meant
-SERVER_FIRST=1
-ve_retrieval_server
-ve_start_retrieval_server
-echo "pid=$VE_SERVER_PID"
-echo "wait_s=${{VERL_EVIDENCE_RETRIEVAL_WAIT_S:-unset}}"
-python - <<'PY'
-import asyncio, hashlib, json, os, time, httpx
-from verl_evidence.tools.search_tool import SearchService
-url = os.environ["VERL_EVIDENCE_RETRIEVAL_URL"]
-print("fingerprint=" + hashlib.sha256(os.environ["VERL_EVIDENCE_RETRIEVAL_TOKEN"].encode()).hexdigest()[:12])
-print("server_token_same=" + str(os.environ["RETRIEVAL_SERVER_TOKEN"] == os.environ["VERL_EVIDENCE_RETRIEVAL_TOKEN"]))
-bare = httpx.post(url + "/retrieve", json={{"queries": ["Where do the two Niles meet?"], "topk": 1}}, timeout=30)
-print(f"without_token={{bare.status_code}}")
-started = time.monotonic()
-hits = asyncio.run(SearchService(topk=1).search(["Where do the two Niles meet?"]))[0]
-print(f"searched_after={{time.monotonic() - started:.1f}}")
-print("hits=" + json.dumps([h["document"]["id"] for h in hits]))
-PY
-"""
-    env = {
-        **{
-            k: v
-            for k, v in os.environ.items()
-            if k not in ("RETRIEVAL_SERVER_TOKEN", "VERL_EVIDENCE_RETRIEVAL_TOKEN", "VERL_EVIDENCE_RETRIEVAL_WAIT_S")
-        },
-        "HF_HUB_OFFLINE": "1",
-        "SERVER_WAIT": "300",
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-    }
-    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=600, env=env)
-    lines = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line and not line.startswith("#"))
-    try:
-        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-        assert f"# retrieval token of the search clients: sha256 {lines['fingerprint']}" in result.stdout
-        assert lines["server_token_same"] == "True"
-        assert lines["without_token"] == "401"
-        assert len(json.loads(lines["hits"])) == 1
-        # SERVER_FIRST: the server answered before the search, which waited for nothing
-        assert lines["wait_s"] == "unset" and float(lines["searched_after"]) < 5
-        _assert_stopped_by_the_exit_trap(int(lines["pid"]), f"http://{host}:{port}")
-    finally:
-        if "pid" in lines and Path(f"/proc/{lines['pid']}").exists():
-            os.kill(int(lines["pid"]), 9)
+def test_a_server_for_other_nodes_gets_a_per_run_token() -> None:
+    """RETRIEVAL_URL naming this machine: the recipe would serve on 0.0.0.0, so it makes a token for the run (only its
+    fingerprint printed); a server on 127.0.0.1 gets none. A server behind such a token, for real (401 without it,
+    hits with it): tests/recipes/test_slurm_job.py."""
+    tokens = ("RETRIEVAL_SERVER_TOKEN", "VERL_EVIDENCE_RETRIEVAL_TOKEN")
+    env = {k: v for k, v in recipe_env().items() if k not in tokens}
+    wide = subprocess.run(
+        ["bash", str(RECIPES / "evinote_grpo.sh"), "--dry-run"],
+        capture_output=True,
+        text=True,
+        env={**env, "RETRIEVAL_URL": f"http://{socket.gethostname()}:8123"},
+        cwd=REPO,
+        timeout=60,
+    )
+    assert wide.returncode == 0, wide.stderr
+    assert "# retrieval token of the search clients: sha256 " in wide.stdout
+    local = dry_run("evinote_grpo.sh", RETRIEVAL_URL="http://127.0.0.1:8123")
+    assert "retrieval token" not in local.stdout
 
 
 @pytest.mark.slow
@@ -670,6 +592,7 @@ def test_cfg_job_runs_the_real_entry_point() -> None:
 
 @pytest.mark.slow  # the composition subprocess (verl + Hydra, every recipe)
 @pytest.mark.timeout(600)  # its own limit
+@pytest.mark.one_worker_group("composed")
 def test_loop_settings_are_checked(composed: dict[str, dict]) -> None:
     assert composed["evinote_grpo.sh"]["loop_settings"] == ["evidence_search"]
     assert composed["eviomni_grpo.sh"]["loop_settings"] == ["eviomni"]
@@ -690,8 +613,11 @@ def test_unreachable_remote_server_fails_fast() -> None:
     assert "# trainer:" not in result.stdout  # the trainer never starts without its server
 
 
-def smoke_dry_run(tmp_path: Path, script: str, method: str, *args: str, **prepared: str) -> dict[str, str]:
-    """The trainer overrides of `script --smoke --dry-run`, with a stand-in `smoke prepare` answering ``prepared``."""
+def smoke_dry_run(
+    tmp_path: Path, script: str, method: str, *args: str, environment: dict[str, str] | None = None, **prepared: str
+) -> dict[str, str]:
+    """The trainer overrides of `script --smoke --dry-run` (in ``environment``), with a stand-in `smoke prepare`
+    answering ``prepared``."""
     python = tmp_path / "python"  # a stand-in for `smoke prepare`: its answer, without building the tiny policy
     answer = {
         "MODEL_PATH": "/smoke/policy",
@@ -706,7 +632,7 @@ def smoke_dry_run(tmp_path: Path, script: str, method: str, *args: str, **prepar
         "  exit 0\nfi\nexit 9\n"
     )
     python.chmod(0o755)
-    result = dry_run(script, "--smoke", *args, PYTHON=str(python))
+    result = dry_run(script, "--smoke", *args, PYTHON=str(python), **(environment or {}))
     assert result.returncode == 0, result.stderr
     command = result.stdout.split("# trainer:\n", 1)[1].replace("\\\n", " ")
     return overrides(shlex.split(command)[3:])
@@ -750,3 +676,16 @@ def test_smoke_prepare_entry_point_names_the_methods_on_bad_input(tmp_path: Path
     assert "evinote" in unknown.stderr and not unknown.stdout
     usage = subprocess.run(run, capture_output=True, text=True, env=env, timeout=120)
     assert usage.returncode == 2 and "usage: python -m verl_evidence.local.smoke prepare" in usage.stderr
+
+
+def test_a_smoke_run_joining_a_cluster_leaves_its_sizes_to_the_clusters_nodes(tmp_path: Path) -> None:
+    """RAY_ADDRESS (the Slurm job): ray.init refuses num_cpus/num_gpus when it joins a cluster, and the cluster's
+    workers never saw this run's environment, so the CPU mode's variables go in Ray's runtime environment."""
+    own = smoke_dry_run(tmp_path, "search_r1_baseline.sh", "search_r1")
+    assert own["ray_kwargs.ray_init.num_cpus"] == "16" and own["ray_kwargs.ray_init.num_gpus"] == "1"
+    assert not any(key.startswith("ray_kwargs.ray_init.runtime_env") for key in own)
+    joined = smoke_dry_run(tmp_path, "search_r1_baseline.sh", "search_r1", environment={"RAY_ADDRESS": "10.0.0.1:6379"})
+    assert not any(key in joined for key in ("ray_kwargs.ray_init.num_cpus", "ray_kwargs.ray_init.num_gpus"))
+    env_vars = {k.rsplit(".", 1)[1]: v for k, v in joined.items() if ".runtime_env.env_vars." in k}
+    assert env_vars["VERL_PLATFORM"] == "'cpu'" and env_vars["HF_HUB_OFFLINE"] == "'1'", env_vars  # strings for Ray
+    assert env_vars["VERL_FILE_LOGGER_PATH"].endswith("metrics.jsonl'")

@@ -1,14 +1,16 @@
-"""recipes/slurm/train.sbatch for real (not DRY_RUN) with stand-ins for the cluster: its waits end.
+"""recipes/slurm/train.sbatch: its DRY_RUN output, and its waits and failure paths with stand-ins for the cluster.
 
-`srun`, `ray` and `verl-evidence` are small scripts on PATH and `import ray` finds a
-stub whose ``nodes()`` reports the nodes the fake `ray start` brought up; the job
-script itself, its readiness checks (the real `python -c` probes, httpx against a
-real port) and its deadlines run unchanged.
+The failure paths (a step that fails, one that never becomes ready) run the job for real (not DRY_RUN) with
+`srun`, `ray` and `verl-evidence` as small scripts on PATH and `import ray` finding a stub whose ``nodes()``
+reports the nodes the fake `ray start` brought up; the job script itself, its readiness checks (the real
+`python -c` probes, httpx against a real port) and its deadlines run unchanged. The job with a real Ray, server and
+trainer (only `srun` standing in): tests/recipes/test_slurm_job.py.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -20,13 +22,31 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SBATCH = REPO / "recipes" / "slurm" / "train.sbatch"
 
-FAKE_SRUN = """#!/usr/bin/env bash
-# srun stand-in: drop the step options, run the command on this machine, pass TERM on to it as srun does.
-while [ $# -gt 0 ]; do case "$1" in -w) shift 2 ;; -*) shift ;; *) break ;; esac; done
+# srun stand-in (all the job's tests, the real run's too): one step on this machine. `-w <node>` gives the step that
+# node's own temporary directory ($SRUN_NODES/<node>, when there) as a machine of its own would have; a step without
+# --cpus-per-task is refused (since Slurm 22.05 a step does not take it from sbatch: it would get one CPU), its value
+# reaching the step as SLURM_CPUS_PER_TASK. TERM/INT go on to the whole step, which srun then waits for.
+SRUN = """#!/usr/bin/env bash
+node="" cpus=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -w) node="$2"; shift 2 ;;
+    --cpus-per-task=*) cpus="${1#*=}"; shift ;;
+    -*) shift ;;
+    *) break ;;
+  esac
+done
+echo "-w $node --cpus-per-task=${cpus:-none} $1" >> "$SRUN_LOG"
+if [ -z "$cpus" ]; then echo "srun: a step without --cpus-per-task gets 1 CPU (Slurm >= 22.05)" >&2; exit 1; fi
+export SLURM_CPUS_PER_TASK="$cpus"
+if [ -n "${SRUN_NODES:-}" ] && [ -d "$SRUN_NODES/$node" ]; then export TMPDIR="$SRUN_NODES/$node"; fi
 setsid "$@" &
 step=$!
-trap 'kill -TERM -- "-$step" 2>/dev/null; exit 143' TERM INT
-wait "$step"
+trap 'kill -TERM -- "-$step" 2>/dev/null' TERM INT
+status=0
+wait "$step" || status=$?
+while kill -0 "$step" 2>/dev/null; do wait "$step" || status=$?; done
+exit "$status"
 """
 
 FAKE_RAY = """#!/usr/bin/env bash
@@ -95,16 +115,19 @@ def run_job(tmp_path: Path, ray: str, server: str = "hang", **env: str) -> tuple
     bin_dir, state, modules, logs = (tmp_path / name for name in ("bin", "state", "modules", "logs"))
     for directory in (bin_dir, state, modules, tmp_path / "repo" / "recipes"):
         directory.mkdir(parents=True, exist_ok=True)
-    for name, text in {"srun": FAKE_SRUN, "ray": FAKE_RAY, "verl-evidence": FAKE_VERL_EVIDENCE}.items():
+    for name, text in {"srun": SRUN, "ray": FAKE_RAY, "verl-evidence": FAKE_VERL_EVIDENCE}.items():
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     (modules / "ray.py").write_text(STUB_RAY_MODULE)
     (tmp_path / "repo" / "recipes" / "evinote_grpo.sh").write_text(FAKE_RECIPE)
+    (tmp_path / "repo" / "recipes" / "slurm").mkdir(exist_ok=True)
+    shutil.copy(SBATCH.with_name("ray_node.sh"), tmp_path / "repo" / "recipes" / "slurm")
     job_env = {
         **os.environ,
         "PATH": f"{bin_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
         "PYTHONPATH": f"{modules}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
         "FAKE_STATE": str(state),
+        "SRUN_LOG": str(state / "srun.log"),
         "FAKE_RAY": ray,
         "FAKE_SERVER": server,
         "NODES": "node1 node2",
@@ -203,16 +226,73 @@ def test_job_whose_steps_come_up_runs_the_trainer_and_stops_the_steps(tmp_path):
     # run_job also asserted that every stand-in (2 Ray nodes, the server) was stopped when the job ended
 
 
+def dry_run(tmp_path: Path, *args: str, script: Path = SBATCH, **env: str) -> subprocess.CompletedProcess:
+    """The job with DRY_RUN=1 from ``tmp_path`` (not the repository), its SETUP a command that leaves a file."""
+    settings = {"DRY_RUN": "1", "NODES": "n1", "SETUP": f"touch {tmp_path / 'setup-ran'}", **env}
+    base = {k: v for k, v in os.environ.items() if k not in ("REPO", "SLURM_SUBMIT_DIR", "RAY_AUTH_TOKEN")}
+    return subprocess.run(
+        ["bash", str(script), *args], capture_output=True, text=True, env={**base, **settings}, cwd=tmp_path, timeout=60
+    )
+
+
 def test_deadlines_are_in_the_dry_run_free_of_side_effects(tmp_path):
-    env = {**os.environ, "DRY_RUN": "1", "NODES": "n1", "REPO": str(REPO), "SETUP": "true", "RECIPE": "grace_dapo.sh"}
-    result = subprocess.run(["bash", str(SBATCH)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    result = dry_run(tmp_path, RECIPE="grace_dapo.sh")
     assert result.returncode == 0, result.stderr
     assert "> logs/steps-" in result.stdout and "/ray-head-n1.log &" in result.stdout
     assert not (tmp_path / "logs").exists()  # a dry run creates nothing
+    assert f"+ touch {tmp_path / 'setup-ran'}" in result.stdout and not (tmp_path / "setup-ran").exists()
+
+
+def test_slurm_dry_run(tmp_path: Path) -> None:
+    """From any directory (the repository found from the script's path): every step in order, each srun step with
+    the node's CPUs (Slurm >= 22.05 steps do not inherit --cpus-per-task), the trainer command last."""
+    from recipes.test_recipes import overrides, trainer_argv
+
+    result = dry_run(tmp_path, "trainer.total_epochs=2", NODES="gpu01 gpu02 gpu03", RETRIEVAL_REPLICAS="3")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert out.count(" --head --node-ip-address=gpu01 ") == 1 and out.count(" --address=gpu01:6379 ") == 2
+    steps = [line for line in out.splitlines() if line.startswith("+ srun ")]
+    assert [line.split(" -w ")[1].split()[0] for line in steps] == ["gpu01", "gpu02", "gpu03"]
+    assert all("srun --nodes=1 --ntasks=1 --cpus-per-task=64 -w" in line for line in steps), steps
+    assert f"bash {REPO}/recipes/slurm/ray_node.sh 6379 --head" in out
+    assert "verl-evidence serve --address auto --host 0.0.0.0 --port 8000 --replicas 3" in out
+    assert out.index(" --head ") < out.index("verl-evidence serve") < out.index("# trainer:")
+    values = overrides(trainer_argv(out))
+    assert values["trainer.nnodes"] == "3"
+    assert values["actor_rollout_ref.rollout.custom.evidence_search.retrieval_url"] == "http://gpu01:8000"
+    assert trainer_argv(out)[-1] == "trainer.total_epochs=2"
+    assert f"--config-path={REPO}/recipes/presets" in trainer_argv(out)
+    assert "# Ray: token authentication, a token made for this job: sha256 " in out
+    no_search = dry_run(tmp_path, RECIPE="grace_dapo.sh", NODES="gpu01")
+    assert no_search.returncode == 0 and "verl-evidence serve" not in no_search.stdout
+
+
+def test_under_sbatch_the_repository_is_the_submit_directory(tmp_path: Path) -> None:
+    """sbatch runs a copy of the script from its spool directory: no recipes/ beside it, so SLURM_SUBMIT_DIR."""
+    spool = tmp_path / "spool" / "job4242"
+    spool.mkdir(parents=True)
+    shutil.copy(SBATCH, spool / "slurm_script")
+    copied = dry_run(tmp_path, script=spool / "slurm_script", SLURM_SUBMIT_DIR=str(REPO), RECIPE="grace_dapo.sh")
+    assert copied.returncode == 0, copied.stderr
+    assert f"--config-path={REPO}/recipes/presets" in copied.stdout
+    elsewhere = dry_run(tmp_path, script=spool / "slurm_script", RECIPE="grace_dapo.sh")  # submitted from tmp_path
+    assert elsewhere.returncode == 2 and "ERROR: no recipe" in elsewhere.stderr, elsewhere.stderr
+    assert f"{tmp_path}/recipes/grace_dapo.sh" in elsewhere.stderr and "REPO=" in elsewhere.stderr
+
+
+def test_rays_authentication_is_set_for_every_step(tmp_path: Path) -> None:
+    made = dry_run(tmp_path, RECIPE="grace_dapo.sh")
+    assert "# Ray: token authentication, a token made for this job: sha256 " in made.stdout
+    own = dry_run(tmp_path, RECIPE="grace_dapo.sh", RAY_AUTH_TOKEN_PATH="/shared/ray-token")
+    assert "# Ray: RAY_AUTH_MODE=token (token: /shared/ray-token)" in own.stdout
+    off = dry_run(tmp_path, RECIPE="grace_dapo.sh", RAY_AUTH_MODE="disabled")
+    assert "# Ray: RAY_AUTH_MODE=disabled" in off.stdout
 
 
 @pytest.mark.parametrize(
-    "variable", ["RAY_START_TIMEOUT", "RETRIEVAL_START_TIMEOUT", "CHECK_INTERVAL", "CHECK_TIMEOUT", "LOG_DIR"]
+    "variable",
+    ["RAY_START_TIMEOUT", "RETRIEVAL_START_TIMEOUT", "CHECK_INTERVAL", "CHECK_TIMEOUT", "STOP_TIMEOUT", "LOG_DIR"],
 )
 def test_wait_settings_are_documented(variable):
     assert f"`{variable}`" in (REPO / "recipes" / "slurm" / "README.md").read_text()
@@ -292,9 +372,10 @@ def test_a_dedicated_server_node_stays_out_of_the_training_cluster(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "# retrieval server on its own node: node3" in out
-    assert "-w node3 env -u RAY_ADDRESS bash -c true && verl-evidence serve --host 0.0.0.0" in out
-    assert "ray start" not in "".join(line for line in out.splitlines() if "-w node3" in line)
-    assert out.count("ray start --head") == 1 and out.count("ray start --address=") == 1  # node2 only
+    server_step = "-w node3 env -u RAY_ADDRESS bash -c true && exec verl-evidence serve --host 0.0.0.0"
+    assert server_step in out
+    assert "ray_node.sh" not in "".join(line for line in out.splitlines() if "-w node3" in line)
+    assert out.count("ray_node.sh") == 2 and out.count(" --head --node-ip") == 1  # the head and node2 only
     server = (tmp_path / "state" / "server-env").read_text()
     assert server.startswith("RAY_ADDRESS=unset") and "--address" not in server
     assert "NNODES=2 " in out

@@ -6,7 +6,7 @@ set. The assertions read verl's own metrics from verl's file logger
 (``trainer.logger=[console,file]``) at step 2: rewards that differ within a GRPO group
 (non-zero advantages), a gradient, and a rollout that generates from the synced weights
 (verl's rollout-vs-actor log-prob gap stays small after an update large enough to move it).
-The same runs check the per-step metrics of verl_evidence.step_sampler: at steps 1 and 2
+The same runs check the per-step metrics of verl_evidence.trainer.step_sampler: at steps 1 and 2
 every reward component is there and equals the mean of the per-sample values verl's
 rollout dump (``trainer.rollout_data_dir``) holds for that step, the rollout behaviour
 matches the dump too, and no retrieved or masked-answer token was trained.
@@ -22,7 +22,7 @@ import os
 import pytest
 from smoke_runs import SmokeRun, run_smoke
 
-from verl_evidence.step_metrics import ROLLOUT_STATS
+from verl_evidence.trainer.step_metrics import ROLLOUT_STATS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -59,6 +59,7 @@ def assert_learning_signal(metrics: dict[str, float]) -> None:
     assert metrics["training/rollout_probs_diff_mean"] < 1e-4, metrics
 
 
+@pytest.mark.run_last  # reads the shared run (eviomni_smoke_run) that longer tests start
 def test_eviomni_recipe_trains_on_cpu(eviomni_smoke_run):
     run = eviomni_smoke_run  # the session's one EviOmni run (tests/conftest.py), also read by tests/eval
     assert "actor_rollout_ref.rollout.name=hf" in run.output  # the printed command is the one that ran
@@ -73,6 +74,7 @@ def test_eviomni_recipe_trains_on_cpu(eviomni_smoke_run):
         )
 
 
+@pytest.mark.longest_first(2)
 def test_evinote_recipe_trains_on_cpu_with_the_search_server_and_nli_judge(retrieval_server_url, tmp_path):
     run = run_smoke("evinote_grpo.sh", tmp_path, env={"RETRIEVAL_URL": retrieval_server_url}).check_finished()
     metrics = run.step(2)
@@ -94,6 +96,7 @@ def test_evinote_recipe_trains_on_cpu_with_the_search_server_and_nli_judge(retri
         assert metrics["masking/retrieved_tokens_trained"] == 0
 
 
+@pytest.mark.longest_first(3)
 def test_grace_dapo_recipe_trains_on_cpu_through_verls_dapo_manager(tmp_path):
     run = run_smoke("grace_dapo.sh", tmp_path).check_finished()
     # verl pprints its resolved config: the reward manager is verl's own dapo, GRACE's score its custom function
@@ -119,6 +122,7 @@ class MisMaskingSearchLoop(EvidenceSearchAgentLoop):
 """
 
 
+@pytest.mark.longest_first(9)
 def test_a_loop_that_trains_retrieved_tokens_stops_the_run_before_any_update(retrieval_server_url, tmp_path):
     """A search recipe with ``evidence_search`` replaced (verl's agent_loop_config_path) by a subclass that
     trains its observations: the sampler's masking check stops the run at step 1, before the actor update.

@@ -23,6 +23,7 @@ from retrieval_server.config import EncoderConfig, packaged_minilm_path
 from verl_evidence.bundled import corpus_path as bundled_corpus_path
 from verl_evidence.bundled import qa_path as bundled_qa_path
 
+pytestmark = [pytest.mark.longest_first(6), pytest.mark.one_worker_group]
 PASSAGES = 64  # MiniLM encodes ~34 passages/s on 2 cores
 SAMPLE = 16
 
@@ -134,6 +135,9 @@ def test_adopt_verifies_and_writes_a_manifest(adopted, search_r1_index):
         "file": "dense.faiss",
         "ntotal": PASSAGES,
     }
+    # The served files' checksums; the linked index's are its target's.
+    assert manifest["version"] == 2 and set(manifest["files"]) == {"docstore.arrow", "dense.faiss"}
+    assert manifest["files"]["dense.faiss"]["size"] == search_r1_index["index"].stat().st_size
     assert manifest["encoder"]["passage_prefix"] == "passage: " and manifest["encoder"]["query_prefix"] == "query: "
     assert manifest["encoder"]["pooling"] == "mean" and manifest["encoder"]["fingerprint"].startswith("sha256:")
     verification = manifest["adopted"]["verification"]
@@ -389,11 +393,15 @@ def test_convert_reports_recall_against_flat(converted, adopted):
     )
     assert fp16["converted"]["recall"][0]["recall@10"] >= 0.99  # fp16 rounding changes no neighbour sets here
     assert sq8["converted"]["recall"][0]["recall@10"] >= 0.9
-    assert [r["search_params"] for r in hnsw["converted"]["recall"]] == ["efSearch=16", "efSearch=64", "efSearch=256"]
-    assert hnsw["converted"]["recall"][-1]["recall@10"] >= 0.99  # 64 vectors: a wide beam finds them all
+    # The sweep doubles efSearch / nprobe until recall@10 reaches 0.95, and the index is served at that setting.
+    hnsw_sweep = hnsw["converted"]["recall"]
+    assert hnsw_sweep[-1]["recall@10"] >= 0.95 > max([0, *(r["recall@10"] for r in hnsw_sweep[:-1])])
+    assert hnsw["index"]["search_params"] == hnsw_sweep[-1]["search_params"]
     sweep = ivfpq["converted"]["recall"]
-    assert [r["search_params"] for r in sweep] == ["nprobe=1", "nprobe=4"]  # 1, then every list
-    assert sweep[1]["recall@10"] >= sweep[0]["recall@10"] and 0 < sweep[1]["recall@10"] < 1  # 4-bit PQ is lossy
+    assert [r["search_params"] for r in sweep] == ["nprobe=1", "nprobe=2", "nprobe=4"][: len(sweep)]
+    assert sweep[-1]["recall@10"] >= sweep[0]["recall@10"] and 0 < sweep[-1]["recall@10"] < 1  # 4-bit PQ is lossy
+    assert ivfpq["index"]["search_params"] in [r["search_params"] for r in sweep]
+    assert (fp16["index"]["search_params"], [r["search_params"] for r in fp16["converted"]["recall"]]) == ("", [""])
     flat_bytes = fp16["converted"]["source_index_bytes"]
     assert fp16["converted"]["index_bytes"] < 0.55 * flat_bytes and sq8["converted"]["index_bytes"] < 0.3 * flat_bytes
     corpus = json.loads((adopted / "manifest.json").read_text())["corpus"]
@@ -448,10 +456,11 @@ def test_convert_refuses_a_non_flat_source(tmp_path):
     corpus = write_search_r1_corpus(tmp_path / "c.jsonl", [f"p{i}" for i in range(50)])
     from retrieval_server.docstore import file_sha256, write_docstore
     from retrieval_server.encoders import describe
+    from retrieval_server.index import record_checksums
 
     write_docstore(corpus, source / "docstore.arrow")
     manifest = {
-        "version": 1,
+        "version": 2,
         "corpus": {"path": str(corpus), "sha256": file_sha256(corpus), "size": corpus.stat().st_size},
         "count": 50,
         "encoder": describe(search_r1_declaration(), 8),
@@ -460,9 +469,57 @@ def test_convert_refuses_a_non_flat_source(tmp_path):
         "bm25": None,
         "index": {"factory": "HNSW8", "metric": "inner_product", "file": "dense.faiss", "ntotal": 50},
     }
-    (source / "manifest.json").write_text(json.dumps(manifest))
+    (source / "manifest.json").write_text(json.dumps(record_checksums(source, manifest)))
     with pytest.raises(IndexMismatchError, match="convert reads exact vectors from a Flat index"):
         convert_index(source, tmp_path / "out", "sq8", show_progress=False)
+
+
+def _clustered(n: int, d: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((32, d)).astype(np.float32)
+    vectors = centres[rng.integers(0, 32, n)] + 0.3 * rng.standard_normal((n, d)).astype(np.float32)
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+def test_convert_serves_ivf_at_the_smallest_nprobe_reaching_the_target_and_summarises_faiss(capfd, caplog):
+    import faiss
+
+    from retrieval_server.convert import convert_flat
+
+    source = faiss.IndexFlatIP(16)
+    source.add(_clustered(1000, 16))
+    with caplog.at_level("WARNING"):
+        index, tuning, _ = convert_flat(source, "IVF8,PQ4x4", train_sample=500, recall_queries=64, k=10)
+    rows = tuning["recall"]
+    reached = [r["search_params"] for r in rows if r["recall@10"] >= 0.95]
+    if reached:  # the sweep stops at the first setting reaching the target, and serves it
+        assert tuning["search_params"] == reached[0] == rows[-1]["search_params"]
+    else:  # PQ4's codes cap the recall: the smallest setting within 0.005 of the best
+        best = max(r["recall@10"] for r in rows)
+        assert tuning["search_params"] == next(r["search_params"] for r in rows if r["recall@10"] >= best - 0.005)
+    assert [r["search_params"] for r in rows] == [f"nprobe={2**i}" for i in range(len(rows))]
+    assert faiss.extract_index_ivf(index).nprobe == int(tuning["search_params"].split("=")[1])  # the file's default
+    # 4-bit PQ codebooks trained on 500 vectors: k-means warns once per sub-quantiser. One line, counted, not four.
+    assert "clustering 500 points to 16 centroids" not in capfd.readouterr().err
+    (summary,) = [r.getMessage() for r in caplog.records if "clustering" in r.getMessage()]
+    assert "(4 times)" in summary and "raise --train-sample" in summary
+
+
+def test_a_search_setting_list_is_measured_as_given_and_the_first_reaching_the_target_served():
+    import faiss
+
+    from retrieval_server.recall import choose_search_params
+
+    vectors = _clustered(2000, 16, seed=1)
+    index = faiss.index_factory(16, "IVF16,Flat", faiss.METRIC_INNER_PRODUCT)
+    index.train(vectors)
+    index.add(vectors)
+    exact = faiss.IndexFlatIP(16)
+    exact.add(vectors)
+    _, truth = exact.search(vectors[:50], 11)
+    tuning = choose_search_params(index, vectors[:50], truth, 10, exclude=np.arange(50), settings=["nprobe=16"])
+    assert tuning["search_params"] == "nprobe=16" and tuning["recall"][0]["recall@10"] == 1.0  # every list: exact
+    assert index.nprobe == 16
 
 
 def test_ivf_pq_preset_sizes_from_the_index():
@@ -470,7 +527,7 @@ def test_ivf_pq_preset_sizes_from_the_index():
 
     assert ivf_pq_factory(21_000_000, 768) == "IVF16384,PQ96"  # 4*sqrt(21M) = 18330 -> 2^14
     assert ivf_pq_factory(200_000, 384) == "IVF2048,PQ48"
-    assert ivf_pq_factory(1_000, 100) == "IVF25,PQ10"  # at most n/39 lists; m divides the dimension
+    assert ivf_pq_factory(1_000, 100) == "IVF16,PQ10"  # a power of two of at most n/39 lists; m divides the dim
     assert resolve_factory("fp16", 10, 8) == "SQfp16" and resolve_factory("IVF8,Flat", 10, 8) == "IVF8,Flat"
 
 

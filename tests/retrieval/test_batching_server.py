@@ -23,7 +23,7 @@ from retrieval_server.config import ServerConfig
 from retrieval_server.recall import load_qa
 from verl_evidence.bundled import qa_path as bundled_qa_path
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.one_worker_group]
 
 SHALLOW_VICTIM = (
     "What does the Maasai phrase behind the name Nairobi mean?"  # its hybrid top 3 changes when fused 100 deep

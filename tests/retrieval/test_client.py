@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from http_servers import ThreadedUvicorn
 
 from retrieval_server.client import (
     AsyncRetrievalClient,
@@ -17,7 +18,6 @@ from retrieval_server.client import (
     RetrievalUnavailableError,
 )
 from retrieval_server.haproxy_front import free_port
-from verl_evidence.testing import ThreadedUvicorn
 
 HIT = {"document": {"id": "p1", "contents": "Title\ntext"}, "score": 0.5}
 

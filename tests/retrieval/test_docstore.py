@@ -16,6 +16,8 @@ import pytest
 
 from retrieval_server.docstore import CorpusFormatError, DocumentStore, write_docstore
 
+pytestmark = [pytest.mark.longest_first(5), pytest.mark.one_worker_group]
+
 
 def write_corpus(path: Path, passages: list[tuple[str, str]]) -> Path:
     with open(path, "w", encoding="utf-8") as handle:

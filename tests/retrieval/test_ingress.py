@@ -154,6 +154,7 @@ def test_session_server_runs_behind_its_own_haproxy(retrieval_server):
 
 
 @pytest.mark.slow
+@pytest.mark.longest_first(10)
 def test_python_proxy_ingress_from_the_command_line(bundled_index_dir):
     """`retrieval-server serve --ingress proxy`: Serve's own proxy, no HAProxy started."""
     port = free_port()
@@ -350,7 +351,7 @@ def test_haproxy_left_on_our_port_is_stopped_and_no_other(tmp_path):
 
 
 # One interpreter starts servers one after another (each start is a Ray start: costly here), and two tests read what
-# it printed. tests/conftest.py keeps both tests on one pytest-xdist worker, so the script runs once.
+# it printed. Their one_worker_group mark keeps both on one pytest-xdist worker, so the script runs once.
 SERVER_SEQUENCE_SCRIPT = """
 import socket, sys, httpx, ray
 from pathlib import Path
@@ -416,6 +417,8 @@ def server_sequence(bundled_index_dir) -> tuple[dict[str, list[list[str]]], str]
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # two server starts (and a retried one) in its subprocess
 @needs_haproxy
+@pytest.mark.longest_first(7)
+@pytest.mark.one_worker_group("server_sequence")
 def test_servers_started_one_after_another_in_one_process(server_sequence):
     """A failed start leaves nothing behind, no stale Serve handle either: the next start in the same process comes
     up healthy, and a failure once it is up leaves nothing behind."""
@@ -430,6 +433,8 @@ def test_servers_started_one_after_another_in_one_process(server_sequence):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @needs_haproxy
+@pytest.mark.longest_first(8)
+@pytest.mark.one_worker_group("server_sequence")
 def test_port_taken_between_choice_and_bind(server_sequence):
     """A port chosen by the server is chosen again; a given one fails at once, naming it, leaving nothing behind."""
     lines, stderr = server_sequence
@@ -498,6 +503,7 @@ def _retrieve(port: int, lines: list[str]) -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # three server starts
 @needs_haproxy
+@pytest.mark.longest_first(11)
 def test_a_hard_killed_server_leaves_its_port_to_the_next(bundled_index_dir):
     """SIGKILL (a Slurm cancel past its grace period, the OOM killer) and start again on the same port."""
     port = free_port()

@@ -110,7 +110,7 @@ def test_export_is_made_once_and_reused(tmp_path, export_dir, monkeypatch):
     def no_second_export(*args, **kwargs):
         raise AssertionError("exported again although a cached export exists")
 
-    monkeypatch.setattr(onnx_export, "export_onnx", no_second_export)
+    monkeypatch.setattr(onnx_export, "make_export", no_second_export)
     encoder = load_query_encoder(packaged_minilm_encoder(), "onnx", "cpu", index_dir)
     assert encoder.path == export_dir / "model.onnx"
     # Prefixes are applied to the text, so an encoder differing only in them shares the export...
@@ -137,6 +137,8 @@ def test_export_for_other_settings_is_refused(export_dir):
 
 
 def test_export_off_torch_is_refused_and_not_cached(tmp_path, monkeypatch):
+    import torch  # noqa: F401  (held by this process: the export runs here, where the patched tolerance applies)
+
     monkeypatch.setenv("VERL_EVIDENCE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(onnx_export, "ONNX_TOLERANCE", 0.0)  # any float difference at all now counts as a mismatch
     with pytest.raises(OnnxExportError, match="differs from torch by up to .*not cached"):
@@ -156,7 +158,7 @@ def test_a_new_export_is_published_to_the_user_cache_and_linked_into_the_next_in
     def no_second_export(*args, **kwargs):
         raise AssertionError("exported again although the user cache holds the export")
 
-    monkeypatch.setattr(onnx_export, "export_onnx", no_second_export)
+    monkeypatch.setattr(onnx_export, "make_export", no_second_export)
     monkeypatch.setenv("VERL_EVIDENCE_CACHE", str(export_cache))
     other_index = tmp_path / "other-index"
     linked = ensure_onnx_export(packaged_minilm_encoder(), other_index)
@@ -237,26 +239,39 @@ def test_the_tokenizers_library_alone_gives_the_transformers_tokenizers_ids(expo
     )
 
 
-def test_an_onnx_replica_loads_neither_torch_nor_transformers(bundled_index_dir):
-    """What a CPU replica's Retriever imports, in a fresh interpreter: a replica starts in a fraction of the
-    CPU time when it does not load torch, transformers and scikit-learn only to tokenise."""
-    Retriever(ServerConfig(index_dir=bundled_index_dir))  # the export is made here if missing (that needs torch)
+def test_on_a_cold_cache_serve_exports_before_replicas_and_neither_imports_torch(bundled_index_dir, tmp_path):
+    """A fresh machine: no export beside the index, an empty VERL_EVIDENCE_CACHE. In a fresh interpreter, the
+    launching process's check (what `serve` and `start_server` run before Ray) makes the export, in a subprocess;
+    then a CPU replica's Retriever loads it. Neither imports torch: a replica starts in a fraction of the CPU time
+    when it does not load torch, transformers and scikit-learn (and the first start on a new machine used to)."""
+    index_dir = tmp_path / "index"
+    shutil.copytree(bundled_index_dir, index_dir, ignore=shutil.ignore_patterns("encoders", "shards"))
     script = (
         "import sys\n"
         "from pathlib import Path\n"
         "from retrieval_server.config import ServerConfig\n"
-        "from retrieval_server.search import Retriever\n"
-        "retriever = Retriever(ServerConfig(index_dir=Path(sys.argv[1])))\n"
+        "from retrieval_server.search import Retriever, check_server_config\n"
+        "heavy = ('torch', 'transformers', 'sentence_transformers', 'sklearn')\n"
+        "config = ServerConfig(index_dir=Path(sys.argv[1]))\n"
+        "check_server_config(config)\n"
+        "print(sorted(p.parent.name for p in Path(sys.argv[1]).glob('encoders/onnx-*/export.json')))\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+        "retriever = Retriever(config)\n"
         "assert retriever.encoder.backend == 'onnx', retriever.encoder.backend\n"
         "assert retriever.encoder.encode_queries(['capital of France']).shape == (1, 384)\n"
-        "print(sorted(m for m in ('torch', 'transformers', 'sentence_transformers', 'sklearn') if m in sys.modules))\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
     )
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+    env = {
+        **os.environ,
+        "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        "VERL_EVIDENCE_CACHE": str(tmp_path / "empty-cache"),
+    }
     result = subprocess.run(
-        [sys.executable, "-c", script, str(bundled_index_dir)], capture_output=True, text=True, timeout=300, env=env
+        [sys.executable, "-c", script, str(index_dir)], capture_output=True, text=True, timeout=600, env=env
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip().splitlines()[-1] == "[]"
+    exported, after_check, after_replica = result.stdout.strip().splitlines()[-3:]
+    assert exported.startswith("['onnx-") and after_check == after_replica == "[]", result.stdout
 
 
 def test_without_onnxruntime_auto_serves_with_torch_and_onnx_says_what_to_install(tmp_path, monkeypatch, caplog):
@@ -311,7 +326,7 @@ def test_an_int8_graph_made_beside_a_linked_export_is_added_to_the_cached_export
     cached = cache / "encoders" / export_dir.name
     assert not (cached / "model.int8.onnx").exists()
     monkeypatch.setenv("VERL_EVIDENCE_CACHE", str(cache))
-    monkeypatch.setattr(onnx_export, "export_onnx", lambda *a, **k: pytest.fail("exported again"))
+    monkeypatch.setattr(onnx_export, "make_export", lambda *a, **k: pytest.fail("exported again"))
     made = ensure_onnx_export(packaged_minilm_encoder(), tmp_path / "index", quantized=True)
     assert made == tmp_path / "index" / "encoders" / export_dir.name
     assert (made / "model.onnx").stat().st_ino == (cached / "model.onnx").stat().st_ino  # fp32 graph linked in

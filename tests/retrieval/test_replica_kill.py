@@ -9,7 +9,7 @@ import pytest
 
 from retrieval_server.client import RetrievalClient, RetrievalRequestError
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.one_worker_group]
 
 TOKEN = "t0k-for-tests"
 APP = "retrieval-kill"

@@ -10,7 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from verl_evidence.rewards import evinote, eviomni, grace
-from verl_evidence.rewards.text import coerce_ground_truth, extract_last, find_blocks, rouge_l
+from verl_evidence.rewards.rouge import rouge_l
+from verl_evidence.text.ground_truth import coerce_ground_truth
+from verl_evidence.text.tags import extract_last, find_blocks
 
 TAG_NAMES = ["reason", "extract", "answer", "think", "search", "information", "summary", "evidence", "llm"]
 FRAGMENTS = (

@@ -11,7 +11,7 @@ from rouge_score import rouge_scorer
 from rouge_score.rouge_scorer import _lcs_table
 from rouge_score.tokenizers import DefaultTokenizer
 
-from verl_evidence.rewards.text import _lcs_length, rouge_l, rouge_tokens
+from verl_evidence.rewards.rouge import _lcs_length, rouge_l, rouge_tokens
 
 SCORER = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
 REFERENCE_TOKENIZER = DefaultTokenizer(use_stemmer=True)

@@ -7,23 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from verl_evidence.rewards.text import (
-    FALSE_WORDS,
-    TRUE_WORDS,
-    answer_recall,
-    block_sequence,
-    coerce_ground_truth,
-    cut_at_stop,
-    exact_match,
-    extract_last,
-    f1_score,
-    find_blocks,
-    normalize,
-    parse_bool,
-    strip_thinking,
-    tag_events,
-    whitespace_token_count,
-)
+from verl_evidence.rewards.qa_metrics import answer_recall, exact_match, f1_score, normalize, whitespace_token_count
+from verl_evidence.text.ground_truth import FALSE_WORDS, TRUE_WORDS, coerce_ground_truth, parse_bool
+from verl_evidence.text.stops import cut_at_stop
+from verl_evidence.text.tags import block_sequence, extract_last, find_blocks, strip_thinking, tag_events
 
 
 @pytest.mark.parametrize(

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from http_servers import OpenAICompatibleServer
 from rollout_helpers import make_row, run_worker, unpad, with_settings
 
 from verl_evidence.local.backends import HFGenerationBackend, OpenAIBackend, ScriptedBackend
-from verl_evidence.testing import OpenAICompatibleServer
 
 
 def generate(backend, prompt_ids, **params):

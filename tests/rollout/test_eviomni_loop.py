@@ -8,7 +8,7 @@ from rollout_helpers import make_row, run_worker, unpad, with_settings
 from retrieval_server.client import RetrievalClient
 from verl_evidence.local.backends import ScriptedBackend
 from verl_evidence.prompts import load_prompt, render_prompt
-from verl_evidence.tools.search_tool import format_documents
+from verl_evidence.tools.documents import format_documents
 
 pytestmark = pytest.mark.slow
 

@@ -9,6 +9,7 @@ each search through the same backend), yields exactly the token sequence verl's
 from __future__ import annotations
 
 import pytest
+from http_servers import OpenAICompatibleServer
 from omegaconf import OmegaConf
 from rollout_helpers import make_row, run_worker, unpad, with_settings
 from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
@@ -27,8 +28,7 @@ from verl_evidence.evipath.records import QARecord
 from verl_evidence.evipath.writer import _row, planner_messages, write_parquet
 from verl_evidence.local.backends import ScriptedBackend
 from verl_evidence.prompts import load_prompt
-from verl_evidence.testing import OpenAICompatibleServer
-from verl_evidence.tools.search_tool import format_documents
+from verl_evidence.tools.documents import format_documents
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""The masking check (verl_evidence.step_metrics) on trajectories from verl's AgentLoopWorker.
+"""The masking check (verl_evidence.trainer.step_metrics) on trajectories from verl's AgentLoopWorker.
 
 ``evidence_search`` reports where its search observations sit in the response
 (``retrieved_spans``) independently of the mask. A subclass that loses the mask on
@@ -14,7 +14,7 @@ from rollout_helpers import make_row, run_worker, unpad, with_settings
 
 from verl_evidence.agent_loops.search_loop import EvidenceSearchAgentLoop
 from verl_evidence.local.backends import ScriptedBackend
-from verl_evidence.step_metrics import MaskingError, Trajectory, step_metrics
+from verl_evidence.trainer.step_metrics import MaskingError, Trajectory, step_metrics
 
 pytestmark = pytest.mark.slow
 

@@ -58,6 +58,14 @@ def test_masks_token_by_token_notes_and_contract_fields(base_config, search_url,
     assert backend.calls[0]["sampling_params"]["stop"] == ["</search>", "</answer>"]
     assert backend.calls[0]["sampling_params"]["include_stop_str_in_output"] is True
 
+    # A row written with Search-R1's prompt reads its passages in Search-R1's layout (document_format: auto)
+    backend = ScriptedBackend(tokenizer, turns=[SEARCH_TURN, ANSWER_TURN])
+    row = make_row(QUESTION, "evidence_search", method="search_r1")
+    search_r1_out = unpad(run_worker(config, backend, [row]))
+    info_text = tokenizer.decode(segments(search_r1_out["response_ids"], search_r1_out["response_mask"])[1][1])
+    assert info_text.startswith("\n\n<information>Doc 1(Title: ") and info_text.endswith("\n</information>\n\n")
+    assert "(Title: Nile) The Nile" in info_text and " (Title: " not in info_text
+
     extra = out["extra"]
     direct = RetrievalClient(search_url).retrieve(["longest river in Africa"], topk=3)[0]
     assert extra["retrieved_ids"] == [[d["document"]["id"] for d in direct]]

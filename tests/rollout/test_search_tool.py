@@ -318,7 +318,8 @@ def test_the_first_search_waits_for_a_server_still_loading_and_later_ones_do_not
 
 def test_a_server_that_never_answers_fails_the_waiting_searches_once_then_searches_go_on(monkeypatch):
     from retrieval_server.client import RetrievalUnavailableError
-    from verl_evidence.tools.search_tool import RETRIEVAL_WAIT_ENV, SearchService, wait_until_ready
+    from verl_evidence.tools.search_settings import RETRIEVAL_WAIT_ENV
+    from verl_evidence.tools.search_tool import SearchService, wait_until_ready
 
     url, _ = _health_server_after(3600)  # never within the test
 

@@ -26,22 +26,23 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import uuid4
 
-from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 from verl.utils.profiler import simple_timer
 from verl.utils.rollout_trace import rollout_trace_op
 
 from retrieval_server.client import RetrievalError
+from verl_evidence.agent_loops.base import SettingsAgentLoop
 from verl_evidence.agent_loops.common import (
     EngineFields,
     encode,
-    loop_setup,
     message_text,
     question_of,
     row_passages,
     stop_sampling_params,
 )
 from verl_evidence.prompts import check_placeholders, load_prompt, render_prompt
-from verl_evidence.rewards.text import cut_at_stop, extract_last, strip_thinking
+from verl_evidence.text.stops import cut_at_stop
+from verl_evidence.text.tags import extract_last, strip_thinking
 from verl_evidence.tools.documents import document_ids, document_texts, format_documents
 from verl_evidence.tools.search_settings import LoopSearchFields
 from verl_evidence.tools.search_tool import SearchService
@@ -65,7 +66,7 @@ def _extra_fields(question: str, **values: Any) -> dict[str, Any]:
         "retrieval_failed": 0.0,
         "termination": "",
         # response positions of o_r / o_e tokens: none, they are never part of the trained response
-        # (the trainer's masking check, verl_evidence.step_metrics, reads this)
+        # (the trainer's masking check, verl_evidence.trainer.step_metrics, reads this)
         "masked_answer_spans": [],
         "turn_scores": [],
         "tool_rewards": [],
@@ -89,30 +90,14 @@ class EviOmniLoopSettings(LoopSearchFields):
     masked_answer_temperature: float | None = None
 
 
-class EviOmniAgentLoop(AgentLoopBase):
+class EviOmniAgentLoop(SettingsAgentLoop):
     """EviOmni policy rollout with the two masked-input answers; registered as ``eviomni``."""
 
     loop_name = LOOP_NAME
+    settings_cls = EviOmniLoopSettings
 
-    def __init__(
-        self,
-        trainer_config,
-        server_manager,
-        tokenizer,
-        processor,
-        dataset_cls,
-        data_config,
-        tools=None,
-        hf_model_type: str | None = None,
-        retriever=None,
-        **settings: Any,
-    ):
-        super().__init__(
-            trainer_config, server_manager, tokenizer, processor, dataset_cls, data_config, hf_model_type=hf_model_type
-        )
-        self.settings, self.response_length, self.rollout_name = loop_setup(
-            self.config, EviOmniLoopSettings, self.loop_name, settings
-        )
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
         s = self.settings
         self.prompt_template = load_prompt(s.prompt)
         check_placeholders(self.prompt_template, ["question", "passages"], name=f"eviomni prompt {s.prompt!r}")
@@ -122,12 +107,11 @@ class EviOmniAgentLoop(AgentLoopBase):
             ["question", "passages", "rationale", "evidence"],
             name=f"eviomni answer prompt {s.answer_prompt!r}",
         )
-        self._retriever = retriever
         self._search: SearchService | None = None
 
     def _search_service(self) -> SearchService:
         if self._search is None:
-            self._search = SearchService(settings=self.settings.search_settings(), retriever=self._retriever)
+            self._search = SearchService(settings=self.settings.search_settings(), retriever=self.retriever)
         return self._search
 
     async def _passages(self, kwargs: dict[str, Any], question: str) -> tuple[list[dict], str, bool]:

@@ -28,7 +28,7 @@ from uuid import uuid4
 from verl_evidence.agent_loops.common import stop_sampling_params
 from verl_evidence.evipath.protocol import executor_user, pool_item
 from verl_evidence.prompts import check_placeholders, load_prompt, render_prompt
-from verl_evidence.rewards.text import extract_last, strip_thinking
+from verl_evidence.text.tags import extract_last, strip_thinking
 
 logger = logging.getLogger(__name__)
 

@@ -45,20 +45,21 @@ from enum import Enum
 from typing import Any
 from uuid import uuid4
 
-from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 from verl.utils.profiler import simple_timer
 from verl.utils.rollout_trace import rollout_trace_op
 
 from retrieval_server.client import RetrievalError
+from verl_evidence.agent_loops.base import SettingsAgentLoop
 from verl_evidence.agent_loops.common import (
     EngineFields,
     encode,
     encode_cached,
-    loop_setup,
     question_of,
     stop_sampling_params,
 )
 from verl_evidence.agent_loops.extractor import EvidenceExtractor, SubQuestionExecutor
+from verl_evidence.dataprep.templates import DEFAULT_PROMPTS
 from verl_evidence.evipath.protocol import (
     PAPER_QUESTION_PROMPT,
     PLANNER_LAYOUTS,
@@ -67,8 +68,14 @@ from verl_evidence.evipath.protocol import (
     search_calls,
 )
 from verl_evidence.prompts import check_placeholders, load_prompt, render_prompt
-from verl_evidence.rewards.text import cut_at_stop, find_blocks
-from verl_evidence.tools.documents import document_ids, format_documents
+from verl_evidence.text.stops import cut_at_stop
+from verl_evidence.text.tags import find_blocks
+from verl_evidence.tools.documents import (
+    DOCUMENT_FORMATS,
+    document_format_for_prompt,
+    document_ids,
+    format_documents,
+)
 from verl_evidence.tools.search_settings import LoopSearchFields
 from verl_evidence.tools.search_tool import SearchService
 
@@ -126,6 +133,9 @@ class SearchLoopSettings(LoopSearchFields):
     observation_role: str = "inline"
     # passages | extract | executor; None: extract if an extractor is set, else passages
     observation: str | None = None
+    # How passages are laid out (verl_evidence.tools.documents): ours | search_r1 | auto (the layout of the prompt:
+    # `prompt` above, else the one the row was written with, from its extra_info.method)
+    document_format: str = "auto"
     invalid_action_feedback: str = SEARCH_INVALID_ACTION_FEEDBACK
     final_turn_notice: str = "\nNo searches are left: give your final answer now inside <answer> and </answer>.\n"
     search_failed_text: str = "The search failed: the search engine is unavailable. Continue with what you know."
@@ -175,6 +185,8 @@ class SearchLoopSettings(LoopSearchFields):
             raise ValueError(f"observation_role must be one of {OBSERVATION_ROLES}, got {self.observation_role!r}")
         if self.observation is not None and self.observation not in OBSERVATIONS:
             raise ValueError(f"observation must be one of {OBSERVATIONS}, got {self.observation!r}")
+        if self.document_format not in ("auto", *DOCUMENT_FORMATS):
+            raise ValueError(f"document_format must be auto or one of {DOCUMENT_FORMATS}, got {self.document_format!r}")
         if self.observation == "passages" and self.extractor != "none":
             raise ValueError(f"extractor {self.extractor!r} is only used with observation extract or executor")
 
@@ -254,7 +266,7 @@ class _Trajectory:
         self.logprobs: list[float] = []
         self.has_logprobs = False
         # [start, end) response positions of each observation appended after a search (loss mask 0):
-        # what the trainer's masking check (verl_evidence.step_metrics) reads, independently of the mask
+        # what the trainer's masking check (verl_evidence.trainer.step_metrics) reads, independently of the mask
         self.retrieved_spans: list[list[int]] = []
 
     @property
@@ -330,41 +342,24 @@ class SearchAgentData:
         self.search_errors = 0
         self.extractor_failures = 0
         self.termination = "max_turns"
+        self.document_format = "ours"
 
     def end(self, termination: str) -> TurnState:
         self.termination = termination
         return TurnState.TERMINATED
 
 
-class EvidenceSearchAgentLoop(AgentLoopBase):
+class EvidenceSearchAgentLoop(SettingsAgentLoop):
     """Search-R1 / EviNote text-tag search loop; registered as ``evidence_search``."""
 
     loop_name = LOOP_NAME
+    settings_cls = SearchLoopSettings
 
-    def __init__(
-        self,
-        trainer_config,
-        server_manager,
-        tokenizer,
-        processor,
-        dataset_cls,
-        data_config,
-        tools=None,
-        hf_model_type: str | None = None,
-        retriever=None,
-        remote_extractor=None,
-        **settings: Any,
-    ):
-        # `tools` is what verl passes every loop (its tool list); this loop searches through its own service.
-        # `retriever` / `remote_extractor` replace the HTTP clients when the loop is built by hand.
-        super().__init__(
-            trainer_config, server_manager, tokenizer, processor, dataset_cls, data_config, hf_model_type=hf_model_type
-        )
-        self.settings, self.response_length, self.rollout_name = loop_setup(
-            self.config, SearchLoopSettings, self.loop_name, settings
-        )
+    def __init__(self, *args: Any, remote_extractor=None, **kwargs: Any):
+        # `remote_extractor` replaces the extractor's HTTP client when the loop is built by hand.
+        super().__init__(*args, **kwargs)
         s = self.settings
-        self.search = SearchService(settings=s.search_settings(), retriever=retriever)
+        self.search = SearchService(settings=s.search_settings(), retriever=self.retriever)
         self.prompt_template = None
         if s.prompt:
             self.prompt_template = load_prompt(s.prompt)
@@ -413,6 +408,14 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
         user = {"role": "user", "content": render_prompt(self.prompt_template.strip(), question=question)}
         kept = [m for m in messages if m.get("role") == "system"]
         return kept + [user]
+
+    def _document_format(self, kwargs: dict[str, Any]) -> str:
+        """The setting, or (auto) the layout of the prompt the policy reads: Search-R1's rows see Search-R1's."""
+        if self.settings.document_format != "auto":
+            return self.settings.document_format
+        extra_info = kwargs.get("extra_info") or {}
+        method = extra_info.get("method") if isinstance(extra_info, dict) else None
+        return document_format_for_prompt(self.settings.prompt or DEFAULT_PROMPTS.get(str(method)))
 
     def _policy_turn(self, token_ids: list[int]) -> tuple[list[int], str]:
         """Drop anything generated after the first complete action; return kept ids and their text."""
@@ -466,6 +469,7 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
         question = question_of(kwargs)
         prompt_ids = await self.ct_build_initial_tokens(self._messages(kwargs, question))
         data = SearchAgentData(question, prompt_ids, self.response_length)
+        data.document_format = self._document_format(kwargs)
         state = TurnState.GENERATING
         while state is not TurnState.TERMINATED:
             if state is TurnState.GENERATING:
@@ -577,7 +581,7 @@ class EvidenceSearchAgentLoop(AgentLoopBase):
             return self.settings.search_failed_text, 0, []
         self.search.record(step, None)
         ids = document_ids(results)
-        documents = format_documents(results)
+        documents = format_documents(results, data.document_format)
         raw_tokens = len(encode(self.tokenizer, documents))
         if self.executor is not None:
             contents = [r["document"]["contents"] for r in results]

@@ -11,10 +11,11 @@ checkout, an editable install and an installed wheel alike.
 
 from __future__ import annotations
 
-import json
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from retrieval_server.jsonl import read_jsonl
 
 CORPUS_FILE = "corpus.jsonl"
 QA_FILE = "qa.jsonl"
@@ -43,32 +44,19 @@ def trajectories_path() -> Path:
     return _data_path(TRAJECTORIES_FILE)
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{line_number}: not valid JSON ({error.msg})") from error
-    return rows
-
-
 def load_corpus() -> list[dict[str, str]]:
     """All passages, in file order."""
-    return _read_jsonl(corpus_path())
+    return read_jsonl(corpus_path())
 
 
 def load_qa() -> list[dict[str, Any]]:
     """All QA records, in file order."""
-    return _read_jsonl(qa_path())
+    return read_jsonl(qa_path())
 
 
 def load_trajectories() -> list[dict[str, Any]]:
     """All reference trajectories, in file order."""
-    return _read_jsonl(trajectories_path())
+    return read_jsonl(trajectories_path())
 
 
 __all__ = [

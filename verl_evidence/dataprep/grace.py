@@ -1,30 +1,46 @@
-"""GRACE training-data construction: sufficient and insufficient contexts.
+"""GRACE data construction: the balanced training set (§3.1) and the natural test set (§4.3).
 
-For every labelled sample and every retriever: retrieve top-k; split the
-samples 50/50 into sufficient / insufficient with a generator seeded per
-retriever; sufficient contexts get every gold passage (replacing the
+Balanced (training): for every labelled sample and every retriever, retrieve
+top-k; split the samples 50/50 into sufficient / insufficient with a generator
+seeded per retriever; sufficient contexts get every gold passage (replacing the
 lowest-ranked non-gold passages, order and k kept); insufficient contexts lose
 every gold passage and are refilled with distractors (k kept); the retrievers'
 outputs are merged and duplicate (question, context) pairs dropped.
+
+Natural (test, Table 1): the retrieved top-k as it is; a question is answerable
+exactly when its gold passages were retrieved, so the split is whatever the
+retriever makes it (HotpotQA with Qwen3-Embedding-0.6B at k = 3: 296:204).
 
 The spec says "if no gold passage was retrieved, replace the lowest-ranked
 passages with the gold ones". For multi-hop samples (two gold passages) a
 context is only sufficient with all of them, so every missing gold passage is
 forced in; for one-gold samples this is exactly the spec's rule.
+
+Questions with answers only (Search-R1/FlashRAG files, no gold passage ids) are
+labelled by what each retriever returns: a passage whose text holds a gold
+answer is gold (DPR's rule), its answer-bearing sentences the gold evidence,
+and the retrieved passages without an answer are the distractors.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from verl_evidence.dataprep.records import DataPrepError, QARecord, check_data_source, check_unique_ids, read_jsonl
+from verl_evidence.dataprep.records import (
+    DataPrepError,
+    QARecord,
+    check_data_source,
+    check_unique_ids,
+    read_json,
+    read_jsonl,
+)
 from verl_evidence.dataprep.retrievers import Query, Retriever, stable_seed
+from verl_evidence.rewards.qa_metrics import normalize
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +57,15 @@ class GraceExample:
     retriever: str
     passage_ids: tuple[str, ...]
     answerable: bool
+    # The gold evidence an answerable context holds: None for the record's own (annotated samples); ignored
+    # when unanswerable.
+    evidence: tuple[str, ...] | None = None
+
+    @property
+    def gold_evidence(self) -> tuple[str, ...]:
+        if not self.answerable:
+            return ()
+        return self.record.gold_evidence if self.evidence is None else self.evidence
 
 
 @dataclass
@@ -48,11 +73,23 @@ class GraceStats:
     answerable: Counter = field(default_factory=Counter)  # kept, per retriever
     unanswerable: Counter = field(default_factory=Counter)
     duplicates: Counter = field(default_factory=Counter)
+    skipped: Counter = field(default_factory=Counter)  # answer-labelled samples that could not be built
     samples: int = 0
 
     @property
     def total(self) -> int:
         return sum(self.answerable.values()) + sum(self.unanswerable.values())
+
+    def as_dict(self, retrievers: Sequence[str]) -> dict:
+        """Per-retriever and total counts, as written to the summary beside the output."""
+        kinds = ("answerable", "unanswerable", "duplicates", "skipped")
+        per = {name: {kind: getattr(self, kind)[name] for kind in kinds} for name in retrievers}
+        return {
+            "samples": self.samples,
+            "examples": self.total,
+            "retrievers": per,
+            "total": {kind: sum(getattr(self, kind).values()) for kind in kinds},
+        }
 
 
 def make_sufficient(ranked: Sequence[str], gold_ids: Sequence[str], k: int) -> list[str]:
@@ -111,26 +148,143 @@ def _filler_stream(item: GraceInput, all_ids: Sequence[str], seed: int, retrieve
     yield from pool
 
 
+# Answer-labelled samples (no gold passage ids: Search-R1/FlashRAG files) are labelled by the passages a
+# retriever returns: a passage holding a gold answer is their gold passage (DPR's "has answer" rule).
+DEFAULT_SEARCH_DEPTH = 20
+
+
+def _tokens(text: str) -> list[str]:
+    return normalize(text).split()
+
+
+def _holds(tokens: Sequence[str], answers: Sequence[Sequence[str]]) -> bool:
+    return any(
+        answer and any(tokens[i : i + len(answer)] == answer for i in range(len(tokens) - len(answer) + 1))
+        for answer in answers
+    )
+
+
+def passage_body(contents: str) -> str:
+    """A FlashRAG passage's text without its first line (the title), or all of it when it has one line."""
+    title, newline, body = contents.partition("\n")
+    return body if newline else title
+
+
+def contains_answer(contents: str, answers: Sequence[str]) -> bool:
+    """A gold answer's normalised tokens appear, in order and contiguous, in the passage's text (not its title)."""
+    return _holds(_tokens(passage_body(contents)), [_tokens(a) for a in answers])
+
+
+def answer_sentences(contents: str, answers: Sequence[str]) -> list[str]:
+    """The sentences of a passage that hold a gold answer: the gold evidence of an answer-labelled sample.
+
+    The whole text when no single sentence does (an answer cut by the sentence splitter).
+    """
+    from nltk.tokenize.punkt import PunktSentenceTokenizer  # untrained: needs no downloaded model
+
+    body = passage_body(contents).strip()
+    wanted = [_tokens(a) for a in answers]
+    found = [s for s in PunktSentenceTokenizer().tokenize(body) if _holds(_tokens(s), wanted)]
+    return found or [body]
+
+
+@dataclass(frozen=True)
+class _Labelled:
+    """One sample's retrieval with its gold passages: annotated ones, or (answer-labelled) those found."""
+
+    top: list[str]  # the retrieved top-k
+    deeper: list[str]  # the whole retrieval, best first (top-k and beyond, for answer-labelled samples)
+    gold: tuple[str, ...]
+    annotated: bool
+
+
+def _label(item: GraceInput, ranked: Sequence[str], corpus: Mapping[str, str], k: int, by_answer: bool) -> _Labelled:
+    deeper = list(dict.fromkeys(ranked))
+    if not by_answer:
+        return _Labelled(deeper[:k], deeper, item.record.gold_passage_ids, True)
+    gold = tuple(p for p in deeper if contains_answer(corpus[p], item.record.answers))
+    return _Labelled(deeper[:k], deeper, gold, False)
+
+
+def _evidence(
+    item: GraceInput, labelled: _Labelled, context: Sequence[str], corpus: Mapping[str, str]
+) -> tuple[str, ...] | None:
+    if labelled.annotated:
+        return None  # the record's own
+    gold = set(labelled.gold)
+    return tuple(s for p in context if p in gold for s in answer_sentences(corpus[p], item.record.answers))
+
+
+def _natural(labelled: _Labelled) -> tuple[list[str], bool]:
+    """The top-k as retrieved; answerable iff every gold passage is in it (answer-labelled: any)."""
+    if labelled.annotated:
+        return labelled.top, set(labelled.gold) <= set(labelled.top)
+    return labelled.top, bool(set(labelled.gold) & set(labelled.top))
+
+
+def _balanced(
+    item: GraceInput, labelled: _Labelled, sufficient: bool, fillers: Iterable[str], k: int
+) -> list[str] | None:
+    """A forced sufficient / insufficient context of k passages; None for an answer-labelled sample that
+    cannot have one (no answer-bearing passage retrieved, or too few without one)."""
+    ranked = labelled.top
+    if labelled.annotated:
+        if not sufficient:
+            return make_insufficient(ranked, labelled.gold, fillers, k)
+        # A short retrieval (tiny pool) is padded with non-gold passages before the gold are forced in.
+        padded = make_insufficient(ranked, (), fillers, k) if len(ranked) < k else ranked
+        return make_sufficient(padded, labelled.gold, k)
+    gold = set(labelled.gold)
+    others = [p for p in labelled.deeper if p not in gold]  # retrieved passages without an answer, best first
+    try:
+        if not sufficient:
+            return make_insufficient(ranked, labelled.gold, others, k)
+        if not labelled.gold:
+            return None
+        # The best-ranked answer-bearing passage: already in the top-k when any is, else forced in.
+        padded = make_insufficient(ranked, (), others, k) if len(ranked) < k else ranked
+        return make_sufficient(padded, labelled.gold[:1], k)
+    except DataPrepError:
+        return None
+
+
 def construct(
     items: Sequence[GraceInput],
     retrievers: Sequence[Retriever],
-    corpus: dict[str, str],
+    corpus: Mapping[str, str],
     k: int,
     seed: int = 0,
     progress: Callable[[str, int], None] | None = None,
+    natural: bool = False,
+    by_answer: bool = False,
+    search_depth: int = DEFAULT_SEARCH_DEPTH,
 ) -> tuple[list[GraceExample], GraceStats]:
-    """Build the merged, deduplicated GRACE examples and per-retriever statistics."""
+    """Build the merged, deduplicated GRACE examples and per-retriever statistics.
+
+    ``natural``: the paper's test set (the top-k as retrieved), else its balanced training set.
+    Samples need gold passage ids, unless ``by_answer``: then (answers only: Search-R1/FlashRAG files)
+    each retriever's passages within ``search_depth`` that hold a gold answer are the gold passages.
+    ``corpus`` must hold every passage a retriever returns once it has returned it (a retrieval
+    server's retriever adds what it fetches).
+    """
     if k <= 0:
         raise DataPrepError("k must be positive")
     names = [r.name for r in retrievers]
     if len(set(names)) != len(names):
         raise DataPrepError(f"retriever names must be unique, got {names}")
     for item in items:
+        if by_answer:
+            continue
         if not item.record.gold_passage_ids:
-            raise DataPrepError(f"sample {item.record.id!r} has no gold passages: GRACE needs them")
-        if len(set(item.record.gold_passage_ids)) > k:
+            raise DataPrepError(
+                f"sample {item.record.id!r} has no gold passages: GRACE needs them (questions with answers only: "
+                "--style qa labels the retrieved passages that hold an answer)"
+            )
+        if len(set(item.record.gold_passage_ids)) > k and not natural:  # natural: simply never answerable
             raise DataPrepError(f"sample {item.record.id!r} has more gold passages than k={k}")
-    all_ids = list(corpus)
+    if by_answer and any(r.name == "oracle" for r in retrievers):
+        raise DataPrepError("retriever 'oracle' needs annotated gold passages, which questions with answers only lack")
+    depth = max(k, search_depth) if by_answer else k
     stats = GraceStats(samples=len(items))
     examples: list[GraceExample] = []
     seen: set[tuple[str, tuple[str, ...]]] = set()
@@ -145,27 +299,30 @@ def construct(
             )
             for item in items
         ]
-        ranked_lists = retriever.retrieve(queries, k)
+        ranked_lists = retriever.retrieve(queries, depth)
         sufficient = split_sufficient(len(items), seed, retriever.name)
+        all_ids = list(corpus)
         for index, (item, ranked) in enumerate(zip(items, ranked_lists, strict=True)):
-            ranked = list(dict.fromkeys(ranked))[:k]
-            fillers = _filler_stream(item, all_ids, seed, retriever.name)
-            if index in sufficient:
-                # A short retrieval (tiny pool) is padded with non-gold passages before the gold are forced in.
-                padded = make_insufficient(ranked, (), fillers, k) if len(ranked) < k else ranked
-                context = make_sufficient(padded, item.record.gold_passage_ids, k)
-            else:
-                context = make_insufficient(ranked, item.record.gold_passage_ids, fillers, k)
             if progress:
                 progress(retriever.name, 1)
+            labelled = _label(item, ranked, corpus, k, by_answer)
+            if natural:
+                context, answerable = _natural(labelled)
+            else:
+                answerable = index in sufficient
+                fillers = _filler_stream(item, all_ids, seed, retriever.name)
+                context = _balanced(item, labelled, answerable, fillers, k)
+            if not context:
+                stats.skipped[retriever.name] += 1
+                continue
             key = (item.record.question, tuple(corpus[p] for p in context))
             if key in seen:
                 stats.duplicates[retriever.name] += 1
                 continue
             seen.add(key)
-            answerable = index in sufficient
             (stats.answerable if answerable else stats.unanswerable)[retriever.name] += 1
-            examples.append(GraceExample(item.record, retriever.name, tuple(context), answerable))
+            evidence = _evidence(item, labelled, context, corpus) if answerable else None
+            examples.append(GraceExample(item.record, retriever.name, tuple(context), answerable, evidence))
     return examples, stats
 
 
@@ -173,15 +330,7 @@ def construct(
 
 
 def _load_json_or_jsonl(path: str | Path) -> list[dict] | dict:
-    path = Path(path)
-    if not path.is_file():
-        raise DataPrepError(f"{path}: no such file")
-    if path.suffix == ".jsonl":
-        return read_jsonl(path)
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise DataPrepError(f"{path}: not valid JSON ({err.msg})") from err
+    return read_jsonl(path) if Path(path).suffix == ".jsonl" else read_json(path)
 
 
 def read_hotpotqa(

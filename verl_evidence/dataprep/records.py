@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+from retrieval_server import jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -95,13 +94,38 @@ def _as_str_list(value: Any, where: str, column: str) -> tuple[str, ...]:
         raise DataPrepError(
             f"{where}: column {column!r} must be a string or a list of strings, got {type(value).__name__}"
         )
+    odd = next((item for item in value if not isinstance(item, _SCALARS)), None)
+    if odd is not None:
+        raise DataPrepError(f"{where}: column {column!r} must hold strings, got {_shown(odd)}")
     return tuple(str(item) for item in value)
 
 
+# Values a text column may hold (a number is read as its text: some datasets' answers are years).
+_SCALARS = (str, int, float)
+
+
+def _shown(value: Any) -> str:
+    """A value named in an error: its type and a short repr."""
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
 def _require(row: dict, columns: Iterable[str], where: str) -> None:
-    missing = [column for column in columns if column not in row or row[column] is None]
+    missing = [column for column in columns if column not in row]
     if missing:
         raise DataPrepError(f"{where}: missing column(s) {', '.join(missing)} (have: {', '.join(sorted(row))})")
+    empty = [column for column in columns if row[column] is None]
+    if empty:
+        noun = "column" if len(empty) == 1 else "columns"
+        raise DataPrepError(f"{where}: {noun} {', '.join(empty)} {'is' if len(empty) == 1 else 'are'} null")
+
+
+def _text(row: dict, column: str, where: str) -> str:
+    """A column that must be text (a question, an id): a string, or a number read as its text."""
+    value = row[column]
+    if isinstance(value, bool) or not isinstance(value, _SCALARS):
+        raise DataPrepError(f"{where}: column {column!r} must be a string, got {_shown(value)}")
+    return str(value)
 
 
 def record_from_row(row: dict, where: str, data_source: str) -> QARecord:
@@ -114,16 +138,17 @@ def record_from_row(row: dict, where: str, data_source: str) -> QARecord:
     if truth is not None:
         row = {**row, "golden_answers": truth}
     _require(row, ("id", "question", "golden_answers"), where)
-    question = str(row["question"]).strip()
+    question = _text(row, "question", where).strip()
     if not question:
         raise DataPrepError(f"{where}: empty question")
+    record_id = _text(row, "id", where)
     answers = tuple(answer.strip() for answer in _as_str_list(row["golden_answers"], where, "golden_answers"))
     answers = tuple(answer for answer in answers if answer)
     if not answers:
-        raise DataPrepError(f"{where}: empty golden_answers for id {row['id']!r}")
+        raise DataPrepError(f"{where}: empty golden_answers for id {record_id!r}")
     metadata = row.get("metadata") or {}
     return QARecord(
-        id=str(row["id"]),
+        id=record_id,
         question=question,
         answers=answers,
         data_source=data_source,
@@ -135,20 +160,24 @@ def record_from_row(row: dict, where: str, data_source: str) -> QARecord:
 
 
 class UniqueIds:
-    """Refuses a question id seen before in the same data source, naming both rows (1-based)."""
+    """Refuses a question id seen before in the same data source, naming both rows (1-based) and, when
+    they come from different inputs, both files."""
 
     def __init__(self, source: str) -> None:
         self.source = source
-        self.rows: dict[tuple[str, str], int] = {}
+        self.rows: dict[tuple[str, str], tuple[str, int]] = {}
 
-    def add(self, record: QARecord, row_number: int) -> None:
+    def add(self, record: QARecord, row_number: int, source: str | None = None) -> None:
         key = (record.data_source, record.id)
-        first = self.rows.setdefault(key, row_number)
-        if first != row_number:
-            raise DataPrepError(
-                f"{self.source}: duplicate id {record.id!r} in data source {record.data_source!r} "
-                f"(rows {first} and {row_number})"
-            )
+        place = (source or self.source, row_number)
+        first = self.rows.setdefault(key, place)
+        if first == place:
+            return
+        if first[0] == place[0]:
+            rows = f"rows {first[1]} and {row_number}"
+        else:
+            rows = f"{first[0]}:{first[1]} and {place[0]}:{row_number}"
+        raise DataPrepError(f"{place[0]}: duplicate id {record.id!r} in data source {record.data_source!r} ({rows})")
 
 
 def check_unique_ids(records: Sequence[QARecord], source: str) -> None:
@@ -158,24 +187,30 @@ def check_unique_ids(records: Sequence[QARecord], source: str) -> None:
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
+    """JSON Lines: one object per line; a line that is not UTF-8 or not JSON is refused by its number.
+
+    The project's one JSON Lines reader (``retrieval_server.jsonl``), raising ``DataPrepError``.
+    """
+    return jsonl.read_jsonl(path, DataPrepError)
+
+
+def read_json(path: str | Path) -> Any:
+    """A whole JSON document (HotpotQA's and QASPER's own files), refused in one line when unreadable."""
     path = Path(path)
     if not path.is_file():
         raise DataPrepError(f"{path}: no such file")
-    rows = []
-    with path.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataPrepError(f"{path}:{line_number}: not valid JSON ({err.msg})") from err
-            if not isinstance(row, dict):
-                raise DataPrepError(f"{path}:{line_number}: expected a JSON object per line")
-            rows.append(row)
-    if not rows:
-        raise DataPrepError(f"{path}: no rows")
-    return rows
+    raw = path.read_bytes()
+    if raw.startswith(jsonl.PARQUET_MAGIC):
+        raise DataPrepError(f"{path}: a parquet file, not JSON: name it .parquet")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        raise DataPrepError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[err.start]:02x})") from err
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DataPrepError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from err
 
 
 def read_flashrag_jsonl(path: str | Path, data_source: str, allow_new_source: bool = False) -> list[QARecord]:
@@ -214,7 +249,7 @@ def question_id(row: dict, data_source: str, where: str) -> str:
     ``<data_source>/<extra_info.index>``.
     """
     if row.get("id") is not None:
-        raw, prefix = str(row["id"]), f"{data_source}/"
+        raw, prefix = _text(row, "id", where), f"{data_source}/"
         return raw if raw.startswith(prefix) else prefix + raw
     extra = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
     if extra.get("id") is not None:
@@ -252,6 +287,9 @@ class ParquetInput:
         allow_new_source: bool = False,
         batch_rows: int | None = None,
     ) -> None:
+        import pyarrow as pa  # here, not at the top: the readers of JSON files (evipath's CLI too) stay light
+        import pyarrow.parquet as pq
+
         self.path = Path(path)
         if not self.path.is_file():
             raise DataPrepError(f"{self.path}: no such file")
@@ -283,6 +321,14 @@ class ParquetInput:
             except DataPrepError as err:
                 raise DataPrepError(f"{where}: {err}") from err
         return name
+
+    def data_sources(self) -> list[str | None]:
+        """Each row's data source (``data_source`` given, else the column), read without the other columns."""
+        if self.data_source is not None:
+            return [self.data_source] * self.num_rows
+        return [
+            name for batch in self.file.iter_batches(columns=["data_source"]) for name in batch.column(0).to_pylist()
+        ]
 
     def batches(self) -> Iterator[list[SourceRow]]:
         """Validated rows, one list per record batch; raises on the first bad or duplicate row."""
@@ -319,15 +365,30 @@ def read_search_r1_parquet(
     return [item.record for batch in source.batches() for item in batch]
 
 
+def load_records(source: str, data_source: str | None, allow_new_source: bool) -> list[QARecord]:
+    """``bundled``, a FlashRAG ``.jsonl`` or a Search-R1 ``.parquet``."""
+    if source == "bundled":
+        qa_path, _ = bundled_paths()
+        return read_flashrag_jsonl(qa_path, data_source or "bundled", allow_new_source)
+    path = Path(source)
+    if path.suffix == ".parquet":
+        return read_search_r1_parquet(path, data_source, allow_new_source)
+    if path.suffix == ".jsonl":
+        if data_source is None:
+            raise DataPrepError(
+                f"{path}: FlashRAG files carry no data source; pass --data-source NAME (or give it as NAME={path})"
+            )
+        return read_flashrag_jsonl(path, data_source, allow_new_source)
+    raise DataPrepError(f"{path}: expected 'bundled', a .jsonl (FlashRAG) or a .parquet (Search-R1) file")
+
+
 def read_corpus(path: str | Path) -> dict[str, str]:
     """Read a FlashRAG corpus into ``{id: "Title\\ntext"}``, refusing duplicate ids."""
     corpus: dict[str, str] = {}
-    for number, row in enumerate(read_jsonl(path), start=1):
-        _require(row, ("id", "contents"), f"{path}:{number}")
-        passage_id = str(row["id"])
+    for number, passage_id, contents in jsonl.iter_passages(path, DataPrepError):
         if passage_id in corpus:
             raise DataPrepError(f"{path}:{number}: duplicate passage id {passage_id!r}")
-        corpus[passage_id] = str(row["contents"])
+        corpus[passage_id] = contents
     return corpus
 
 

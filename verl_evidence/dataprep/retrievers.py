@@ -135,25 +135,48 @@ class BM25Retriever(_ScoringRetriever):
 
 
 class DenseRetriever(_ScoringRetriever):
-    """Cosine similarity of sentence-transformers embeddings (corpus encoded once)."""
+    """Cosine similarity of sentence-transformers embeddings (corpus encoded once).
+
+    Prefixes follow the model's family as the retrieval server's do (E5: ``query: `` / ``passage: ``,
+    BGE: its query instruction) unless given; a model that defines its own ``query`` / ``document``
+    prompts (Qwen3-Embedding, GRACE's retriever) gets those instead.
+    """
 
     name = "dense"
 
     def __init__(
-        self, corpus: dict[str, str], model_path: str, query_prefix: str = "", passage_prefix: str = ""
+        self,
+        corpus: dict[str, str],
+        model_path: str,
+        query_prefix: str | None = None,
+        passage_prefix: str | None = None,
     ) -> None:
         from sentence_transformers import SentenceTransformer
 
+        from retrieval_server.config import EncoderConfig
+
         super().__init__(corpus)
+        family = EncoderConfig.for_model(model_path)
         self.model = SentenceTransformer(model_path, device="cpu") if _no_gpu() else SentenceTransformer(model_path)
-        self.query_prefix = query_prefix
+        self.query_prefix = family.query_prefix if query_prefix is None else query_prefix
+        passage_prefix = family.passage_prefix if passage_prefix is None else passage_prefix
         self.embeddings = self.model.encode(
-            [passage_prefix + text for text in self.texts], normalize_embeddings=True, convert_to_numpy=True
+            [passage_prefix + text for text in self.texts],
+            prompt_name=self._prompt("document", passage_prefix),
+            normalize_embeddings=True,
+            convert_to_numpy=True,
         )
+
+    def _prompt(self, name: str, prefix: str) -> str | None:
+        """The model's own prompt called ``name``, when it has one and no prefix is set."""
+        return name if name in (getattr(self.model, "prompts", None) or {}) and not prefix else None
 
     def scores(self, questions: Sequence[str]) -> np.ndarray:
         queries = self.model.encode(
-            [self.query_prefix + q for q in questions], normalize_embeddings=True, convert_to_numpy=True
+            [self.query_prefix + q for q in questions],
+            prompt_name=self._prompt("query", self.query_prefix),
+            normalize_embeddings=True,
+            convert_to_numpy=True,
         )
         return queries @ self.embeddings.T
 
@@ -192,14 +215,49 @@ class RerankRetriever:
 
 
 class ServerRetriever:
-    """The project's retrieval server (dense, BM25 or hybrid, whatever it serves)."""
+    """The project's retrieval server (dense, BM25 or hybrid, whatever it serves).
 
-    def __init__(self, base_url: str, name: str = "server", batch_size: int = 32) -> None:
+    With a ``corpus``, every passage the server returns is checked against it (same id, same text): a
+    server holding another corpus is refused by name instead of producing ids nothing can look up. With
+    ``add_to_corpus`` the server's corpus is the corpus: what it returns is added (the passages of
+    questions labelled by answer).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        name: str = "server",
+        batch_size: int = 32,
+        corpus: dict[str, str] | None = None,
+        corpus_name: str = "the corpus",
+        add_to_corpus: bool = False,
+    ) -> None:
         from retrieval_server.client import RetrievalClient
 
         self.name = name
+        self.base_url = base_url
         self.client = RetrievalClient(base_url)
         self.batch_size = batch_size
+        self.corpus = corpus
+        self.corpus_name = corpus_name
+        self.add_to_corpus = add_to_corpus
+
+    def _check(self, document: dict) -> str:
+        passage_id, contents = str(document["id"]), str(document["contents"])
+        if self.corpus is None:
+            return passage_id
+        known = self.corpus.get(passage_id)
+        if known is None and self.add_to_corpus:
+            self.corpus[passage_id] = contents
+            return passage_id
+        if known != contents:
+            problem = "absent from" if known is None else "with a text that differs from its passage in"
+            raise DataPrepError(
+                f"retriever {self.name!r} ({self.base_url}) returned passage {passage_id!r}, {problem} "
+                f"{self.corpus_name}: the server serves another corpus (serve an index built from "
+                f"{self.corpus_name}, or use --style qa to label the served passages by answer)"
+            )
+        return passage_id
 
     def retrieve(self, queries: Sequence[Query], k: int) -> list[list[str]]:
         if any(query.candidates is not None for query in queries):
@@ -207,12 +265,7 @@ class ServerRetriever:
                 f"retriever {self.name!r} is a retrieval server, which ranks its whole index; this input restricts "
                 "each question to its own passages (QASPER style): use the in-process bm25/dense retrievers"
             )
-        results: list[list[str]] = []
-        for start in range(0, len(queries), self.batch_size):
-            batch = queries[start : start + self.batch_size]
-            answer = self.client.retrieve([q.question for q in batch], topk=k, return_scores=False)
-            results.extend([str(hit["document"]["id"]) for hit in hits] for hits in answer)
-        return results
+        return [[self._check(doc) for doc in docs] for docs in self.passages([q.question for q in queries], k)]
 
     def passages(self, queries: Sequence[str], k: int) -> list[list[dict]]:
         """Full documents (id, contents) per query, for methods that put passages in the prompt."""
@@ -235,14 +288,22 @@ def build_retriever(
     cross_encoder: str | None = None,
     rerank_depth: int = 20,
     cache: dict | None = None,
+    corpus_name: str = "the corpus",
+    served_corpus: bool = False,
 ) -> Retriever:
-    """A retriever from a CLI spec: a built-in name, or ``NAME=URL`` for a retrieval server labelled NAME."""
+    """A retriever from a CLI spec: a built-in name, or ``NAME=URL`` for a retrieval server labelled NAME.
+
+    A server's passages are checked against ``corpus`` (named ``corpus_name``), or added to it when
+    ``served_corpus`` (the served corpus is the corpus). In-process retrievers need a non-empty ``corpus``.
+    """
     cache = {} if cache is None else cache
     if "=" in spec:
         name, url = spec.split("=", 1)
         if not name or not url.startswith(("http://", "https://")):
             raise DataPrepError(f"retriever spec {spec!r}: expected NAME=http://host:port")
-        return ServerRetriever(url, name=name)
+        return ServerRetriever(url, name=name, corpus=corpus, corpus_name=corpus_name, add_to_corpus=served_corpus)
+    if spec in ("bm25", "dense", "dense+rerank", "random") and not corpus:
+        raise DataPrepError(f"retriever {spec!r} runs in this process over a corpus: pass --corpus FILE")
     if spec == "oracle":
         return OracleRetriever()
     if spec == "random":

@@ -18,7 +18,7 @@ with one explicit schema, so a 170k-row file never sits in memory at once.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from verl_evidence.dataprep.grace import GraceExample
 from verl_evidence.dataprep.records import DataPrepError, QARecord, SourceRow
-from verl_evidence.dataprep.templates import format_passages, render
+from verl_evidence.dataprep.templates import format_passages, render_messages
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def _ground_truth(record: QARecord, answerable: bool | None = None, evidence: Se
     return truth
 
 
-def _base_row(record: QARecord, method: str, index: int, split: str, content: str) -> dict:
+def _base_row(record: QARecord, method: str, index: int, split: str, prompt: list[dict[str, str]]) -> dict:
     spec = method_spec(method)
     extra: dict[str, Any] = {
         "index": index,
@@ -85,7 +85,7 @@ def _base_row(record: QARecord, method: str, index: int, split: str, content: st
         extra["need_tools_kwargs"] = True
     return {
         "data_source": record.data_source,
-        "prompt": [{"role": "user", "content": content}],
+        "prompt": prompt,
         "ability": spec.ability,
         "agent_name": spec.agent_name,
         "reward_model": {"style": "rule", "ground_truth": _ground_truth(record)},
@@ -97,7 +97,7 @@ def search_rows(records: Sequence[QARecord], method: str, template: str, split: 
     """Rows for the searching methods (Search-R1 baseline, EviNote): the prompt holds only the question."""
     if not method_spec(method).searches:
         raise DataPrepError(f"method {method!r} does not search; use its own row builder")
-    return [_base_row(r, method, i, split, render(template, r.question)) for i, r in enumerate(records)]
+    return [_base_row(r, method, i, split, render_messages(template, r.question)) for i, r in enumerate(records)]
 
 
 def keeps_given_prompt(item: SourceRow, method: str, template_given: bool) -> bool:
@@ -137,9 +137,9 @@ def search_row(
         raise DataPrepError(f"method {method!r} does not search; use its own row builder")
     record, given = item.record, item.given
     if given is None:
-        return _base_row(record, method, index, split or "train", render(template, record.question))
+        return _base_row(record, method, index, split or "train", render_messages(template, record.question))
     keep = keeps_given_prompt(item, method, template_given)
-    row = _base_row(record, method, index, split or "train", "" if keep else render(template, record.question))
+    row = _base_row(record, method, index, split or "train", [] if keep else render_messages(template, record.question))
     if keep:
         row["prompt"] = [dict(message) for message in given["prompt"]]
     row["ability"] = given.get("ability") or spec.ability
@@ -178,7 +178,7 @@ def eviomni_rows(
         if not docs:
             raise DataPrepError(f"question {record.id!r}: no passages retrieved")
         contents = [str(doc["contents"]) for doc in docs]
-        row = _base_row(record, method, index, split, render(template, record.question, contents))
+        row = _base_row(record, method, index, split, render_messages(template, record.question, contents))
         row["extra_info"].update(
             passages=[{"id": str(doc["id"]), "contents": str(doc["contents"])} for doc in docs],
             eviomni_len_p=count_tokens(format_passages(contents)),
@@ -187,14 +187,15 @@ def eviomni_rows(
     return rows
 
 
-def grace_rows(examples: Sequence[GraceExample], corpus: dict[str, str], template: str, split: str) -> list[dict]:
+def grace_rows(examples: Sequence[GraceExample], corpus: Mapping[str, str], template: str, split: str) -> list[dict]:
     """GRACE rows: the constructed context in the prompt; gold evidence only when it is in the context."""
     rows = []
     for index, example in enumerate(examples):
         contents = [corpus[p] for p in example.passage_ids]
-        row = _base_row(example.record, "grace", index, split, render(template, example.record.question, contents))
-        evidence = example.record.gold_evidence if example.answerable else ()
-        row["reward_model"]["ground_truth"] = _ground_truth(example.record, example.answerable, evidence)
+        row = _base_row(
+            example.record, "grace", index, split, render_messages(template, example.record.question, contents)
+        )
+        row["reward_model"]["ground_truth"] = _ground_truth(example.record, example.answerable, example.gold_evidence)
         row["extra_info"].update(
             retriever=example.retriever,
             passage_ids=list(example.passage_ids),
@@ -260,16 +261,21 @@ def _laid_over(ours: pa.DataType, theirs: pa.DataType | None) -> pa.DataType:
     return ours
 
 
-def search_row_schema(given: pa.Schema | None = None) -> pa.Schema:
-    """``SEARCH_ROW_SCHEMA``, widened by the fields of an input in verl's layout (kept by ``search_row``)."""
-    if given is None:
-        return SEARCH_ROW_SCHEMA
-    return pa.schema(
-        [
-            pa.field(f.name, _laid_over(f.type, given.field(f.name).type if f.name in given.names else None))
-            for f in SEARCH_ROW_SCHEMA
-        ]
-    )
+def search_row_schema(*given: pa.Schema) -> pa.Schema:
+    """``SEARCH_ROW_SCHEMA``, widened by the fields of each input in verl's layout (kept by ``search_row``).
+
+    Where two inputs type a field differently, the first one's type is written (a row that does not fit
+    it is refused by ``RowWriter``).
+    """
+    schema = SEARCH_ROW_SCHEMA
+    for theirs in given:
+        schema = pa.schema(
+            [
+                pa.field(f.name, _laid_over(f.type, theirs.field(f.name).type if f.name in theirs.names else None))
+                for f in schema
+            ]
+        )
+    return schema
 
 
 class RowWriter:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from verl_evidence.eval.records import EvalRecord
@@ -71,10 +71,6 @@ class ResultsCache:
             fh.flush()
             os.fsync(fh.fileno())
         self._records[(record.policy, record.example_id)] = record
-
-    def add_all(self, records: Iterable[EvalRecord]) -> None:
-        for r in records:
-            self.add(r)
 
     def _ends_with_newline(self) -> bool:
         with self.path.open("rb") as fh:

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from verl_evidence.eval import options
+from verl_evidence.eval.paper_scoring import DEFAULT_BERTSCORE_MODEL
 
 logger = logging.getLogger(__name__)
 console = Console(stderr=True)
@@ -106,6 +107,40 @@ def _check_same_vocabulary(tokenizer_dir: Path, model_dirs: list[Path]) -> None:
             raise typer.Exit(2)
 
 
+def paper_scorers(reader: tuple, bertscore: tuple, judge: tuple) -> dict:
+    """The reader, BERTScore and judge asked for, loaded (or reached) now: a problem ends here, in one line.
+
+    ``reader`` / ``judge``: (target, served model, prompt file); ``bertscore``: (on, model, layers).
+    """
+    from verl_evidence.eval.paper_scoring import BertScorer, Judge, PaperScoringError, Reader
+
+    try:
+        return {
+            "reader": Reader.create(*reader) if reader[0] else None,
+            "bertscore": BertScorer(*bertscore[1:]) if bertscore[0] else None,
+            "judge": Judge.create(*judge) if judge[0] else None,
+        }
+    except PaperScoringError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from err
+
+
+def score_records(records, scorers: dict, cache, concurrency: int) -> list[str]:
+    """Reader / BERTScore / judge over the records (results into the cache); the report's notes about it."""
+    from verl_evidence.eval.paper_scoring import score_as_the_papers
+
+    with console.status("scoring as the papers do (reader / BERTScore / judge)"):
+        changed, failures = score_as_the_papers(records, **scorers, concurrency=concurrency, on_update=cache.add)
+    notes = [f"{name}: {step.identity}" for name, step in scorers.items() if step is not None]
+    console.print(f"[bold]paper scoring[/]: {changed} record(s) scored now; " + "; ".join(notes))
+    if failures:
+        console.print(f"[red]{len(failures)} reader/judge request(s) failed[/] (asked again on the next run):")
+        for line in failures[:10]:
+            console.print(f"  {line}", markup=False)
+        notes.append(f"{len(failures)} reader/judge request(s) failed; first: {failures[0]}")
+    return notes
+
+
 def eval_command(
     data: list[Path] = typer.Option(
         None,
@@ -154,6 +189,40 @@ def eval_command(
         help="cache of merged --checkpoint models (default: OUT/merged); a checkpoint is merged again only "
         "when its shard files change",
     ),
+    paper: str = typer.Option(
+        None,
+        help="also give the results in this paper's main table (eviomni, lear, evinote, grace), its reported "
+        "numbers as reference rows beside yours: printed, and written to OUT/paper_<PAPER>.md and .csv",
+    ),
+    reader: str = typer.Option(
+        None,
+        help="EviOmni/LEAR scoring: a separate reader (HF model dir, or OpenAI-compatible URL with "
+        "--reader-model) answers from each example's extracted evidence; its EM/F1 beside the policy's own",
+    ),
+    reader_model: str = typer.Option(None, help="the model name served at a --reader URL"),
+    reader_prompt: Path = typer.Option(
+        None, help="the reader's prompt file (default: the packaged eviomni_reader; {question} {document})"
+    ),
+    bertscore: bool = typer.Option(
+        False, help="GRACE scoring: BERTScore F1 of the answerable examples (needs the [eval] extra)"
+    ),
+    bertscore_model: str = typer.Option(
+        DEFAULT_BERTSCORE_MODEL, help="BERTScore model: a name bert-score knows (default: GRACE's), or a local dir"
+    ),
+    bertscore_layers: int = typer.Option(
+        None, help="BERTScore layer (default: bert-score's for a known name; needed for a local directory)"
+    ),
+    judge: str = typer.Option(
+        None,
+        help="GRACE scoring: an LLM judge (OpenAI-compatible URL with --judge-model, or an HF model dir) "
+        "grades each answer or refusal",
+    ),
+    judge_model: str = typer.Option(None, help="the model name served at a --judge URL"),
+    judge_prompt: Path = typer.Option(
+        None,
+        help="the judge's prompt file (default: the packaged grace_judge; {question} {gold_answers} "
+        "{evidence_status} {response})",
+    ),
 ) -> None:
     """Evaluate a policy (replayed trajectories, HF model dir or endpoint) and write a Markdown report.
 
@@ -165,9 +234,16 @@ def eval_command(
     from verl_evidence.eval import replay
     from verl_evidence.eval.cache import ResultsCache
     from verl_evidence.eval.datasets import ROLLOUTS, bundled_rows, examples_from_rows, load_rows
+    from verl_evidence.eval.paper_results import PAPERS
+    from verl_evidence.eval.paper_table import (
+        build_paper_layout_table,
+        build_paper_table,
+        paper_table_markdown,
+        write_paper_table,
+    )
     from verl_evidence.eval.progress import (
         metrics_rich_table,
-        paper_rich_table,
+        print_paper_table,
         quiet_library_logs,
         run_with_progress,
     )
@@ -182,6 +258,13 @@ def eval_command(
         raise typer.BadParameter(f"unknown rollout(s) {bad}; choose from {', '.join(ROLLOUTS)}")
     for path in data or []:  # read before anything starts: a file that is not rows ends here, in one line
         load_rows(path)
+    if paper is not None and paper not in PAPERS:
+        raise typer.BadParameter(f"--paper must be one of {', '.join(PAPERS)}, got {paper!r}")
+    scorers = paper_scorers(
+        (reader, reader_model, reader_prompt),
+        (bertscore, bertscore_model, bertscore_layers),
+        (judge, judge_model, judge_prompt),
+    )
     if checkpoint:  # (after the cheap checks: a merge can take minutes)
         if any(x is not None for x in (trajectories, model, endpoint)):
             raise typer.BadParameter("--checkpoint is the policy: give no --trajectories, --model or --endpoint")
@@ -235,6 +318,11 @@ def eval_command(
             examples = examples_from_rows(rows)
         if not examples:
             raise typer.BadParameter("nothing to evaluate: no rows (check --data / --rollouts / --limit)")
+        if paper is not None and not any(e.rollout == PAPERS[paper]["family"] for e in examples):
+            raise typer.BadParameter(
+                f"--paper {paper} compares {PAPERS[paper]['family']!r} rollouts; none among the examples "
+                "(check --data / --rollouts)"
+            )
         records = []
         for policy in policies:
             console.print(f"[bold]evaluating[/] {policy.policy_id} on {len(examples)} examples; cache {cache_path}")
@@ -247,23 +335,37 @@ def eval_command(
             labels[runner.policy_id] = label
             records += run_with_progress(runner, examples, cache, console)
             del runner  # one merged checkpoint in memory at a time
+        if any(scorers.values()):
+            session.notes += score_records(records, scorers, cache, concurrency)
         title = f"Evaluation of {', '.join(labels.values())}" if checkpoint else f"Evaluation of {policy.policy_id}"
+        row_header = "checkpoint" if checkpoint else "policy"
+        extra_sections, paper_files, layout = [], (), None
+        if paper is not None:
+            layout = build_paper_layout_table(records, paper, lambda p: labels.get(p, p), policy_order=list(labels))
+            paper_files = write_paper_table(layout, out, row_header=row_header, stem=f"paper_{paper}")
+            extra_sections.append((f"As in the {paper} paper", paper_table_markdown(layout, row_header)))
         report = write_report(
             records,
             out,
             title=title,
             notes=session.notes,
+            extra_sections=extra_sections,
             policy_labels=labels,
-            row_header="checkpoint" if checkpoint else "policy",
+            row_header=row_header,
         )
     if checkpoint:
-        console.print(paper_rich_table(records, labels, title="results by checkpoint and data source"))
+        results = build_paper_table(records, lambda p: labels.get(p, p), policy_order=list(labels))
+        print_paper_table(console, results, row_header, title="results by checkpoint and data source")
     else:
         console.print(metrics_rich_table(records, title=f"{policy.policy_id}"))
+    if layout is not None:
+        print_paper_table(console, layout, row_header, title=f"as in the {paper} paper")
     for note in session.notes:
         console.print(f"[yellow]note:[/] {note}")
     console.print(f"report: {report.markdown}")
     console.print(f"table:  {report.table_markdown}, {report.table_csv}")
+    if paper_files:
+        console.print(f"paper:  {paper_files[0]}, {paper_files[1]}")
     for png in report.images:
         console.print(f"plot:   {png}")
     failed = [r for r in records if r.error]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -37,7 +36,7 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
 
     A file that is not rows is a :class:`DataPrepError` (a ``ValueError``): the CLI reports it in one line.
     """
-    from verl_evidence.dataprep.records import DataPrepError
+    from verl_evidence.dataprep.records import DataPrepError, read_jsonl
 
     path = Path(path)
     if not path.exists():
@@ -47,14 +46,7 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
 
         rows = read_parquet(path)
     else:
-        rows = []
-        with path.open(encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, start=1):
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as err:
-                        raise DataPrepError(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
+        rows = read_jsonl(path)
     for i, row in enumerate(rows):
         missing = [k for k in ("prompt", "reward_model", "data_source") if k not in row]
         if missing:
@@ -82,7 +74,13 @@ def examples_from_rows(rows: Iterable[dict[str, Any]]) -> list[EvalExample]:
 @functools.lru_cache(maxsize=8)
 def bundled_qa_records(qa_path: str | Path | None = None, corpus_path: str | Path | None = None):
     """A QA set (default: the bundled one) as data-prep ``QARecord`` s, checked against its corpus."""
-    from verl_evidence.dataprep.records import bundled_paths, check_references, read_corpus, read_flashrag_jsonl
+    from verl_evidence.dataprep.records import (
+        bundled_paths,
+        check_references,
+        read_corpus,
+        read_flashrag_jsonl,
+        read_jsonl,
+    )
 
     source = "bundled" if qa_path is None else Path(qa_path).stem
     if qa_path is None or corpus_path is None:
@@ -91,13 +89,7 @@ def bundled_qa_records(qa_path: str | Path | None = None, corpus_path: str | Pat
         corpus_path = corpus_path or default_corpus
     records = read_flashrag_jsonl(qa_path, data_source=source, allow_new_source=True)
     # One data source per hop count, so the metrics compare one- and two-hop questions.
-    hops = {}
-    with Path(qa_path).open(encoding="utf-8") as fh:
-        for line in fh:
-            if line.strip():
-                row = json.loads(line)
-                if isinstance(row.get("hops"), int):
-                    hops[str(row.get("id"))] = row["hops"]
+    hops = {str(row["id"]): row["hops"] for row in read_jsonl(qa_path) if isinstance(row.get("hops"), int)}
     records = [dataclasses.replace(r, data_source=f"{source}_{hops[r.id]}hop") if r.id in hops else r for r in records]
     corpus = read_corpus(corpus_path)
     check_references(records, corpus, str(qa_path))

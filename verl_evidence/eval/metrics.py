@@ -6,7 +6,7 @@ shows "n/a" rather than a misleading 0.
 
 Definitions (see docs/evaluation.md):
 
-- EM / F1: SQuAD normalisation (:mod:`verl_evidence.rewards.text`), max over
+- EM / F1: SQuAD normalisation (:mod:`verl_evidence.rewards.qa_metrics`), max over
   gold answers; a missing answer scores 0.
 - answer recall (EviOmni): a gold answer occurs in the policy's evidence.
 - compression ratio (EviOmni eq. 9): per example ``sum(L_p) / L_e``, averaged
@@ -19,6 +19,12 @@ Definitions (see docs/evaluation.md):
   refusal accuracy = share of unanswerable examples refused; overall accuracy =
   correct-or-rightly-refused over all labelled examples; balanced accuracy =
   mean of the answerable accuracy and the refusal accuracy.
+- reader EM / F1 (EviOmni/LEAR's evaluation): EM / F1 of the separate reader's
+  answer from the evidence, over the examples the reader answered.
+- GRACE as its paper scores it: BERTScore F1 over the answerable examples that
+  have one; the LLM judge's accuracy on answerable and on unanswerable examples,
+  its overall accuracy (verdicts over all judged examples) and balanced accuracy
+  (mean of the two), the paper's Acc. and B. Acc.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 from statistics import fmean
 
 from verl_evidence.eval.records import EvalRecord
-from verl_evidence.rewards.text import answer_recall, exact_match, f1_score
+from verl_evidence.rewards.qa_metrics import answer_recall, exact_match, f1_score
 
 __all__ = [
     "ALL_SOURCES",
@@ -41,10 +47,12 @@ __all__ = [
     "f1_mean",
     "grace_metrics",
     "group_by",
+    "judged_grace_metrics",
     "mean_context_tokens",
     "mean_eqr",
     "metrics_by_source",
     "note_rate",
+    "reader_metrics",
     "reward_means",
     "summarize",
 ]
@@ -66,6 +74,13 @@ METRIC_NAMES: tuple[str, ...] = (
     "refusal_accuracy",
     "overall_accuracy",
     "balanced_accuracy",
+    "reader_em",
+    "reader_f1",
+    "bertscore_f1",
+    "judge_answerable",
+    "judge_unanswerable",
+    "judge_accuracy",
+    "judge_balanced_accuracy",
 )
 
 
@@ -148,6 +163,33 @@ def grace_metrics(records: Sequence[EvalRecord]) -> dict[str, float | None]:
     }
 
 
+def reader_metrics(records: Sequence[EvalRecord]) -> dict[str, float | None]:
+    """EM / F1 of the separate reader's answers (the records the reader answered)."""
+    read = [r for r in records if r.reader_prediction is not None]
+    return {
+        "reader_em": _mean(exact_match(r.reader_prediction, r.golden_answers) for r in read),
+        "reader_f1": _mean(f1_score(r.reader_prediction, r.golden_answers) for r in read),
+    }
+
+
+def judged_grace_metrics(records: Sequence[EvalRecord]) -> dict[str, float | None]:
+    """GRACE's paper measures: BERTScore F1 (answerable) and the LLM judge's accuracies."""
+    answerable = [r for r in records if r.answerable is True]
+    judged = [r for r in records if r.answerable is not None and r.judge_correct is not None]
+    on_answerable = _mean(float(r.judge_correct) for r in judged if r.answerable)
+    on_unanswerable = _mean(float(r.judge_correct) for r in judged if not r.answerable)
+    balanced = (
+        (on_answerable + on_unanswerable) / 2 if on_answerable is not None and on_unanswerable is not None else None
+    )
+    return {
+        "bertscore_f1": _mean(r.bertscore_f1 for r in answerable if r.bertscore_f1 is not None),
+        "judge_answerable": on_answerable,
+        "judge_unanswerable": on_unanswerable,
+        "judge_accuracy": _mean(float(r.judge_correct) for r in judged),
+        "judge_balanced_accuracy": balanced,
+    }
+
+
 def summarize(records: Sequence[EvalRecord]) -> dict[str, float | None]:
     """Every metric of :data:`METRIC_NAMES` (plus answerable accuracy) over ``records``."""
     out: dict[str, float | None] = {
@@ -162,6 +204,8 @@ def summarize(records: Sequence[EvalRecord]) -> dict[str, float | None]:
         "mean_context_tokens": mean_context_tokens(records),
     }
     out.update(grace_metrics(records))
+    out.update(reader_metrics(records))
+    out.update(judged_grace_metrics(records))
     return out
 
 

@@ -14,6 +14,10 @@ builds that table from evaluation records with the metrics of
   them), Acc. (overall accuracy) and B. Acc. (balanced accuracy).
 - ``Avg`` is the unweighted mean of a row's per-source values (each data source
   counts once, as in the papers), shown when there are two sources or more.
+- ``eval --paper NAME`` (:func:`build_paper_layout_table`): the paper's own main
+  table instead, its reported numbers as reference rows
+  (:mod:`verl_evidence.eval.paper_results`) above the rows of this evaluation,
+  in the paper's columns, measures and unit.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ __all__ = [
     "AVERAGE",
     "DATASET_LABELS",
     "PaperTable",
+    "build_paper_layout_table",
     "build_paper_table",
     "source_label",
     "write_paper_table",
@@ -51,8 +56,16 @@ DATASET_LABELS: dict[str, str] = {
 # Which summarize() keys each rollout family reports, and under which column name.
 FAMILY_MEASURES: dict[str, tuple[str, ...]] = {
     "search": ("em", "f1", "note_rate", "mean_eqr"),
-    "eviomni": ("em", "f1", "compression_ratio"),
-    "grace": ("answerable_em", "answerable_f1", "overall_accuracy", "balanced_accuracy"),
+    "eviomni": ("em", "f1", "compression_ratio", "reader_em", "reader_f1"),
+    "grace": (
+        "answerable_em",
+        "answerable_f1",
+        "overall_accuracy",
+        "balanced_accuracy",
+        "bertscore_f1",
+        "judge_accuracy",
+        "judge_balanced_accuracy",
+    ),
 }
 # GRACE's EM/F1 are over answerable questions; they share the EM/F1 columns.
 _COLUMN_OF = {"answerable_em": "em", "answerable_f1": "f1"}
@@ -64,6 +77,24 @@ MEASURE_LABELS: dict[str, str] = {
     "compression_ratio": "CR",
     "overall_accuracy": "Acc",
     "balanced_accuracy": "B.Acc",
+    "reader_em": "rEM",
+    "reader_f1": "rF1",
+    "bertscore_f1": "BS-F1",
+    "judge_accuracy": "LJ Acc",
+    "judge_balanced_accuracy": "LJ B.Acc",
+}
+# What the short column names stand for (printed under the terminal table).
+MEASURE_LEGEND: dict[str, str] = {
+    "note_rate": "share of answers with a note",
+    "mean_eqr": "mean evidence-quality reward",
+    "compression_ratio": "compression ratio",
+    "overall_accuracy": "overall accuracy",
+    "balanced_accuracy": "balanced accuracy",
+    "reader_em": "the reader's EM (answer from the evidence)",
+    "reader_f1": "the reader's F1",
+    "bertscore_f1": "BERTScore F1 (answerable)",
+    "judge_accuracy": "LLM-judge accuracy",
+    "judge_balanced_accuracy": "LLM-judge balanced accuracy",
 }
 _MEASURE_ORDER = tuple(MEASURE_LABELS)
 
@@ -79,23 +110,52 @@ def _source_order(sources: set[str]) -> list[str]:
 
 @dataclass
 class PaperTable:
-    """``values[row][source][measure]`` (None: undefined), ``counts[row][source]`` = examples behind a cell."""
+    """``values[row][source][measure]`` (None: undefined), ``counts[row][source]`` = examples behind a cell.
+
+    A paper's layout (``--paper``) adds ``row_groups`` (row -> the paper's section heading),
+    ``labels`` (the paper's column names), its number of ``digits``, a ``title`` and ``notes``;
+    reference rows have no ``counts``.
+    """
 
     rows: list[str]
     sources: list[str]
     measures: list[str]
     values: dict[str, dict[str, dict[str, float | None]]] = field(default_factory=dict)
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    row_groups: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    digits: int = 3
+    title: str = ""
+    notes: list[str] = field(default_factory=list)
 
     def value(self, row: str, source: str, measure: str) -> float | None:
         return self.values.get(row, {}).get(source, {}).get(measure)
+
+    def measure_label(self, measure: str) -> str:
+        return self.labels.get(measure, MEASURE_LABELS.get(measure, measure))
+
+    def cell(self, row: str, source: str, measure: str) -> str:
+        """A value as printed: ``-`` when undefined; a paper's compression ratios as ``38.1x``."""
+        value = self.value(row, source, measure)
+        if value is None:
+            return "-"
+        if measure == "compression_ratio" and self.labels:
+            return f"{value:.{2 if value < 10 else 1}f}x"
+        return f"{value:.{self.digits}f}"
 
     @property
     def columns(self) -> list[tuple[str, str]]:
         return [(s, m) for s in self.sources for m in self.measures]
 
     def column_names(self) -> list[str]:
-        return [f"{source_label(s)} {MEASURE_LABELS[m]}" for s, m in self.columns]
+        return [f"{source_label(s)} {self.measure_label(m)}" for s, m in self.columns]
+
+    def legend(self) -> list[str]:
+        """What the table's short names mean: its measures' legend, then its notes."""
+        if self.labels:
+            return list(self.notes)
+        known = [f"{MEASURE_LABELS[m]}: {MEASURE_LEGEND[m]}" for m in self.measures if m in MEASURE_LEGEND]
+        return (["; ".join(known) + "."] if known else []) + list(self.notes)
 
 
 def build_paper_table(
@@ -147,54 +207,149 @@ def _mean_of(values) -> float | None:
     return fmean(kept) if kept else None
 
 
-def _markdown_cell(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
-
-
 def paper_table_markdown(table: PaperTable, row_header: str = "checkpoint") -> str:
-    """Two header rows as in the papers: data sources spanning their measures, then the measures."""
+    """Two header rows as in the papers: data sources spanning their measures, then the measures.
+
+    A paper's layout also has its section headings as bold rows, a title above and its notes below.
+    """
     if not table.rows:
         return "No finished examples."
     width = len(table.measures)
     spans = [row_header] + [c for s in table.sources for c in [source_label(s)] + [""] * (width - 1)]
-    sub = [""] + [MEASURE_LABELS[m] for _, m in table.columns]
-    lines = ["| " + " | ".join(spans) + " |", "|" + "|".join(["---"] + ["---:"] * len(table.columns)) + "|"]
+    sub = [""] + [table.measure_label(m) for _, m in table.columns]
+    lines = [f"**{table.title}**", ""] if table.title else []
+    lines += ["| " + " | ".join(spans) + " |", "|" + "|".join(["---"] + ["---:"] * len(table.columns)) + "|"]
     lines.append("| " + " | ".join(sub) + " |")
+    group = None
     for row in table.rows:
-        cells = [_markdown_cell(table.value(row, s, m)) for s, m in table.columns]
+        if table.row_groups.get(row, group) != group:
+            group = table.row_groups[row]
+            lines.append("| " + " | ".join([f"*{group}*"] + [""] * len(table.columns)) + " |")
+        cells = [table.cell(row, s, m) for s, m in table.columns]
         lines.append("| " + " | ".join([row.replace("|", "\\|"), *cells]) + " |")
+    counted = [r for r in table.rows if table.counts.get(r)]
     sizes = "; ".join(
-        f"{source_label(s)} {', '.join(str(table.counts[r].get(s, 0)) for r in table.rows)}"
+        f"{source_label(s)} {', '.join(str(table.counts[r].get(s, 0)) for r in counted)}"
         for s in table.sources
         if s != AVERAGE
     )
-    note = (
-        f"Examples per data source (rows in order): {sizes}. "
-        "Avg: unweighted mean over the data sources. - : undefined for that row."
-    )
-    return "\n".join(lines) + "\n\n" + note
+    which = "rows in order" if len(counted) == len(table.rows) else "this evaluation's rows in order"
+    note = f"Examples per data source ({which}): {sizes}. "
+    if AVERAGE in table.sources:
+        note += "Avg: unweighted mean over the data sources. "
+    note += "- : undefined for that row."
+    return "\n".join(lines) + "\n\n" + "\n\n".join([note, *table.legend()])
 
 
-def write_paper_table(table: PaperTable, out_dir: str | Path, row_header: str = "checkpoint") -> tuple[Path, Path]:
-    """``table.md`` and ``table.csv`` (one row per table row; columns ``<source>/<measure>`` and ``<source>/n``)."""
+def write_paper_table(
+    table: PaperTable, out_dir: str | Path, row_header: str = "checkpoint", stem: str = "table"
+) -> tuple[Path, Path]:
+    """``<stem>.md`` and ``<stem>.csv`` (a row per table row; columns ``<source>/<measure>``, ``<source>/n``).
+
+    A paper layout's CSV also has a ``group`` column (the paper's section of the row).
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    markdown = out / "table.md"
+    markdown = out / f"{stem}.md"
     markdown.write_text(paper_table_markdown(table, row_header) + "\n", encoding="utf-8")
-    csv_path = out / "table.csv"
+    csv_path = out / f"{stem}.csv"
     with csv_path.open("w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
-        header = [row_header]
+        grouped = bool(table.row_groups)
+        header = [row_header] + (["group"] if grouped else [])
         for source in table.sources:
-            header += [f"{source_label(source)}/{MEASURE_LABELS[m]}" for m in table.measures]
+            header += [f"{source_label(source)}/{table.measure_label(m)}" for m in table.measures]
             header.append(f"{source_label(source)}/n")
         writer.writerow(header)
         for row in table.rows:
-            cells: list[object] = [row]
+            cells: list[object] = [row] + ([table.row_groups.get(row, "")] if grouped else [])
+            counts = table.counts.get(row)
             for source in table.sources:
                 for measure in table.measures:
                     value = table.value(row, source, measure)
                     cells.append("" if value is None else f"{value:.6g}")
-                cells.append(table.counts[row].get(source, 0))
+                cells.append(counts.get(source, 0) if counts else "")  # reference rows: the paper's n
             writer.writerow(cells)
     return markdown, csv_path
+
+
+THIS_EVALUATION = "This evaluation"
+
+
+def _layout_value(summary: dict[str, float | None], measure: str, judged: bool) -> float | None:
+    """A paper measure of one of our rows, from :func:`metrics.summarize` (see the layout's notes)."""
+    if measure in ("em", "f1") and summary.get(f"reader_{measure}") is not None:
+        return summary[f"reader_{measure}"]  # EviOmni/LEAR score the separate reader's answer
+    if not judged and measure in _EM_STAND_IN:
+        return summary.get(_EM_STAND_IN[measure])
+    return summary.get(measure)
+
+
+# GRACE's Acc. / B. Acc. come from the LLM judge; a row without verdicts shows the exact-match stand-in.
+_EM_STAND_IN = {"judge_accuracy": "overall_accuracy", "judge_balanced_accuracy": "balanced_accuracy"}
+
+
+def build_paper_layout_table(
+    records: Sequence[EvalRecord],
+    paper: str,
+    policy_label: Callable[[str], str] | None = None,
+    policy_order: Sequence[str] | None = None,
+) -> PaperTable:
+    """The main table of ``paper`` (``eviomni``, ``lear``, ``evinote``, ``grace``): the paper's reported rows,
+    then one row per policy of ``records`` (its rollout family only), in the paper's columns and unit.
+
+    Data sources of ``records`` that the paper's table lacks are added as further column groups
+    (the reference rows show ``-`` there), so no result is left out.
+    """
+    from verl_evidence.eval.paper_results import paper_layout
+
+    layout = paper_layout(paper)
+    label = policy_label or (lambda policy: policy)
+    ok = [r for r in records if r.error is None and r.rollout == layout.family]
+    if not ok:
+        raise ValueError(
+            f"--paper {paper}: no finished {layout.family!r} examples to compare with {layout.table} "
+            f"(rollouts here: {', '.join(sorted({r.rollout for r in records})) or 'none'})"
+        )
+    ours = {r.data_source for r in ok}
+    sources = list(layout.sources) + _source_order(ours - set(layout.sources))
+    table = PaperTable(
+        rows=[],
+        sources=sources,
+        measures=list(layout.measures),
+        labels=dict(layout.measure_labels),
+        digits=layout.digits,
+        title=f"{layout.paper}, {layout.table}: rows [{layout.table}] as the paper reports them",
+        notes=list(layout.notes),
+    )
+    for reference in layout.reference:
+        table.rows.append(reference.label)
+        table.row_groups[reference.label] = reference.group
+        table.values[reference.label] = reference.values
+    policies = list(dict.fromkeys([*(policy_order or ()), *(r.policy for r in ok)]))
+    for policy in policies:
+        group = [r for r in ok if r.policy == policy]
+        if not group:
+            continue
+        judged = any(r.judge_correct is not None for r in group)
+        row = label(policy)
+        if layout.family == "grace" and not judged:
+            row += " (EM)"
+        elif layout.family == "eviomni" and not any(r.reader_prediction is not None for r in group):
+            row += " (o_f)"
+        table.rows.append(row)
+        table.row_groups[row] = THIS_EVALUATION
+        table.values[row], table.counts[row] = {}, {}
+        for source, source_records in metrics.group_by(group, lambda r: r.data_source).items():
+            summary = metrics.summarize(source_records)
+            table.values[row][source] = {
+                m: _scaled(_layout_value(summary, m, judged), m, layout.scale) for m in layout.measures
+            }
+            table.counts[row][source] = len(source_records)
+    return table
+
+
+def _scaled(value: float | None, measure: str, scale: float) -> float | None:
+    if value is None or measure == "compression_ratio":  # a ratio, not a share
+        return value
+    return value * scale

@@ -32,6 +32,12 @@ class EvalRecord:
     - ``answerable``: GRACE's label (gold evidence in the context); ``refused``:
       the policy declared the evidence insufficient (GRACE's ``<llm>`` path).
     - ``rewards``: reward-manager name -> ``{"score": ..., component: ...}``.
+    - ``reader_prediction``: the separate reader's answer from ``evidence`` (EviOmni/LEAR's
+      evaluation, ``eval --reader``); ``reader`` identifies the reader and its prompt.
+    - ``bertscore_f1``: BERTScore F1 of ``prediction`` against the gold answers (GRACE's F1,
+      ``eval --bertscore``), computed with ``bertscore_model``.
+    - ``judge_correct``: the LLM judge's verdict (GRACE's LJ, ``eval --judge``): a right answer on
+      an answerable example, a signalled lack of evidence on an unanswerable one; ``judge`` names it.
     """
 
     policy: str
@@ -56,6 +62,12 @@ class EvalRecord:
     raw_context_tokens: int | None = None
     rewards: dict[str, dict[str, float]] = field(default_factory=dict)
     error: str | None = None
+    reader: str | None = None
+    reader_prediction: str | None = None
+    bertscore_model: str | None = None
+    bertscore_f1: float | None = None
+    judge: str | None = None
+    judge_correct: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

@@ -42,6 +42,13 @@ METRIC_LABELS = {
     "refusal_accuracy": "refusal acc.",
     "overall_accuracy": "overall acc.",
     "balanced_accuracy": "balanced acc.",
+    "reader_em": "reader EM",
+    "reader_f1": "reader F1",
+    "bertscore_f1": "BERTScore F1",
+    "judge_answerable": "LJ ans.",
+    "judge_unanswerable": "LJ unans.",
+    "judge_accuracy": "LJ acc.",
+    "judge_balanced_accuracy": "LJ B.acc.",
 }
 
 

@@ -27,7 +27,8 @@ from omegaconf import DictConfig
 from verl_evidence.eval.cache import ResultsCache
 from verl_evidence.eval.records import EvalRecord
 from verl_evidence.eval.scoring import RewardScorer, build_reward_dataproto
-from verl_evidence.rewards.text import coerce_ground_truth, extract_last, strip_thinking
+from verl_evidence.text.ground_truth import coerce_ground_truth
+from verl_evidence.text.tags import extract_last, strip_thinking
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,14 @@ def rollout_kind(row: Mapping[str, Any]) -> str:
         f"row {extra.get('id', '?') if isinstance(extra, Mapping) else '?'}: cannot tell its rollout "
         f"(extra_info.method={method!r}, agent_name={agent!r}); expected one of {sorted(_METHOD_TO_ROLLOUT)}"
     )
+
+
+def validation_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The row as the trainer's validation phase hands it on. Evaluation is validation, whatever split the file was
+    built as: a reward that scores validation differently (GRACE: alpha = beta = 1) applies its validation weights."""
+    from verl_evidence.reward_managers.phase import with_phase
+
+    return {**row, "extra_info": with_phase(row.get("extra_info"), validate=True)}
 
 
 def loop_kwargs_from_row(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -177,7 +186,7 @@ class EvalRunner:
 
     async def rollout(self, example: EvalExample):
         """The agent loop's ``AgentLoopOutput`` for one example."""
-        kwargs = loop_kwargs_from_row(example.row)
+        kwargs = loop_kwargs_from_row(validation_row(example.row))
         agent_name = kwargs.get("agent_name") or kwargs["extra_info"].get("agent_name")
         loop = self._make_loop(str(agent_name), self.backend_for(example))
         return await loop.run(self.sampling_params(), **kwargs)
@@ -194,7 +203,11 @@ class EvalRunner:
         fill_from_output(record, output, self.tokenizer)
         if self.scorer is not None:
             data = build_reward_dataproto(
-                output.prompt_ids, output.response_ids, example.row, output.extra_fields, output.num_turns
+                output.prompt_ids,
+                output.response_ids,
+                validation_row(example.row),
+                output.extra_fields,
+                output.num_turns,
             )
             for label in self.managers_by_rollout.get(record.rollout, ()):
                 if label in self.scorer.workers:

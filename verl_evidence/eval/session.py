@@ -181,7 +181,7 @@ def replay_backend(example: EvalExample, tokenizer: Any):
     o_f, a prompt that still shows the rationale is o_r, the remaining one o_e.
     """
     from verl_evidence.local.backends import ScriptedBackend
-    from verl_evidence.rewards.text import extract_last
+    from verl_evidence.text.tags import extract_last
 
     script = list(example.script or [])
     if example.rollout != "eviomni":

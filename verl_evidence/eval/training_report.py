@@ -9,7 +9,7 @@ What is logged per training step, and so what can be plotted:
 - by verl's v1 trainer: the total reward of the step's rollouts (``critic/score/mean``,
   ``/min``, ``/max``), the GRPO advantages (``critic/advantages/min``, ``/max``), the
   actor's ``actor/grad_norm`` and timings (``timing_s/step``, ``timing_s/testing``);
-- by this project's sampler (:mod:`verl_evidence.step_sampler`): the reward manager's
+- by this project's sampler (:mod:`verl_evidence.trainer.step_sampler`): the reward manager's
   components over the step's training rollouts, ``reward/<reward>/<key>/mean``
   (``score`` is the total), with the rollout's behaviour (``rollout/...``) and the
   masking shares (``masking/...``);

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from verl_evidence.evipath.demonstrations import DEFAULT_DEMONSTRATIONS
 from verl_evidence.evipath.evidence import DEFAULT_TAU, EvidenceSelector
 from verl_evidence.evipath.pipeline import Prompts, Statistics, SynthesisConfig, Synthesizer
 from verl_evidence.evipath.protocol import PLANNER_LAYOUTS as PLANNER_FORMATS
@@ -150,6 +151,13 @@ def synthesize(
     planner_synth_prompt: str = typer.Option("evipath_planner_synth", help="Prompt name or file."),
     executor_answer_prompt: str = typer.Option("evipath_executor_answer", help="Prompt name or file."),
     executor_synth_prompt: str = typer.Option("evipath_executor_synth", help="Prompt name or file."),
+    demonstrations: int = typer.Option(
+        DEFAULT_DEMONSTRATIONS,
+        min=0,
+        help="Worked examples shown to the teacher before each planner and executor request (0: zero-shot).",
+    ),
+    planner_demos: str = typer.Option("evipath_planner_synth_demos", help="Planner demonstrations: name or file."),
+    executor_demos: str = typer.Option("evipath_executor_synth_demos", help="Executor demonstrations: name or file."),
     prompt_cost_per_1k: float = typer.Option(0.0, help="Cost per 1k prompt tokens (reporting only)."),
     completion_cost_per_1k: float = typer.Option(0.0, help="Cost per 1k completion tokens (reporting only)."),
     val_fraction: float = typer.Option(0.0, help="Share of kept trajectories written to val.parquet instead of train."),
@@ -173,8 +181,23 @@ def synthesize(
         where = input_path or "the bundled set"
         typer.echo(f"error: no usable records in {where} (skipped: {dict(read_report.skipped)})", err=True)
         raise typer.Exit(2)
-    prompts = Prompts(planner_synth_prompt, executor_answer_prompt, executor_synth_prompt)
-    config = SynthesisConfig(max_steps=max_steps, max_searches=max_searches, min_f1=min_f1, seed=seed, prompts=prompts)
+    prompts = Prompts(
+        planner_synth_prompt, executor_answer_prompt, executor_synth_prompt, planner_demos, executor_demos
+    )
+    for which in ("planner_synth", "executor_synth"):  # a missing or malformed file: one line, before any request
+        try:
+            prompts.demonstrations(which, demonstrations)
+        except (FileNotFoundError, ValueError) as err:
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(2) from err
+    config = SynthesisConfig(
+        max_steps=max_steps,
+        max_searches=max_searches,
+        min_f1=min_f1,
+        seed=seed,
+        prompts=prompts,
+        demonstrations=demonstrations,
+    )
     teacher_config = TeacherConfig(
         model=model,
         base_url=base_url,

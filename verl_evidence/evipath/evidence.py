@@ -1,9 +1,10 @@
 """Golden-evidence selection for one sub-question (executor step ii).
 
 Cosine similarity between the sentence-transformer embedding of the answer
-sentence a_i and each golden evidence item of F^; the items at or above tau
-form F^_i, and if none reaches tau the single most similar one does (so every
-sub-question is anchored to some evidence). Embeddings of evidence texts are
+sentence a_i and each golden evidence item of F^; the items strictly above tau
+form F^_i (EviPath Eq. 6: ``cos > tau``), and if none passes the single most
+similar one does (the spec's fallback, so every sub-question is anchored to
+some evidence). Embeddings of evidence texts are
 cached: a record's F^ is encoded once however many sub-questions it has.
 """
 
@@ -34,7 +35,7 @@ def default_model_name() -> str:
 class Selection:
     indices: tuple[int, ...]  # positions in the golden list passed in
     scores: tuple[float, ...]  # cosine of every golden item, in input order
-    fallback: bool  # True when no item reached tau and the best one was taken
+    fallback: bool  # True when no item passed tau and the best one was taken
 
 
 class EvidenceSelector:
@@ -93,7 +94,7 @@ class EvidenceSelector:
         import numpy as np
 
         sims = self.scores(answer_sentence, golden)
-        keep = tuple(int(i) for i in np.flatnonzero(sims >= self.tau))
+        keep = tuple(int(i) for i in np.flatnonzero(sims > self.tau))  # strict, as Eq. 6
         fallback = not keep
         if fallback:
             keep = (int(np.argmax(sims)),)

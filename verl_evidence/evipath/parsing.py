@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from verl_evidence.evipath.protocol import SEARCH_WORD, search_calls
-from verl_evidence.rewards.text import extract_last, find_blocks, strip_thinking
+from verl_evidence.text.tags import extract_last, find_blocks, strip_thinking
 
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 

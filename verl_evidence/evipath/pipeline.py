@@ -6,7 +6,7 @@ Each search is answered by the executor side:
 
 (i)   a_i from q_i and F^ (teacher, one sentence);
 (ii)  F^_i ⊆ F^ by sentence-transformer cosine between a_i and each golden item
-      (≥ tau, else the best one);
+      (> tau, Eq. 6, else the best one);
 (iii) the teacher writes think → ``<select>[indices]</select>`` → ``<answer>`` over
       the noisy pool F, shuffled and numbered, told a_i and where F^_i sits.
 
@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from verl_evidence.evipath.demonstrations import DEFAULT_DEMONSTRATIONS, demonstration_messages
 from verl_evidence.evipath.evidence import EvidenceSelector
 from verl_evidence.evipath.parsing import (
     ExecutorStep,
@@ -40,7 +41,7 @@ from verl_evidence.evipath.protocol import executor_user, observation_text
 from verl_evidence.evipath.records import QARecord
 from verl_evidence.evipath.teacher import Teacher, TeacherError
 from verl_evidence.prompts import load_prompt
-from verl_evidence.rewards.text import exact_match, f1_score
+from verl_evidence.rewards.qa_metrics import exact_match, f1_score
 
 logger = logging.getLogger(__name__)
 
@@ -49,14 +50,21 @@ Message = dict[str, str]
 
 @dataclass(frozen=True)
 class Prompts:
-    """System prompts (packaged names or file paths)."""
+    """System prompts and few-shot demonstrations (packaged names or file paths)."""
 
     planner_synth: str = "evipath_planner_synth"
     executor_answer: str = "evipath_executor_answer"
     executor_synth: str = "evipath_executor_synth"
+    planner_synth_demos: str = "evipath_planner_synth_demos"
+    executor_synth_demos: str = "evipath_executor_synth_demos"
 
     def text(self, which: str) -> str:
         return load_prompt(getattr(self, which)).strip()
+
+    def demonstrations(self, which: str, count: int) -> list[Message]:
+        """The demonstrations shown between the system prompt and the record (Tables 8-9); step (i) has none."""
+        demos = {"planner_synth": self.planner_synth_demos, "executor_synth": self.executor_synth_demos}.get(which)
+        return demonstration_messages(demos, count) if demos else []
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,8 @@ class SynthesisConfig:
     require_golden_selection: bool = True
     seed: int = 0
     prompts: Prompts = field(default_factory=Prompts)
+    # worked dialogues shown to the teacher before each planner / executor-synthesis request; 0 = zero-shot
+    demonstrations: int = DEFAULT_DEMONSTRATIONS
 
 
 @dataclass
@@ -151,12 +161,18 @@ class Synthesizer:
         self.teacher = teacher
         self.selector = selector
         self.config = config or SynthesisConfig()
-        self._system = {w: self.config.prompts.text(w) for w in ("planner_synth", "executor_answer", "executor_synth")}
+        steps = ("planner_synth", "executor_answer", "executor_synth")
+        prompts, count = self.config.prompts, self.config.demonstrations
+        # Loaded once, here: a bad prompt or demonstrations file fails before the first request.
+        self._opening = {
+            w: [{"role": "system", "content": prompts.text(w)}, *prompts.demonstrations(w, count)] for w in steps
+        }
         self._selector_lock = asyncio.Lock()
 
-    async def _ask(self, system: str, user_and_turns: list[Message]) -> str:
+    async def _ask(self, step: str, user_and_turns: list[Message]) -> str:
+        """The teacher's reply for one step: its system prompt, its demonstrations, then this record's turns."""
         try:
-            return await self.teacher.chat([{"role": "system", "content": system}, *user_and_turns])
+            return await self.teacher.chat([*self._opening[step], *user_and_turns])
         except TeacherError as err:
             raise _Reject("teacher_error", str(err)) from err
 
@@ -168,7 +184,7 @@ class Synthesizer:
     async def execute(self, record: QARecord, question: str) -> SubQuestion:
         golden = record.golden_facts
         reply = await self._ask(
-            self._system["executor_answer"], [{"role": "user", "content": executor_answer_user(question, golden)}]
+            "executor_answer", [{"role": "user", "content": executor_answer_user(question, golden)}]
         )
         answer_sentence = parse_answer_sentence(reply)
         if isinstance(answer_sentence, Malformed):
@@ -178,7 +194,7 @@ class Synthesizer:
         pool = _shuffled_pool(record, question, self.config.seed)
         positions = sorted(pool.index(g) for g in chosen)
         reply = await self._ask(
-            self._system["executor_synth"],
+            "executor_synth",
             [{"role": "user", "content": executor_synth_user(question, pool, answer_sentence, positions)}],
         )
         step = parse_executor_step(reply, len(pool))
@@ -203,7 +219,7 @@ class Synthesizer:
         subquestions: list[list[SubQuestion]] = []
         searches_made = 0
         for _ in range(self.config.max_steps):
-            turn = parse_planner_turn(await self._ask(self._system["planner_synth"], dialogue))
+            turn = parse_planner_turn(await self._ask("planner_synth", dialogue))
             if isinstance(turn, Malformed):
                 raise _Reject(turn.reason, turn.detail)
             text = render_planner_turn(turn)

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from verl_evidence.dataprep.records import read_corpus, read_jsonl
+
 logger = logging.getLogger(__name__)
 
 FORMATS = ("hotpotqa", "2wiki", "musique", "bundled")
@@ -168,25 +170,19 @@ def from_bundled(row: dict, corpus: dict[str, str], source: str = "bundled") -> 
 
 def _read_rows(path: Path) -> Iterator[dict]:
     """JSON Lines, or one JSON array (the official HotpotQA/2Wiki files)."""
-    with path.open(encoding="utf-8") as handle:
+    with path.open("rb") as handle:  # bytes: a non-UTF-8 file is the reader's to name
         head = handle.read(1)
         while head and head.isspace():
             head = handle.read(1)
         handle.seek(0)
-        if head == "[":
+        if head == b"[":
             yield from json.load(handle)
             return
-        for line_no, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{line_no}: not valid JSON ({err.msg})") from err
+    yield from read_jsonl(path)
 
 
 def load_corpus_file(path: Path) -> dict[str, str]:
-    return {str(row["id"]): str(row["contents"]) for row in _read_rows(path)}
+    return read_corpus(path)
 
 
 def iter_records(
@@ -233,7 +229,7 @@ def load_records(
             from verl_evidence import bundled
 
             rows: Iterable[dict] = bundled.load_qa()
-            corpus = {str(d["id"]): str(d["contents"]) for d in bundled.load_corpus()}
+            corpus = read_corpus(bundled.corpus_path())
         else:
             if corpus_path is None:
                 corpus_path = Path(path).with_name("corpus.jsonl")

@@ -42,7 +42,7 @@ from verl_evidence.agent_loops.openai_endpoint import (
     sampling_body,
     stop_strings_of,
 )
-from verl_evidence.rewards.text import cut_at_stop
+from verl_evidence.text.stops import cut_at_stop
 
 logger = logging.getLogger(__name__)
 

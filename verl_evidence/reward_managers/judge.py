@@ -27,12 +27,15 @@ import logging
 import os
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_LENGTH = 512
+# The JudgeConfig fields that configure the model itself (NLIJudge's keywords); the rest place and batch it.
+_MODEL_SETTINGS = ("device", "batch_size", "max_length", "fp16_on_gpu", "torch_threads")
 
 
 class NLIJudgeLoadError(RuntimeError):
@@ -56,6 +59,68 @@ def find_entailment_index(id2label: Mapping[Any, str], model_name: str) -> int:
     return matches[0]
 
 
+class JudgeConfig(BaseModel):
+    """The judge's settings, the one list: read from ``reward.reward_kwargs`` keys prefixed ``nli_``
+    (``nli_model``, ``nli_batch_size`` ...), and documented from these fields (docs/configuration.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str = Field(description="NLI checkpoint, hub name or local directory (required by `evinote`)")
+    device: str = Field("auto", description="`auto` (GPU if the actor has one), `cpu`, `cuda`, `cuda:1`")
+    batch_size: int = Field(32, description="pairs per forward pass")
+    max_length: int | None = Field(
+        None, description="token limit of a pair (null: the model's limit); only the premise is truncated"
+    )
+    fp16_on_gpu: bool = Field(True, description="float16 weights on GPU")
+    in_process: bool = Field(False, description="load the judge in each reward worker instead of one shared Ray actor")
+    num_gpus: float = Field(0.0, description="GPUs reserved for the judge actor (e.g. 1, or 0.2 to share one)")
+    num_cpus: float = Field(1.0, description="CPUs reserved for the judge actor")
+    max_wait_ms: float = Field(5.0, description="how long a batch waits for more requests")
+    actor_name: str | None = Field(
+        None, description="name of the shared actor (null: derived from model, device, max length)"
+    )
+    detached: bool = Field(False, description="detached actor, outlives the worker that created it")
+    torch_threads: int | None = Field(
+        None,
+        description=(
+            "torch threads of a CPU judge (null: the actor uses its `num_cpus`, in-process leaves torch's setting)"
+        ),
+    )
+
+    PREFIX: ClassVar[str] = "nli_"
+
+    @classmethod
+    def from_reward_kwargs(cls, reward_kwargs: Mapping[str, Any]) -> JudgeConfig:
+        known = set(cls.model_fields)
+        values = {
+            key[len(cls.PREFIX) :]: value
+            for key, value in reward_kwargs.items()
+            if key.startswith(cls.PREFIX) and key[len(cls.PREFIX) :] in known
+        }
+        unknown = sorted(k for k in reward_kwargs if k.startswith(cls.PREFIX) and k[len(cls.PREFIX) :] not in known)
+        if unknown:
+            raise ValueError(f"unknown NLI judge options {unknown}; known: {sorted(cls.PREFIX + k for k in known)}")
+        if not values.get("model"):
+            raise ValueError(
+                "the evinote reward needs an NLI model: set +reward.reward_kwargs.nli_model=<hub name or local path>"
+            )
+        return cls(**values)
+
+    @property
+    def actor_torch_threads(self) -> int:
+        """CPU threads of the shared actor: as set, else the CPUs it reserves."""
+        if self.torch_threads is not None:
+            return int(self.torch_threads)
+        return max(1, int(self.num_cpus))
+
+    @property
+    def resolved_actor_name(self) -> str:
+        if self.actor_name:
+            return self.actor_name
+        digest = hashlib.sha1(f"{self.model}|{self.device}|{self.max_length}".encode()).hexdigest()[:10]
+        return f"verl_evidence_nli_judge_{digest}"
+
+
 def _resolve_device(device: str) -> str:
     import torch
 
@@ -67,28 +132,20 @@ def _resolve_device(device: str) -> str:
 class NLIJudge:
     """Entailment probabilities from an HF ``AutoModelForSequenceClassification``.
 
-    Args:
-        model_name_or_path: hub name or local directory of an NLI classifier.
-        device: ``"auto"`` (GPU if present), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
-        batch_size: pairs per forward pass.
-        max_length: token limit of a (premise, hypothesis) pair; default is the
-            tokenizer's ``model_max_length`` capped by the model's position limit.
-        fp16_on_gpu: run the model in float16 when on a GPU.
-        torch_threads: torch intra-op threads when on CPU (process-wide); None
-            leaves torch's setting. Batched scoring gains most from a small,
-            explicit count: on a shared CPU, extra spinning threads slow every
-            forward pass.
+    ``NLIJudge(model_name_or_path, device="cpu", batch_size=8)``: the keywords are :class:`JudgeConfig`'s
+    model settings (``device``, ``batch_size``, ``max_length``, ``fp16_on_gpu``, ``torch_threads``), with
+    its defaults; :meth:`from_config` takes a whole config. ``max_length`` None is the tokenizer's
+    ``model_max_length`` capped by the model's position limit. ``torch_threads`` sets torch's intra-op
+    threads on CPU (process-wide; None leaves torch's setting): batched scoring gains most from a small,
+    explicit count, since on a shared CPU extra spinning threads slow every forward pass.
     """
 
-    def __init__(
-        self,
-        model_name_or_path: str,
-        device: str = "auto",
-        batch_size: int = 32,
-        max_length: int | None = None,
-        fp16_on_gpu: bool = True,
-        torch_threads: int | None = None,
-    ) -> None:
+    def __init__(self, model_name_or_path: str, **settings: Any) -> None:
+        unknown = sorted(set(settings) - set(_MODEL_SETTINGS))
+        if unknown:
+            raise TypeError(f"NLIJudge got unknown setting(s) {unknown}; known: {list(_MODEL_SETTINGS)}")
+        self.config = config = JudgeConfig(model=str(model_name_or_path), **settings)
+        batch_size, torch_threads = config.batch_size, config.torch_threads
         if batch_size < 1:
             raise ValueError(f"NLI judge batch_size must be >= 1, got {batch_size}")
         if torch_threads is not None and int(torch_threads) < 1:
@@ -102,21 +159,29 @@ class NLIJudge:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         self.batch_size = int(batch_size)
-        self.device = _resolve_device(device)
+        self.device = _resolve_device(config.device)
         if torch_threads is not None and self.device == "cpu":
             torch.set_num_threads(int(torch_threads))
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_name)
-            dtype = torch.float16 if (fp16_on_gpu and self.device.startswith("cuda")) else torch.float32
+            dtype = torch.float16 if (config.fp16_on_gpu and self.device.startswith("cuda")) else torch.float32
             self.model = AutoModelForSequenceClassification.from_pretrained(self.model_name, dtype=dtype)
             self.model.to(self.device).eval()
         except Exception as error:  # any loading failure must name the model
             raise NLIJudgeLoadError(f"NLI judge could not load model {self.model_name!r}: {error}") from error
         self.entailment_index = find_entailment_index(self.model.config.id2label, self.model_name)
         self.entailment_label = self.model.config.id2label[self.entailment_index]
-        self.max_length = int(max_length) if max_length else self._default_max_length()
+        self.max_length = int(config.max_length) if config.max_length else self._default_max_length()
         # The model is not safe to call from several threads at once.
         self._lock = threading.Lock()
+
+    @classmethod
+    def from_config(cls, config: JudgeConfig, torch_threads: int | None = None) -> NLIJudge:
+        """The judge of ``config`` (``torch_threads`` given: instead of the config's)."""
+        settings = {name: getattr(config, name) for name in _MODEL_SETTINGS}
+        if torch_threads is not None:
+            settings["torch_threads"] = torch_threads
+        return cls(config.model, **settings)
 
     def _default_max_length(self) -> int:
         limits = [DEFAULT_MAX_LENGTH]
@@ -241,75 +306,15 @@ class BatchingJudge:
 class NLIJudgeActor:
     """Ray actor body: one :class:`BatchingJudge` shared by all reward workers."""
 
-    def __init__(
-        self,
-        model_name_or_path: str,
-        device: str = "auto",
-        batch_size: int = 32,
-        max_length: int | None = None,
-        fp16_on_gpu: bool = True,
-        max_wait_ms: float = 5.0,
-        torch_threads: int | None = None,
-    ) -> None:
-        self._judge = NLIJudge(model_name_or_path, device, batch_size, max_length, fp16_on_gpu, torch_threads)
-        self._batcher = BatchingJudge(self._judge, batch_size, max_wait_ms)
+    def __init__(self, config: JudgeConfig) -> None:
+        self._judge = NLIJudge.from_config(config, torch_threads=config.actor_torch_threads)
+        self._batcher = BatchingJudge(self._judge, config.batch_size, config.max_wait_ms)
 
     async def entailment_probs(self, premises: list[str], hypotheses: list[str]) -> list[float]:
         return await self._batcher.entailment_probs(premises, hypotheses)
 
     async def describe(self) -> dict[str, Any]:
         return {**self._judge.describe(), "forward_batches": self._batcher.forward_batches}
-
-
-@dataclass(frozen=True)
-class JudgeConfig:
-    """Judge settings, read from ``reward.reward_kwargs`` keys prefixed ``nli_``."""
-
-    model: str
-    device: str = "auto"
-    batch_size: int = 32
-    max_length: int | None = None
-    fp16_on_gpu: bool = True
-    in_process: bool = False
-    num_gpus: float = 0.0
-    num_cpus: float = 1.0
-    max_wait_ms: float = 5.0
-    actor_name: str | None = None
-    detached: bool = False
-    torch_threads: int | None = None
-
-    PREFIX = "nli_"
-
-    @classmethod
-    def from_reward_kwargs(cls, reward_kwargs: Mapping[str, Any]) -> JudgeConfig:
-        known = {f.name for f in fields(cls)}
-        values = {
-            key[len(cls.PREFIX) :]: value
-            for key, value in reward_kwargs.items()
-            if key.startswith(cls.PREFIX) and key[len(cls.PREFIX) :] in known
-        }
-        unknown = sorted(k for k in reward_kwargs if k.startswith(cls.PREFIX) and k[len(cls.PREFIX) :] not in known)
-        if unknown:
-            raise ValueError(f"unknown NLI judge options {unknown}; known: {sorted('nli_' + k for k in known)}")
-        if not values.get("model"):
-            raise ValueError(
-                "the evinote reward needs an NLI model: set +reward.reward_kwargs.nli_model=<hub name or local path>"
-            )
-        return cls(**values)
-
-    @property
-    def actor_torch_threads(self) -> int:
-        """CPU threads of the shared actor: as set, else the CPUs it reserves."""
-        if self.torch_threads is not None:
-            return int(self.torch_threads)
-        return max(1, int(self.num_cpus))
-
-    @property
-    def resolved_actor_name(self) -> str:
-        if self.actor_name:
-            return self.actor_name
-        digest = hashlib.sha1(f"{self.model}|{self.device}|{self.max_length}".encode()).hexdigest()[:10]
-        return f"verl_evidence_nli_judge_{digest}"
 
 
 class JudgeClient(Protocol):
@@ -321,10 +326,7 @@ class InProcessJudgeClient:
 
     def __init__(self, config: JudgeConfig) -> None:
         self.config = config
-        judge = NLIJudge(
-            config.model, config.device, config.batch_size, config.max_length, config.fp16_on_gpu, config.torch_threads
-        )
-        self.batcher = BatchingJudge(judge, config.batch_size, config.max_wait_ms)
+        self.batcher = BatchingJudge(NLIJudge.from_config(config), config.batch_size, config.max_wait_ms)
 
     async def entailment_probs(self, premises: Sequence[str], hypotheses: Sequence[str]) -> list[float]:
         return await self.batcher.entailment_probs(premises, hypotheses)
@@ -354,19 +356,7 @@ class RayJudgeClient:
         }
         if config.detached:
             options["lifetime"] = "detached"
-        self.handle = (
-            ray.remote(NLIJudgeActor)
-            .options(**options)
-            .remote(
-                config.model,
-                config.device,
-                config.batch_size,
-                config.max_length,
-                config.fp16_on_gpu,
-                config.max_wait_ms,
-                config.actor_torch_threads,
-            )
-        )
+        self.handle = ray.remote(NLIJudgeActor).options(**options).remote(config)
         try:
             self.info = ray.get(self.handle.describe.remote(), timeout=startup_timeout_s)
         except Exception as error:

@@ -17,22 +17,21 @@ from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 
 from verl_evidence.reward_managers.sample import decode_sample
 from verl_evidence.reward_managers.scorers import Scorer, build_composite, build_scorer
-from verl_evidence.step_metrics import ROLLOUT_STATS
+from verl_evidence.trainer.step_metrics import ROLLOUT_STATS
 
 logger = logging.getLogger(__name__)
+
 
 # Rollout statistics copied from ``tool_extra_fields`` into ``reward_extra_info``: verl's
 # AgentLoopMetrics drops custom keys, but its validation metrics aggregate every key of
 # ``reward_extra_info`` per data source (``val-aux/<data_source>/<key>/mean@N``). verl takes
-# the key list from the first sample, so every sample carries all of them (0.0 when absent).
-ROLLOUT_STAT_KEYS: tuple[str, ...] = ROLLOUT_STATS  # defined once, beside the per-step metrics that skip them
-
-
+# the key list from the first sample, so every sample carries all of them (0.0 when absent). Defined once, beside
+# the per-step metrics that skip them (trainer/step_metrics.py).
 def rollout_stats(tool_extra_fields: Any) -> dict[str, float]:
-    """The :data:`ROLLOUT_STAT_KEYS` of a rollout's extra fields as floats (0.0 when absent or not numeric)."""
+    """The :data:`ROLLOUT_STATS` of a rollout's extra fields as floats (0.0 when absent or not numeric)."""
     fields = tool_extra_fields if isinstance(tool_extra_fields, dict) else {}
     stats = {}
-    for key in ROLLOUT_STAT_KEYS:
+    for key in ROLLOUT_STATS:
         value = fields.get(key)
         try:
             stats[key] = float(value) if value is not None and not isinstance(value, (str, bytes)) else 0.0
@@ -77,7 +76,7 @@ class EvidenceRewardManager(RewardManagerBase):
     """
 
     reward_name: ClassVar[str] = ""
-    # whether ``reward_extra_info`` also carries the search rollout's statistics (ROLLOUT_STAT_KEYS)
+    # whether ``reward_extra_info`` also carries the search rollout's statistics (ROLLOUT_STATS)
     logs_rollout_stats: ClassVar[bool] = False
 
     def __init__(
@@ -99,7 +98,7 @@ class EvidenceRewardManager(RewardManagerBase):
             )
         self.scorer: Scorer = self.build_scorer()
         if self.logs_rollout_stats:
-            clash = sorted(set(ROLLOUT_STAT_KEYS) & set(self.scorer.keys))
+            clash = sorted(set(ROLLOUT_STATS) & set(self.scorer.keys))
             if clash:
                 raise ValueError(f"{self.reward_name} reward keys {clash} clash with the rollout statistics keys")
         logger.info("%s reward manager ready, logged keys: %s", self.reward_name, list(self.scorer.keys))
@@ -118,7 +117,7 @@ class EvidenceRewardManager(RewardManagerBase):
                 error,
             )
             result = self.scorer.failure()
-            stats = dict.fromkeys(ROLLOUT_STAT_KEYS, 0.0)
+            stats = dict.fromkeys(ROLLOUT_STATS, 0.0)
         else:
             stats = rollout_stats(sample.tool_extra_fields)
             if stats["retrieval_failed"]:

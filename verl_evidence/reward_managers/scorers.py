@@ -20,7 +20,7 @@ from typing import Any
 from verl_evidence.reward_managers.judge import JudgeClient, JudgeConfig, connect_judge
 from verl_evidence.reward_managers.sample import Sample
 from verl_evidence.rewards import evinote, eviomni, grace
-from verl_evidence.rewards.text import coerce_ground_truth
+from verl_evidence.text.ground_truth import coerce_ground_truth
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +28,10 @@ ERROR_KEY = "reward_error"
 # Keys of reward_kwargs read by the adapters themselves, never forwarded to a reward core.
 ADAPTER_KEYS = frozenset({"components", "validation_splits"})
 DEFAULT_VALIDATION_SPLITS = ("test", "val", "valid", "validation", "dev")
+# extra_info key carrying the trainer's phase, written by verl_evidence.reward_managers.phase.PhaseAgentLoopManager
+PHASE_KEY = "trainer_phase"
+TRAIN_PHASE, VALIDATION_PHASE = "train", "validation"
+PHASE_MANAGER_KEY = "actor_rollout_ref.rollout.agent.agent_loop_manager_class"
 # Stand-in inputs for the start-up call that checks a core's keyword arguments.
 _PROBE_GROUND_TRUTH = {"target": ["probe"], "evidence": ["probe"], "answerable": True}
 
@@ -133,11 +137,14 @@ class EviOmniScorer(FunctionScorer):
 class GraceScorer(FunctionScorer):
     """GRACE, with the validation defaults (alpha = beta = 1) on validation samples.
 
-    verl 0.9.1 does not tell the reward manager whether a sample is a
-    validation sample, so a sample counts as one when its ``extra_info["split"]``
-    is in ``validation_splits`` (default test/val/valid/validation/dev), unless
-    ``extra_info["validate"]`` is already set. ``mode=train|validation`` in the
-    kwargs forces one mode for every sample.
+    A sample is a validation sample when the trainer generated it in its
+    validation phase: ``extra_info["trainer_phase"]``, written by
+    :class:`verl_evidence.reward_managers.phase.PhaseAgentLoopManager` (verl 0.9
+    does not pass the phase to reward managers itself). Without that manager,
+    the row's ``extra_info["validate"]`` decides, else its ``extra_info["split"]``
+    (in ``validation_splits``, default test/val/valid/validation/dev), with a
+    warning, once, that the data file rather than the trainer decided.
+    ``mode=train|validation`` in the kwargs forces one mode for every sample.
     """
 
     def __init__(
@@ -147,11 +154,23 @@ class GraceScorer(FunctionScorer):
     ) -> None:
         super().__init__("grace", grace.compute_score, grace.RESULT_KEYS, kwargs)
         self.validation_splits = frozenset(str(split).lower() for split in validation_splits)
+        self.warned_no_phase = False
         grace.config_from_kwargs(self.kwargs)  # bad mode/alpha/beta fail at start-up
         self.probe()
 
     def prepare_extra_info(self, sample: Sample) -> dict[str, Any]:
         extra_info = sample.extra_info
+        phase = extra_info.get(PHASE_KEY)
+        if phase in (TRAIN_PHASE, VALIDATION_PHASE):
+            return {**extra_info, "validate": phase == VALIDATION_PHASE}
+        if not self.warned_no_phase:
+            self.warned_no_phase = True
+            logger.warning(
+                "grace reward: the trainer's phase is unknown (set %s=%s); the data rows' "
+                "extra_info.validate / split decide whether validation weights apply",
+                PHASE_MANAGER_KEY,
+                "verl_evidence.reward_managers.phase.PhaseAgentLoopManager",
+            )
         if "validate" not in extra_info:
             split = extra_info.get("split")
             extra_info = {**extra_info, "validate": isinstance(split, str) and split.lower() in self.validation_splits}

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl_evidence.rewards.text import coerce_ground_truth, exact_match, extract_last, f1_score, strip_thinking
+from verl_evidence.rewards.qa_metrics import exact_match, f1_score
+from verl_evidence.text.ground_truth import coerce_ground_truth
+from verl_evidence.text.tags import extract_last, strip_thinking
 
 __all__ = ["answer_f1", "compute_score", "final_answer"]
 

@@ -38,7 +38,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from verl_evidence.rewards.text import block_sequence, coerce_ground_truth, exact_match, extract_last, find_blocks
+from verl_evidence.rewards.qa_metrics import exact_match
+from verl_evidence.text.ground_truth import coerce_ground_truth
+from verl_evidence.text.tags import block_sequence, extract_last, find_blocks
 
 logger = logging.getLogger(__name__)
 

@@ -34,14 +34,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from verl_evidence.rewards.text import (
-    block_sequence,
-    coerce_ground_truth,
-    extract_last,
-    f1_score,
-    strip_thinking,
-    whitespace_token_count,
-)
+from verl_evidence.rewards.qa_metrics import f1_score, whitespace_token_count
+from verl_evidence.text.ground_truth import coerce_ground_truth
+from verl_evidence.text.tags import block_sequence, extract_last, strip_thinking
 
 logger = logging.getLogger(__name__)
 

@@ -29,14 +29,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from verl_evidence.rewards.text import (
-    block_sequence,
-    coerce_ground_truth,
-    extract_last,
-    parse_bool,
-    rouge_l,
-    strip_thinking,
-)
+from verl_evidence.rewards.rouge import rouge_l
+from verl_evidence.text.ground_truth import coerce_ground_truth, parse_bool
+from verl_evidence.text.tags import block_sequence, extract_last, strip_thinking
 
 logger = logging.getLogger(__name__)
 
@@ -58,9 +53,12 @@ RESULT_KEYS = ("score", "format", "path", "content", "evidence_rouge", "answer_r
 @dataclass(frozen=True)
 class GraceConfig:
     """format_reward: for a valid structure; path_reward: for the right path;
-    alpha / beta: weights of ROUGE-L on evidence / answer. Training defaults
-    alpha=2, beta=3 come from the released training code (the paper does not
-    state them); validation uses alpha = beta = 1."""
+    alpha / beta: weights of ROUGE-L on evidence / answer.
+
+    Where each default comes from: format_reward = 0.5 and path_reward = 1 are
+    the paper's (§3.2, eq. 1). The paper gives no number for alpha or beta;
+    alpha = 2, beta = 3 (training) and alpha = beta = 1 (validation) are the
+    authors' released code's settings."""
 
     format_reward: float = 0.5
     path_reward: float = 1.0
@@ -151,8 +149,9 @@ def score(
     return result
 
 
-# Keyword overrides per mode. The training code's alpha/beta (2, 3) are training weights: a preset passing them must
-# not also change validation, which the paper scores with alpha = beta = 1 (``validation_alpha``/``_beta`` do).
+# Keyword overrides per mode. alpha/beta (2, 3: the authors' released training code; the paper states no values) are
+# training weights: a preset passing them must not also change validation, which that code scores with
+# alpha = beta = 1 (``validation_alpha``/``_beta`` change it).
 SHARED_FIELDS = ("format_reward", "path_reward")
 MODE_FIELDS = {
     "train": {"alpha": "alpha", "beta": "beta"},

@@ -36,19 +36,8 @@ from retrieval_server.client import (
     RetrievalRequestError,
     RetrievalUnavailableError,
 )
-from verl_evidence.tools.documents import (  # noqa: F401  (re-exported: their old home; import from documents)
-    document_ids,
-    document_texts,
-    format_documents,
-    format_search_results,
-    split_contents,
-)
-from verl_evidence.tools.search_settings import (  # noqa: F401  (RETRIEVAL_*_ENV, DEFAULT_TOPK: imported from here)
-    DEFAULT_TOPK,
-    RETRIEVAL_URL_ENV,
-    RETRIEVAL_WAIT_ENV,
-    SearchSettings,
-)
+from verl_evidence.tools.documents import check_document_format, document_ids, format_search_results
+from verl_evidence.tools.search_settings import SearchSettings
 
 logger = logging.getLogger(__name__)
 
@@ -180,10 +169,6 @@ async def wait_until_ready(url: str, wait_s: float, token: str | None = None) ->
     if task.done() and (task.cancelled() or task.exception() is not None):
         return  # reported once, to the callers that waited
     await asyncio.shield(task)
-
-
-def resolve_retrieval_url(url: str | None) -> str:
-    return SearchSettings(retrieval_url=url).resolved().retrieval_url
 
 
 class SearchService:
@@ -322,7 +307,8 @@ class SearchTool(BaseTool):
     (``retrieval_url`` or env ``VERL_EVIDENCE_RETRIEVAL_URL``, ``topk``, ``timeout``, ``max_retries``,
     ``backoff``, ``token``, ``max_concurrency``, ``requests_per_second``, ``burst``, ``wait_for_server_s``:
     seconds to wait for ``/health`` before the first search, default env ``VERL_EVIDENCE_RETRIEVAL_WAIT_S``
-    else 0), ``max_queries``, and verl's own ``type``. Any other key fails, naming it.
+    else 0), ``max_queries``, ``document_format`` (``ours``, or ``search_r1`` for a policy trained on Search-R1's
+    layout: verl_evidence/tools/documents.py), and verl's own ``type``. Any other key fails, naming it.
     """
 
     def __init__(self, config: dict, tool_schema: OpenAIFunctionToolSchema | None = None) -> None:
@@ -331,6 +317,7 @@ class SearchTool(BaseTool):
         cfg = dict(config or {})
         cfg.pop("type", None)  # verl's tool type (native), not a search setting
         self.max_queries = int(cfg.pop("max_queries", 3))
+        self.document_format = check_document_format(str(cfg.pop("document_format", "ours")))
         self.service = SearchService(settings=SearchSettings(**cfg))
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[ToolResponse, float, dict]:
@@ -358,4 +345,4 @@ class SearchTool(BaseTool):
                 {"error": "unavailable"},
             )
         metrics = {"num_queries": len(queries), "retrieved_ids": [document_ids(r) for r in results]}
-        return ToolResponse(text=format_search_results(queries, results)), 0.0, metrics
+        return ToolResponse(text=format_search_results(queries, results, self.document_format)), 0.0, metrics

@@ -33,6 +33,9 @@ SMOKE_TOPK = 2  # passages per EviOmni prompt: ~900 tokens with the byte-level t
 SMOKE_MAX_OBS_TOKENS = 96
 SMOKE_SEARCH_RESPONSE_LEN = 384
 _SEARCH_SETTINGS = {"MAX_OBS_TOKENS": str(SMOKE_MAX_OBS_TOKENS), "RESPONSE_LEN": str(SMOKE_SEARCH_RESPONSE_LEN)}
+# EviOmni's and GRACE's prompts carry their papers' full instructions (~1000 characters, one token each with the
+# byte-level tokenizer): with two passages a prompt is ~1250-1400 tokens, over the common smoke default of 1024.
+_LONG_PROMPT_SETTINGS = {"PROMPT_LEN": "1536"}
 
 
 @dataclass(frozen=True)
@@ -50,8 +53,8 @@ class SmokeMethod:
 
 
 SMOKE_METHODS: dict[str, SmokeMethod] = {
-    "eviomni": SmokeMethod(data="eviomni", family="eviomni"),
-    "lear": SmokeMethod(data="lear", family="eviomni"),
+    "eviomni": SmokeMethod(data="eviomni", family="eviomni", settings=_LONG_PROMPT_SETTINGS),
+    "lear": SmokeMethod(data="lear", family="eviomni", settings=_LONG_PROMPT_SETTINGS),
     "evinote": SmokeMethod(data="evinote", family="search", settings=_SEARCH_SETTINGS, nli_judge=True),
     # Search-R1 scores exact match alone. verl's seeded shuffle gives each step the same questions, and the tiny
     # policy answers only one or two of the eight at all (seen in a rollout dump). At temperature 1.0, step 2's
@@ -61,8 +64,9 @@ SMOKE_METHODS: dict[str, SmokeMethod] = {
     "search_r1": SmokeMethod(
         data="search_r1", family="search", settings={**_SEARCH_SETTINGS, "BATCH": "4", "TEMPERATURE": "1.3"}
     ),
-    "grace": SmokeMethod(data="grace", family="grace"),
-    "composite": SmokeMethod(data="eviomni", family="eviomni"),
+    "grace": SmokeMethod(data="grace", family="grace", settings=_LONG_PROMPT_SETTINGS),
+    # EviNote + 0.5 x answer F1 (recipes/presets/reward_preset/composite.yaml): EviNote's rows, loop and judge
+    "composite": SmokeMethod(data="evinote", family="search", settings=_SEARCH_SETTINGS, nli_judge=True),
     # verl's SFT trainer from the random policy on every family's warm-up examples
     "evipath_sft": SmokeMethod(data=None, family=None),
 }
@@ -90,9 +94,29 @@ def warmup_family(method: str, warmup: str | None = None) -> str | None:
     return warmup
 
 
+def prompts_digest() -> str:
+    """A digest of the prompts the smoke rows and warm-up examples are rendered from (each method's data prompt and
+    EviOmni's masked-answer prompt): a changed prompt gets a fresh cache (new rows, warm-ups trained again) instead of
+    a policy warmed up on the old text."""
+    import hashlib
+
+    from verl_evidence.dataprep.templates import DEFAULT_PROMPTS
+    from verl_evidence.prompts import load_prompt
+
+    digest = hashlib.sha256()
+    for name in sorted({*DEFAULT_PROMPTS.values(), "eviomni_answer"}):
+        digest.update(f"{name}\0{load_prompt(name)}\0".encode())
+    return digest.hexdigest()[:10]
+
+
 def smoke_dir() -> Path:
-    root = os.environ.get("VERL_EVIDENCE_SMOKE_DIR") or Path.home() / ".cache" / "verl-evidence" / "smoke"
-    return Path(root) / f"v{FORMAT_VERSION}"
+    """``$VERL_EVIDENCE_SMOKE_DIR``, else ``smoke/`` in the project's one cache (``$VERL_EVIDENCE_CACHE``, default
+    ``~/.cache/verl-evidence``): a fresh ``VERL_EVIDENCE_CACHE`` is a first run's empty cache, smoke policies
+    included. Keyed by the format version and the prompts' digest."""
+    from retrieval_server.config import cache_dir
+
+    root = os.environ.get("VERL_EVIDENCE_SMOKE_DIR") or cache_dir() / "smoke"
+    return Path(root) / f"v{FORMAT_VERSION}-{prompts_digest()}"
 
 
 def locked(path: Path) -> FileLock:

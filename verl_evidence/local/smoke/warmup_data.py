@@ -1,7 +1,7 @@
 """The warm-up examples: each family's output format, built from the bundled questions' gold answers and evidence.
 
 A family is the recipes that share a prompt format (and so a warmed-up policy):
-``eviomni`` (EviOmni, LEAR, composite), ``search`` (EviNote, Search-R1), ``grace``;
+``eviomni`` (EviOmni, LEAR), ``search`` (EviNote, Search-R1, composite), ``grace``;
 ``search_neutral`` is a variant of ``search`` (notes in half the examples).
 """
 

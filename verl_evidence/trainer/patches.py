@@ -8,12 +8,12 @@ own validation dump, without the reward manager's ``reward_extra_info``
 public hook for the dump, so :func:`patch_rollout_dump` wraps the private
 ``PPOTrainer._dump_generations`` to add, per trajectory, two columns:
 ``reward_extra_info`` (the manager's components, as logged per step under
-``reward/...`` by :mod:`verl_evidence.step_sampler`) and ``rollout`` (the loop's
+``reward/...`` by :mod:`verl_evidence.trainer.step_sampler`) and ``rollout`` (the loop's
 scalar ``extra_fields``: searches, notes, termination, failures).
 
 Only for the verl versions in :data:`SUPPORTED_VERL`; on any other the dump is
 left as verl writes it, with a warning (training itself does not depend on it).
-tests/adapters/test_trainer_patches.py pins the internals relied on.
+tests/adapters/test_step_metrics.py pins the internals relied on (the canary: it fails when verl changes them).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def patch_rollout_dump(trainer_cls: type | None = None) -> bool:
     if parameters != DUMP_PARAMETERS:
         raise RuntimeError(
             f"verl's PPOTrainer._dump_generations takes {parameters}, not {DUMP_PARAMETERS}: "
-            "verl_evidence.trainer_patches needs checking against this verl"
+            "verl_evidence.trainer.patches needs checking against this verl"
         )
 
     @functools.wraps(original)

@@ -1,6 +1,6 @@
 """Test support: a FastAPI app in a thread (:class:`ThreadedUvicorn`) and a scripted vLLM stand-in
-(:class:`OpenAICompatibleServer`), for CPU tests and examples. Production code never imports this module;
-the tiny offline models live in :mod:`verl_evidence.local.tiny_models`.
+(:class:`OpenAICompatibleServer`), for CPU tests. Not shipped in the wheel (tests/ is on pytest's path, as for
+``smoke_runs``); the tiny offline models live in :mod:`verl_evidence.local.tiny_models`.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class ThreadedUvicorn:
 
 
 class OpenAICompatibleServer:
-    """A scripted stand-in for a vLLM server, for CPU tests and examples.
+    """A scripted stand-in for a vLLM server, for CPU tests.
 
     Speaks vLLM's OpenAI protocol on 127.0.0.1 (uvicorn, a background thread):
     ``/v1/completions`` with token-id prompts and vLLM's ``token_ids`` in each

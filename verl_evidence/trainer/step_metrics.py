@@ -2,7 +2,7 @@
 
 Pure core (numpy only): a step's trajectories in, a flat ``{metric name: float}``
 out, which verl's trainer logs beside its own (console, wandb, tensorboard, its
-file logger). :mod:`verl_evidence.step_sampler` feeds it every training step.
+file logger). :mod:`verl_evidence.trainer.step_sampler` feeds it every training step.
 
 - ``reward/<reward>/<component>/mean``: each numeric key of the reward manager's
   ``reward_extra_info`` (``score``, the method's components, ``reward_error``;
@@ -41,7 +41,7 @@ REWARD_PREFIX = "reward"
 ROLLOUT_PREFIX = "rollout"
 MASKING_PREFIX = "masking"
 # The loops' statistics that the reward managers also copy into reward_extra_info (for validation's val-aux/...):
-# logged once, under rollout/ (the managers import this tuple as ROLLOUT_STAT_KEYS).
+# logged once, under rollout/ (the managers import this tuple).
 ROLLOUT_STATS = (
     "num_searches",
     "summary_count",

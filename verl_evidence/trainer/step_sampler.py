@@ -8,16 +8,16 @@ the metrics dict its ``sample()`` returns with the step's own. So
 :class:`EvidenceReplayBuffer` is verl's own buffer (``ReplayBuffer`` in
 ``sync`` mode, ``ReplayBufferAsync`` otherwise), unchanged, plus one read of
 the sampled trajectories' ``extra_fields`` and masks from TransferQueue, turned
-into metrics by :func:`verl_evidence.step_metrics.step_metrics`. The check runs
+into metrics by :func:`verl_evidence.trainer.step_metrics.step_metrics`. The check runs
 before the batch is trained on: a retrieved token with loss mask 1 stops the run.
 
 Selected with::
 
-    trainer.v1.sampler.custom_sampler.path=pkg://verl_evidence.step_sampler
+    trainer.v1.sampler.custom_sampler.path=pkg://verl_evidence.trainer.step_sampler
     trainer.v1.sampler.custom_sampler.name=EvidenceReplayBuffer
 
 Options (``++trainer.v1.sampler.sampler_kwargs.<key>=``): ``reward_manager`` and
-``reward_function`` (the metric prefix, see :func:`~verl_evidence.step_metrics.reward_label`;
+``reward_function`` (the metric prefix, see :func:`~verl_evidence.trainer.step_metrics.reward_label`;
 the recipes pass ``${reward.reward_manager.name}`` and
 ``${reward.custom_reward_function.path}``), ``mask_check`` (default true).
 verl hands a custom sampler fewer arguments than its built-in one; the options it
@@ -33,7 +33,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from verl_evidence.step_metrics import Trajectory, reward_label, step_metrics
+from verl_evidence.trainer.step_metrics import Trajectory, reward_label, step_metrics
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,296 @@
+"""recipes/slurm/train.sbatch run for real on two Ray nodes of this machine, cancelled, then requeued.
+
+Only Slurm stands in: `srun` (a step on this machine, with its node's own temporary directory; tests/recipes/
+test_slurm.py's SRUN) and `hostname --ip-address` (127.0.0.1). Everything else is what the job runs on a cluster: its
+default SETUP (the venv's activate), a real `ray start --head` and `ray start --address` (two Ray nodes, one per
+"node"), its readiness probe, `verl-evidence serve --address auto` placed on the head by its Ray resource, and the
+Search-R1 recipe's `--smoke` training attached to that cluster, searching that server.
+
+1. The job trains step 1 and writes its checkpoint; during step 2 it is cancelled as `scancel` and preemption do it
+   (SIGTERM to every process of the job, the steps included): every process stops within the grace Slurm gives
+   before SIGKILL, and no node keeps Ray's address file (a later plain `ray.init()` there would join a dead cluster).
+2. Requeued (the same job id and checkpoint directory; `--requeue`), it resumes from that checkpoint: verl loads
+   global_step_1 and reports step 2 first. This run is also the RETRIEVAL_NODE variant (one training for both):
+   three nodes, the server on the last one, on a Ray instance of its own outside the training cluster.
+
+Ray's token authentication: both runs start with a `~/.ray/auth_token` in the job's HOME (what any local ray.init()
+leaves), which made `ray start --head` turn authentication on by itself and refuse every other step; the job now sets
+it for all of them, with the user's RAY_AUTH_TOKEN (run 1) or a token of its own (run 2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+from smoke_runs import smoke_paths
+
+from verl_evidence.local.smoke.logs import read_metrics
+
+from .test_slurm import SBATCH, SRUN
+
+# longest_first: the job trains, is cancelled, is requeued and resumes (the suite's longest test after the shared run)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.longest_first(4)]
+
+STEP_LINE = re.compile(r"\bstep:(\d+) - ")
+HOSTNAME = """#!/usr/bin/env bash
+# hostname stand-in: every node of the job is this machine, reached at 127.0.0.1
+case "${1:-}" in -i|--ip-address) echo 127.0.0.1 ;; *) exec /usr/bin/env -S hostname "$@" ;; esac
+"""
+MARK = "VERL_EVIDENCE_TEST_JOB"  # in every process of the job (Slurm knows its processes by cgroup)
+GRACE_S = 90  # what the job gets between SIGTERM and the SIGKILL that would follow (Slurm's KillWait is 30 s)
+# What a driver sees of the cluster: its live nodes' resources, and the server resource left on each.
+CLUSTER_PROBE = """
+import json, ray
+ray.init(log_to_driver=False)
+from ray._private.state import available_resources_per_node
+nodes = {n["NodeID"]: n["Resources"] for n in ray.nodes() if n["Alive"]}
+left = available_resources_per_node()
+print(json.dumps([{**nodes[i], "left": left.get(i, {}).get("retrieval_host")} for i in nodes]))
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def job_processes(mark: str) -> list[int]:
+    """Live processes carrying the job's mark in their environment (inherited by every step, Ray worker, replica)."""
+    needle = f"{MARK}={mark}".encode()
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            if needle in proc.joinpath("environ").read_bytes().split(b"\0"):
+                found.append(int(proc.name))
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+def scancel(mark: str) -> list[int]:
+    """SIGTERM to every process of the job, as scancel and preemption send it; what outlives GRACE_S is killed and
+    returned."""
+    for pid in job_processes(mark):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    return wait_until_gone(mark)
+
+
+def wait_until_gone(mark: str) -> list[int]:
+    deadline = time.monotonic() + GRACE_S
+    while job_processes(mark) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = job_processes(mark)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return left
+
+
+def checkpoint_files(step_dir: Path) -> set[str]:
+    return {str(path.relative_to(step_dir)) for path in step_dir.rglob("*") if path.is_file()}
+
+
+def address_files(nodes: Path) -> list[Path]:
+    return sorted(nodes.glob("*/ray/ray_current_cluster"))
+
+
+def dumped(dump: Path, step: int) -> list[dict]:
+    path = dump / f"{step}.jsonl"
+    assert path.is_file(), f"no rollout dump for step {step}"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class SlurmJob:
+    """The job's environment as Slurm would give it, and its stand-ins; start() submits (or requeues) it."""
+
+    def __init__(self, tmp_path: Path, index_dir: Path, nodes: Path) -> None:
+        self.tmp_path, self.nodes = tmp_path, nodes
+        self.bin, self.home = tmp_path / "bin", tmp_path / "home"
+        self.run_dir = tmp_path / "run"
+        self.metrics_file, self.dump, self.checkpoints = smoke_paths(self.run_dir)
+        self.logs = tmp_path / "logs"
+        for directory in (self.bin, self.home / ".ray", self.run_dir, *(nodes / f"node{n}" for n in (1, 2, 3))):
+            directory.mkdir(parents=True, exist_ok=True)
+        # left by an earlier local ray.init() of the user's: Ray's `ray start --head` used to turn auth on for it
+        self.users_ray_token = uuid.uuid4().hex
+        (self.home / ".ray" / "auth_token").write_text(self.users_ray_token)
+        for name, text in {"srun": SRUN, "hostname": HOSTNAME}.items():
+            (self.bin / name).write_text(text)
+            (self.bin / name).chmod(0o755)
+        smoke_dir = os.environ.get("VERL_EVIDENCE_SMOKE_DIR") or str(Path.home() / ".cache/verl-evidence/smoke")
+        cache = os.environ.get("VERL_EVIDENCE_CACHE") or str(Path.home() / ".cache/verl-evidence")
+        base = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("RAY_ADDRESS", "RAY_AUTH", "RAY_TMPDIR", "RETRIEVAL_", "VERL_EVIDENCE_RETRIEVAL"))
+        }
+        self.env = {
+            **base,
+            "PATH": f"{self.bin}{os.pathsep}{os.environ['PATH']}",
+            "HOME": str(self.home),  # never the user's ~/.ray
+            "VERL_EVIDENCE_SMOKE_DIR": smoke_dir,  # the tiny policy and data, prepared once per machine
+            "VERL_EVIDENCE_CACHE": cache,
+            "TMPDIR": str(nodes / "node1"),  # the batch script runs on the first node
+            "SRUN_NODES": str(nodes),
+            "SRUN_LOG": str(tmp_path / "srun.log"),
+            "SLURM_JOB_ID": "4242",
+            "NODES": "node1 node2",  # SLURM_JOB_NODELIST through `scontrol show hostnames`
+            "SLURM_CPUS_PER_TASK": "8",  # sbatch --cpus-per-task, read by the job script
+            "PYTHONUNBUFFERED": "1",
+            "RECIPE": "search_r1_baseline.sh",
+            "SERVER_ARGS": f"--index-dir {index_dir}",
+            "RETRIEVAL_HOST": "127.0.0.1",
+            "RETRIEVAL_CPUS": "1",
+            "RETRIEVAL_PORT": str(free_port()),
+            "GPUS_PER_NODE": "1",  # the CPU mode's one "GPU" a node, as `ray start --num-gpus` offers it
+            "HEAD_START_S": "2",
+            "CHECK_INTERVAL": "2",  # each Ray probe is a Python start: ~2 CPU-s
+            "LOG_DIR": str(self.logs),
+            # the smoke run, saving every step and resuming as every recipe outside --smoke does
+            "CHECKPOINT_DIR": str(self.checkpoints),
+            "VERL_FILE_LOGGER_PATH": str(self.metrics_file),
+            "SAVE_FREQ": "1",
+            "RESUME_MODE": "auto",
+            "SMOKE_STEPS": "2",
+            # one question, 4 samples a step: the job's mechanics need searches and a checkpoint, not a signal
+            "BATCH": "1",
+            "MINI_BATCH": "1",
+            "GROUP_SIZE": "4",
+        }
+
+    def start(self, output: Path, **env: str) -> tuple[subprocess.Popen, str]:
+        mark = uuid.uuid4().hex
+        with output.open("w") as out:
+            job = subprocess.Popen(
+                # One trainer rank (trainer.nnodes=1 of the job's NNODES=2): a second FSDP rank on the other Ray node
+                # doubles the trainer's start-up on this 2-core machine and tests verl's placement, not the job's.
+                ["bash", str(SBATCH), "--smoke", "trainer.nnodes=1", f"trainer.rollout_data_dir={self.dump}"],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**self.env, "RAY_PORT": str(free_port()), MARK: mark, **env},
+                cwd=self.tmp_path,  # SLURM_SUBMIT_DIR; REPO is found from the script's path
+                start_new_session=True,
+            )
+        return job, mark
+
+
+def wait_for(what: str, check, job: subprocess.Popen, output: Path, timeout_s: float = 900) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        tail = output.read_text()[-6000:]
+        assert job.poll() is None, f"the job ended (status {job.returncode}) before the {what}:\n{tail}"
+        assert time.monotonic() < deadline, f"no {what} after {timeout_s}s:\n{tail}"
+        time.sleep(0.5)
+
+
+def test_the_slurm_job_trains_on_two_ray_nodes_stops_when_cancelled_and_resumes_when_requeued(
+    bundled_index_dir: Path, tmp_path: Path
+) -> None:
+    # Ray's socket paths must stay under 108 bytes: the nodes' temporary directories are short ones
+    with tempfile.TemporaryDirectory(prefix="sbatch-", dir="/tmp") as nodes:
+        job = SlurmJob(tmp_path, bundled_index_dir, Path(nodes))
+        first_run(job)
+        requeued_run(job)
+
+
+def first_run(job: SlurmJob) -> None:
+    output = job.tmp_path / "run1.out"
+    ray_token, server_token = uuid.uuid4().hex, uuid.uuid4().hex  # the user's own, given to the job
+    process, mark = job.start(output, RAY_AUTH_TOKEN=ray_token, RETRIEVAL_SERVER_TOKEN=server_token)
+    url = f"http://127.0.0.1:{job.env['RETRIEVAL_PORT']}"
+    server_log = job.logs / "retrieval-server.log"
+    try:
+        wait_for("server", lambda: server_log.is_file() and "retrieval server ready" in server_log.read_text(),
+                 process, output)  # fmt: skip
+        # The server, from outside the job: behind the job's token
+        question = {"queries": ["Where do the two Niles meet?"], "topk": 1}
+        assert httpx.post(f"{url}/retrieve", json=question, timeout=30).status_code == 401
+        auth = {"Authorization": f"Bearer {server_token}"}
+        hits = httpx.post(f"{url}/retrieve", json=question, headers=auth, timeout=30).json()
+        assert len(hits["result"][0]) == 1, hits
+        # The cluster, as a driver with the job's Ray token sees it
+        address = f"127.0.0.1:{_ray_port(output)}"
+        probe = subprocess.run(
+            [sys.executable, "-c", CLUSTER_PROBE],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**job.env, "RAY_ADDRESS": address, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": ray_token},
+        )
+        assert probe.returncode == 0, probe.stderr[-3000:]
+        nodes = json.loads(probe.stdout.strip().splitlines()[-1])
+        assert len(nodes) == 2 and all(n["CPU"] == 8 and n["GPU"] == 1 for n in nodes), nodes  # --cpus-per-task
+        head = next(n for n in nodes if "retrieval_host" in n)
+        assert sum("retrieval_host" in n for n in nodes) == 1 and head["left"] == 999, nodes  # the replica: the head
+        latest = job.checkpoints / "latest_checkpointed_iteration.txt"
+
+        def step_1_saved() -> bool:  # verl writes the checkpoint, then logs the step
+            saved = latest.is_file() and latest.read_text().strip() == "1"
+            return saved and "1" in STEP_LINE.findall(output.read_text())
+
+        wait_for("checkpoint of step 1", step_1_saved, process, output)
+        metrics = httpx.get(f"{url}/metrics", headers=auth, timeout=10).text
+    finally:
+        left = scancel(mark)  # during step 2
+        process.wait(timeout=60)
+    text = output.read_text()
+    assert not left, f"processes of the job outlived SIGTERM for {GRACE_S}s: {left}\n{text[-4000:]}"
+    assert process.returncode == 143, text[-4000:]
+    assert not address_files(job.nodes), "Ray's address file outlived the job"
+    assert latest.read_text().strip() == "1", text[-4000:]  # step 2 never completed
+    assert "# Ray: RAY_AUTH_MODE=token" in text and ray_token not in text and server_token not in text
+    served = re.search(r'^retrieval_requests_total\{endpoint="retrieve",status="200"\} (\S+)', metrics, re.M)
+    assert served and float(served[1]) > 1, metrics[-3000:]  # the rollouts' searches besides this test's one
+    rows = dumped(job.dump, 1)
+    assert sum(row["rollout"]["num_searches"] for row in rows) > 0
+    assert all(row["rollout"]["search_errors"] == 0 for row in rows)
+    assert 1 in read_metrics(job.metrics_file)  # verl's file logger, in the trainer's Ray workers on the cluster
+    srun_steps = (job.tmp_path / "srun.log").read_text().splitlines()
+    assert srun_steps and all("--cpus-per-task=8 " in line for line in srun_steps), srun_steps
+
+
+def _ray_port(output: Path) -> str:
+    """The job's Ray port, from its '# N node(s); Ray head <node> (<ip>:<port>)' line."""
+    return re.search(r"Ray head \S+ \([^:]+:(\d+)\)", output.read_text())[1]
+
+
+def requeued_run(job: SlurmJob) -> None:
+    output = job.tmp_path / "run2.out"
+    process, mark = job.start(output, NODES="node1 node2 node3", RETRIEVAL_NODE="last")
+    try:
+        process.wait(timeout=1200)
+    finally:
+        left = wait_until_gone(mark) if process.poll() is not None else scancel(mark)
+    text = output.read_text()
+    assert process.returncode == 0, text[-6000:]
+    assert not left, f"processes of the job outlived its end: {left}"
+    assert not address_files(job.nodes), "Ray's address file outlived the job"
+    steps = {int(s) for s in STEP_LINE.findall(text)}  # (Ray's log forwarding may show a line twice)
+    assert steps == {2}, f"the requeued run trained steps {steps}, not only step 2:\n{text[-4000:]}"
+    assert "global_step_1" in text  # verl names the checkpoint it loads
+    assert (job.checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    # the step the first run was cancelled after is as whole as the one this run wrote
+    assert checkpoint_files(job.checkpoints / "global_step_1") == checkpoint_files(job.checkpoints / "global_step_2")
+    # the server on node3, on a Ray instance of its own (node3's temporary directory), searched by step 2's rollouts
+    assert "# retrieval server on its own node: node3" in text and "# 2 node(s)" in text
+    assert list((job.nodes / "node3" / "ray").glob("session_*")), "the server did not start a Ray of its own"
+    assert sum(row["rollout"]["num_searches"] for row in dumped(job.dump, 2)) > 0
+    assert "# Ray: token authentication, a token made for this job: sha256 " in text
+    assert (job.home / ".ray" / "auth_token").read_text() == job.users_ray_token  # the user's file, untouched

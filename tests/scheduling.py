@@ -1,0 +1,121 @@
+"""The order of the tests and their pytest-xdist scheduling units, from marks on the tests (a pytest plugin).
+
+Under pytest-xdist (`make test`: -n 2) the suite keeps both cores busy, so what costs CPU is shared between the
+workers and the order decides how the run ends: the longest tests start first, so that no worker ends the run alone with
+one, and the shared EviOmni training (`eviomni_smoke_run`) starts early in the test that needs it most.
+Both workers share one Ray/Serve session cluster (`retrieval_server`): the first to need it starts it.
+A test's place is a mark on the test itself (registered in pyproject.toml), so that it moves with a renamed test:
+- `longest_first(rank)`: starts before the unmarked tests, rank 0 first (longest first, as `make test --durations`
+  measured them); the others follow in collection order.
+- `run_last`: a reader of what a long test leaves, so that it finds it done instead of waiting for it on another
+  worker.
+- `one_worker_group(name)`: tests that share a costly module-scoped fixture (an NLI actor, a 2 GiB store, adopted
+  and converted indexes, Serve apps of their own) run on one worker, so that the fixture is built once; without a
+  name (a module's `pytestmark`), the whole module. A module that deploys a named Serve app on the shared session
+  cluster must be one group: on two workers it would be deployed twice under one name, each deployment replacing
+  the other's. Every other test is scheduled on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+SCHEDULE_MARKS = ("longest_first", "run_last", "one_worker_group")
+_SCOPES_FILE = pytest.StashKey[Path]()
+_SCOPES_INPUT = "verl_evidence_one_worker_scopes"  # key of pytest-xdist's workerinput: where workers leave the groups
+
+
+def start_rank(item: pytest.Item) -> tuple[int, int]:
+    """Sort key: the `longest_first` tests by rank, then the unmarked ones, then the `run_last` ones."""
+    if (mark := item.get_closest_marker("longest_first")) is not None:
+        return (0, mark.args[0])
+    return (2, 0) if item.get_closest_marker("run_last") is not None else (1, 0)
+
+
+def one_worker_scope(item: pytest.Item) -> str:
+    """The scheduling unit of a test: its `one_worker_group` (a module's when unnamed), or the test itself."""
+    mark = item.get_closest_marker("one_worker_group")
+    if mark is None:
+        return item.nodeid
+    return f"one worker: {mark.args[0] if mark.args else item.nodeid.split('::', 1)[0]}"
+
+
+def check_schedule_marks(items: list[pytest.Item]) -> None:
+    """Stop on a malformed scheduling mark, or a rank or group name used in two modules (a copied mark), naming the
+    tests; a misspelt mark's name is refused by pytest itself (`strict_markers` in pyproject.toml)."""
+    wrong, modules = [], {}
+    for item in items:
+        first, last, group = (item.get_closest_marker(name) for name in SCHEDULE_MARKS)
+        module = item.nodeid.split("::", 1)[0]
+        if first and (first.kwargs or len(first.args) != 1 or type(first.args[0]) is not int or first.args[0] < 0):
+            wrong.append(f"{item.nodeid}: longest_first takes one rank, an int >= 0")
+        elif first:
+            modules.setdefault(("longest_first rank", first.args[0]), set()).add(module)
+        if last and (first or last.args or last.kwargs):
+            wrong.append(f"{item.nodeid}: run_last takes no arguments and excludes longest_first")
+        if group and (group.kwargs or len(group.args) > 1 or not all(isinstance(a, str) and a for a in group.args)):
+            wrong.append(f"{item.nodeid}: one_worker_group takes at most a group name")
+        elif group and group.args:
+            modules.setdefault(("one_worker_group", group.args[0]), set()).add(module)
+    wrong += [f"{kind} {value!r} is used in {sorted(used)}" for (kind, value), used in modules.items() if len(used) > 1]
+    if wrong:
+        raise pytest.UsageError("scheduling marks (see tests/scheduling.py): " + "; ".join(wrong))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """pytest-xdist's `load` distribution, one test at a time in collection order, with each `one_worker_group` kept
+    whole. xdist's own `loadgroup` marks do not reach its scheduler under pytest 9.2 (their node-id rewrite is lost),
+    and this controller process collects nothing, so the workers leave each test's group in a file for it."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False  # xdist would put the units with most tests first: keep our order
+    scopes_file = _scopes_file(config)
+
+    class LongestFirstScheduling(LoadScopeScheduling):
+        scopes: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.scopes is None:  # first called once every worker has reported its collection: the file is written
+                self.scopes = json.loads(scopes_file.read_text())
+            return self.scopes.get(nodeid, nodeid)
+
+    return LongestFirstScheduling(config, log)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """(pytest-xdist controller, before the scheduler is made) Tell each worker where to leave its tests' groups."""
+    if node.config.getvalue("dist") == "load":
+        node.workerinput[_SCOPES_INPUT] = str(_scopes_file(node.config))
+
+
+def _scopes_file(config: pytest.Config) -> Path:
+    """(pytest-xdist controller) This run's file of {node id: scheduling unit}, written by the workers."""
+    if _SCOPES_FILE not in config.stash:
+        import shutil
+        import tempfile
+
+        directory = Path(tempfile.mkdtemp(prefix="verl-evidence-schedule-"))
+        config.add_cleanup(lambda: shutil.rmtree(directory, ignore_errors=True))
+        config.stash[_SCOPES_FILE] = directory / "one-worker-scopes.json"
+    return config.stash[_SCOPES_FILE]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Check the scheduling marks; the longest tests first (stable: every worker collects the same order, as
+    pytest-xdist requires); on a pytest-xdist worker, leave the tests' groups for the scheduler."""
+    check_schedule_marks(items)
+    items.sort(key=start_rank)
+    scopes_file = getattr(config, "workerinput", {}).get(_SCOPES_INPUT)
+    if scopes_file:  # both workers write the same content; each replaces the file whole
+        scopes = {item.nodeid: scope for item in items if (scope := one_worker_scope(item)) != item.nodeid}
+        partial = Path(f"{scopes_file}.{config.workerinput['workerid']}")
+        partial.write_text(json.dumps(scopes))
+        os.replace(partial, scopes_file)
