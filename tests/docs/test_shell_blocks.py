@@ -84,8 +84,10 @@ SKIPPED: dict[tuple[str, str], str] = {
     ("docs/retrieval-server.md", "verl-evidence serve --index-dir /data/idx --replicas 2 --gpus-per-replica 1"): (
         "GPU replicas"
     ),
-    ("docs/retrieval-server.md", "retrieval-server {serve,build,recall,adopt,convert}"): "a synopsis, not a command: "
+    ("docs/retrieval-server.md", "retrieval-server {serve,"): "a synopsis, not a command: "
     "each one's --help runs in tests/cli/test_command_line.py",
+    ("docs/retrieval-server.md", "verl-evidence index verify --index-dir /data/idx"): "checks /data/idx, the "
+    "IVF65536 build skipped above; `index verify` (and --record) runs in tests/retrieval/test_startup_checks.py",
     ("docs/retrieval-server.md", "retrieval-server convert"): "~65 CPU-s for the 322-vector stand-in (see quickstart); "
     "`convert` runs in tests/retrieval/test_adopt.py::test_convert_reports_recall_against_flat",
     ("docs/retrieval-server.md", "retrieval-server serve --index-dir /data/wiki18-e5-pq"): "serves the conversion "
@@ -136,7 +138,10 @@ EXPECT: dict[tuple[str, str], str] = {
 # Documented commands that fail today because of a product bug outside these docs: {(page, command start): bug}.
 # Such a command must fail (strict): when the bug is fixed, its entry goes.
 KNOWN_BUGS: dict[tuple[str, str], str] = {
-    ("docs/data-preparation.md", "verl-evidence data grace hotpot_train_v1.1.json"): "issue 31 item 6 (h4): `data "
+    (
+        "docs/data-preparation.md",
+        "verl-evidence data grace hotpot_train_v1.1.json --style hotpotqa --sample 2000 --seed 0 -o",
+    ): "issue 31 item 6 (h4): `data "
     "grace --retriever dense=URL` with a server holding another corpus ends in a traceback (KeyError: 'p0001'), "
     "not a one-line error",
     ("docs/data-preparation.md", "verl-evidence data inspect data/grace/train.parquet"): "inspects the file of the "
@@ -154,6 +159,8 @@ STAND_INS = (
     ("/models/qwen2.5-1.5b", "{tokenizer}"),
     ("microsoft/deberta-large-mnli", "{nli}"),
     ("/models/bge-reranker", "{reranker}"),
+    ("BAAI/bge-reranker-v2-m3", "{reranker}"),
+    ("Qwen/Qwen3-Embedding-0.6B", "{minilm}"),
     ("/data/", "{work}/data/"),
 )
 # Pages that start a server of their own: "http://127.0.0.1:8000" there is that server.
@@ -248,7 +255,10 @@ def stand_ins(tmp_path_factory, bundled_index_dir: Path) -> dict:
     shutil.copy(bundled_index_dir / manifest["index"]["file"], data / "e5_Flat.index")  # IndexFlatIP, like Search-R1's
     questions = [json.loads(line) for line in bundled.qa_path().read_text().splitlines() if line.strip()]
     flashrag = [{k: q[k] for k in ("id", "question", "golden_answers")} for q in questions]
-    for name, rows in (("nq_train", flashrag[:8]), ("nq_test", flashrag[8:12]), ("nq_dev", flashrag[12:16])):
+    files = {"nq_train": flashrag[:8], "nq_dev": flashrag[12:16], "nq/train": flashrag[:8], "nq/test": flashrag[8:12],
+             "hotpotqa/train": flashrag[16:24], "hotpotqa/dev": flashrag[24:28]}  # fmt: skip
+    for name, rows in files.items():
+        (root / f"{name}.jsonl").parent.mkdir(exist_ok=True)
         (root / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     passages = {p["id"]: p["contents"] for p in map(json.loads, bundled.corpus_path().read_text().splitlines())}
     (root / "dpr_top5.jsonl").write_text(
@@ -258,12 +268,14 @@ def stand_ins(tmp_path_factory, bundled_index_dir: Path) -> dict:
             for q in questions[12:16]
         )
     )
-    from dataprep.search_r1_files import merged_test_file, merged_train_file
+    from dataprep.search_r1_files import HOTPOTQA_METADATA, write_search_r1_parquet
 
-    (root / "nq_hotpotqa_train").mkdir()
-    merged_train_file(root / "nq_hotpotqa_train" / "train.parquet")
-    merged_test_file(root / "nq_hotpotqa_train" / "test.parquet")
+    (root / "nq_hotpotqa_train").mkdir()  # Search-R1's merged files, of bundled questions (their answers are served)
+    for split, first in (("train", 0), ("test", 40)):
+        datasets = {"nq": flashrag[first : first + 6], "hotpotqa": flashrag[first + 6 : first + 12]}
+        write_search_r1_parquet(root / "nq_hotpotqa_train" / f"{split}.parquet", datasets, split, HOTPOTQA_METADATA)
     (root / "hotpot_train_v1.1.json").write_text(json.dumps(hotpotqa_original(questions[:6], passages)))
+    (root / "hotpot_dev_distractor_v1.json").write_text(json.dumps(hotpotqa_original(questions[6:10], passages)))
     (root / "qasper-train-v0.3.json").write_text(json.dumps(qasper_original(questions[:4], passages)))
     models = root / "models"
     return {
