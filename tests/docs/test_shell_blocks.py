@@ -135,17 +135,21 @@ EXPECT: dict[tuple[str, str], str] = {
     ("docs/quickstart.md", "curl -s -X POST"): '"result"',
     ("docs/quickstart.md", "verl-evidence version"): f"from {ROOT / 'verl_evidence'}",
 }
-# Documented commands that fail today because of a product bug outside these docs: {(page, command start): bug}.
-# Such a command must fail (strict): when the bug is fixed, its entry goes.
-KNOWN_BUGS: dict[tuple[str, str], str] = {
+# Documented commands that fail today because of a product bug outside these docs: {(page, command start): (bug, what
+# its output shows)}. Such a command must fail, and for that reason (strict): when the bug is fixed, its entry goes.
+KNOWN_BUGS: dict[tuple[str, str], tuple[str, str]] = {
     (
         "docs/data-preparation.md",
         "verl-evidence data grace hotpot_train_v1.1.json --style hotpotqa --sample 2000 --seed 0 -o",
-    ): "issue 31 item 6 (h4): `data "
-    "grace --retriever dense=URL` with a server holding another corpus ends in a traceback (KeyError: 'p0001'), "
-    "not a one-line error",
-    ("docs/data-preparation.md", "verl-evidence data inspect data/grace/train.parquet"): "inspects the file of the "
-    "command above (the bundled one's is skipped for its cost)",
+    ): (
+        "issue 31 item 6 (h4): `data grace --retriever dense=URL` with a server holding another corpus ends in a "
+        "traceback (KeyError: 'p0001'), not a one-line error",
+        "KeyError",
+    ),
+    ("docs/data-preparation.md", "verl-evidence data inspect data/grace/train.parquet"): (
+        "inspects the file of the command above (the bundled one's is skipped for its cost)",
+        "data/grace/train.parquet: no such file",
+    ),
 }
 
 # Doc placeholder -> stand-in (str.replace, in this order); fields filled per page.
@@ -205,7 +209,8 @@ def page_commands(page: str) -> list[Command]:
     return commands
 
 
-def _entry(table: dict[tuple[str, str], str], command: Command) -> str | None:
+def _entry(table: dict, command: Command):
+    """The value of the one entry of ``table`` whose (page, start) names ``command``; None without one."""
     matches = [value for (page, start), value in table.items() if page == command.page and command.starts_with(start)]
     assert len(matches) <= 1, f"{command.where}: `{command.text}` matches several entries"
     return matches[0] if matches else None
@@ -461,11 +466,11 @@ def run_page(page: str, stand_ins: dict, tmp_path: Path, session_url: str | None
                 continue
             result = run.run(command, text)
             run.seconds[command.where] = (time.monotonic() - started, _children_cpu() - cpu)
-            bug = _entry(KNOWN_BUGS, command)
-            if bug:
-                assert result.returncode != 0, (
-                    f"{command.where}: `{command.text}` works now: remove KNOWN_BUGS' {bug!r}"
-                )
+            if known := _entry(KNOWN_BUGS, command):
+                bug, symptom = known
+                where = f"{command.where}: `{command.text}`"
+                assert result.returncode != 0, f"{where} works now: remove KNOWN_BUGS' {bug!r}"
+                assert symptom in result.stdout, f"{where} fails, not with {symptom!r}:\n{result.stdout[-3000:]}"
                 known_failures.append(f"{command.where}: {bug}")
                 continue
             assert result.returncode == 0, (
