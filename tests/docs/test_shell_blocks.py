@@ -95,6 +95,13 @@ SKIPPED: dict[tuple[str, str], str] = {
     ("docs/data-preparation.md", "verl-evidence data grace bundled"): "53 CPU-s (five retrievers, two of them "
     "encoding the corpus, over the 80 bundled questions); the same five with a cross-encoder on a small set: "
     "tests/dataprep/test_cli.py::test_grace_cli_prints_statistics, the bundled set: test_grace_on_the_bundled_set",
+    (
+        "docs/data-preparation.md",
+        "verl-evidence data grace hotpot_train_v1.1.json --style hotpotqa --sample 2000 --seed 0 -o",
+    ): "needs a server at node1 over an index of the HotpotQA file's own paragraphs (another server "
+    "start); `--retriever dense=URL` runs below on Search-R1's files against the session's server",
+    ("docs/data-preparation.md", "verl-evidence data inspect data/grace/train.parquet"): "the file of the two "
+    "commands above, both skipped; `data inspect` runs in quickstart (step 4)",
     ("docs/evaluation.md", "verl-evidence eval --out outputs/eval"): "replayed trajectories through the CLI (on the "
     "session's server, not an embedded one): "
     "tests/eval/test_eval_cli.py::test_eval_command_writes_report_and_resumes_from_its_cache",
@@ -137,20 +144,7 @@ EXPECT: dict[tuple[str, str], str] = {
 }
 # Documented commands that fail today because of a product bug outside these docs: {(page, command start): (bug, what
 # its output shows)}. Such a command must fail, and for that reason (strict): when the bug is fixed, its entry goes.
-KNOWN_BUGS: dict[tuple[str, str], tuple[str, str]] = {
-    (
-        "docs/data-preparation.md",
-        "verl-evidence data grace hotpot_train_v1.1.json --style hotpotqa --sample 2000 --seed 0 -o",
-    ): (
-        "issue 31 item 6 (h4): `data grace --retriever dense=URL` with a server holding another corpus ends in a "
-        "traceback (KeyError: 'p0001'), not a one-line error",
-        "KeyError",
-    ),
-    ("docs/data-preparation.md", "verl-evidence data inspect data/grace/train.parquet"): (
-        "inspects the file of the command above (the bundled one's is skipped for its cost)",
-        "data/grace/train.parquet: no such file",
-    ),
-}
+KNOWN_BUGS: dict[tuple[str, str], tuple[str, str]] = {}
 
 # Doc placeholder -> stand-in (str.replace, in this order); fields filled per page.
 STAND_INS = (
