@@ -437,7 +437,7 @@ def serves(text: str) -> bool:
 def run_page(page: str, stand_ins: dict, tmp_path: Path, session_url: str | None) -> PageRun:
     """Run the page's commands in order; fail at the first that exits non-zero (known bugs: must fail)."""
     work = tmp_path / "work"
-    work.mkdir()
+    work.mkdir(parents=True)
     for entry in stand_ins["root"].iterdir():
         (work / entry.name).symlink_to(entry)
     (work / "recipes").symlink_to(ROOT / "recipes")
@@ -534,3 +534,18 @@ def test_a_server_that_exits_stops_the_command_waiting_for_it(tmp_path: Path) ->
     (tmp_path / "inputs").mkdir()
     with pytest.raises(pytest.fail.Exception, match=r"page.md:3: `until false.*`echo starting; exit 3 &`.*exited"):
         run_page(str(page), {"root": tmp_path / "inputs"}, tmp_path, session_url=None)
+
+
+def test_a_known_bug_must_fail_with_its_symptom(tmp_path: Path, monkeypatch) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("```bash\nls no-such-file\n```\n")
+    (tmp_path / "inputs").mkdir()
+    monkeypatch.setitem(KNOWN_BUGS, (str(page), "ls no-such-file"), ("bug 1", "No such file"))
+    with pytest.raises(pytest.xfail.Exception, match="page.md:2: bug 1"):
+        run_page(str(page), {"root": tmp_path / "inputs"}, tmp_path / "a", session_url=None)
+    monkeypatch.setitem(KNOWN_BUGS, (str(page), "ls no-such-file"), ("bug 1", "Permission denied"))
+    with pytest.raises(AssertionError, match="fails, not with 'Permission denied'"):
+        run_page(str(page), {"root": tmp_path / "inputs"}, tmp_path / "b", session_url=None)
+    page.write_text("```bash\nls no-such-file || true\n```\n")
+    with pytest.raises(AssertionError, match="works now: remove KNOWN_BUGS' 'bug 1'"):
+        run_page(str(page), {"root": tmp_path / "inputs"}, tmp_path / "c", session_url=None)
