@@ -47,7 +47,15 @@ ve_parse_args() {
       --cfg|--package) HYDRA_FLAGS+=("$1" "${2:?$1 needs a value}"); shift ;;  # Hydra: print the config, do not train
       --resolve) HYDRA_FLAGS+=("$1") ;;
       --*) echo "unknown flag $1 (Hydra overrides are key=value)" >&2; ve_usage >&2; exit 2 ;;
-      *) EXTRA_ARGS+=("$1") ;;
+      *)
+        # LR=5e-5 here is a recipe variable, not a Hydra override: Hydra refuses it, and +LR=5e-5 would add a key
+        # nothing reads (the run would train at the default rate without a word)
+        if [[ "$1" =~ ^\+{0,2}([A-Z][A-Z0-9_]*=.*)$ ]]; then
+          echo "error: $1 is a recipe variable, not a Hydra override: set it before the command," \
+            "e.g. ${BASH_REMATCH[1]} bash $0 ..." >&2
+          exit 2
+        fi
+        EXTRA_ARGS+=("$1") ;;
     esac
     shift
   done

@@ -26,6 +26,7 @@ app = typer.Typer(
     cls=boundary_group(SERVER_USER_ERRORS),
     callback=debug_option,
     pretty_exceptions_show_locals=False,
+    rich_markup_mode=None,  # plain help (and its sub-apps'): option names whole at 80 columns
 )
 index_app = typer.Typer(
     name="index",

@@ -41,6 +41,8 @@ app = typer.Typer(
     cls=boundary_group(USER_ERRORS),
     callback=debug_option,
     pretty_exceptions_show_locals=False,
+    # click's plain help for every subcommand: option names whole at 80 columns (rich's table cut them), no boxes
+    rich_markup_mode=None,
 )
 
 _COMMAND_MODULES = (

@@ -38,7 +38,7 @@ def command_paths(command, path=()):
     for name, sub in getattr(command, "commands", {}).items():
         yield from command_paths(sub, (*path, name))
 
-shown = []
+shown, cut, widest = [], {}, {}
 for prog, app in (("verl-evidence", cli_app), ("retrieval-server", server_app)):
     root = typer.main.get_command(app)
     for path in command_paths(root):
@@ -50,23 +50,48 @@ for prog, app in (("verl-evidence", cli_app), ("retrieval-server", server_app)):
                 assert done.code == 0, (path, done.code)
         assert "Usage:" in out.getvalue(), (path, out.getvalue())
         shown.append(" ".join([prog, *path]))
+        command = root
+        for name in path:
+            command = command.commands[name]
+        words = set(out.getvalue().replace("/", " ").replace(",", " ").split())
+        options = {opt for param in command.params for opt in [*param.opts, *param.secondary_opts] if "-" in opt[:1]}
+        cut[" ".join([prog, *path])] = sorted(options - words)  # an option name not shown whole as one word
+        widest[" ".join([prog, *path])] = max(len(line) for line in out.getvalue().splitlines())
 heavy = sorted({name.split(".")[0] for name in sys.modules} & set(sys.argv[1:]))
-print(json.dumps({"shown": shown, "heavy": heavy}))
+print(json.dumps({"shown": shown, "heavy": heavy, "cut": cut, "widest": widest}))
 """
 
 
-def test_every_help_imports_no_heavy_library() -> None:
-    """``--help`` of both tools and of every (sub)command, in a fresh interpreter: not one heavy module loaded."""
+@pytest.fixture(scope="module")
+def every_help() -> dict:
+    """``--help`` of both tools and of every (sub)command, in one fresh interpreter on an 80-column terminal."""
     done = subprocess.run(
-        [sys.executable, "-c", EVERY_HELP, *HEAVY], capture_output=True, text=True, timeout=300, check=False
+        [sys.executable, "-c", EVERY_HELP, *HEAVY],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "COLUMNS": "80", "LINES": "24"},
     )
     assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_every_help_imports_no_heavy_library(every_help: dict) -> None:
+    """Not one heavy module loaded by all the ``--help`` pages together."""
+    result = every_help
     expected = {"verl-evidence", "verl-evidence serve", "verl-evidence data qa", "verl-evidence index build",
                 "verl-evidence eval", "verl-evidence demo", "verl-evidence evipath synthesize",
                 "verl-evidence smoke prepare", "retrieval-server serve", "retrieval-server adopt"}  # fmt: skip
     assert expected <= set(result["shown"]), result["shown"]
     assert result["heavy"] == [], f"--help imported {result['heavy']}: import them inside the command that uses them"
+
+
+def test_every_help_shows_every_option_name_whole_at_80_columns(every_help: dict) -> None:
+    """A login node's terminal or a Slurm log: no option name cut (rich's option table ended them in '…')."""
+    assert len(every_help["cut"]) == len(every_help["shown"]) > 20
+    assert {command: cut for command, cut in every_help["cut"].items() if cut} == {}
+    assert max(every_help["widest"].values()) <= 80, every_help["widest"]
 
 
 def run(app: typer.Typer, *args: str):
