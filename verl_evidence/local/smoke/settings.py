@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +95,7 @@ def warmup_family(method: str, warmup: str | None = None) -> str | None:
     return warmup
 
 
+@functools.cache  # read once per process: smoke_dir() asks for it at every cache lookup
 def prompts_digest() -> str:
     """A digest of the prompts the smoke rows and warm-up examples are rendered from (each method's data prompt and
     EviOmni's masked-answer prompt): a changed prompt gets a fresh cache (new rows, warm-ups trained again) instead of
