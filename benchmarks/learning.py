@@ -44,6 +44,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import fmean
@@ -632,6 +633,59 @@ def fire_rates(points: Sequence[Point], labels: Sequence[str]) -> dict[str, floa
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Where a run's seconds go, and what a protocol costs (pure)
+
+# verl's per-step timers (timing_s/...): rollout (the reward loop runs inside it: EviOmni's masked-answer generations,
+# EviNote's NLI judge), the actor's and the reference's log-probabilities, the update
+STEP_PHASES = ("gen", "old_log_prob", "ref", "update_actor", "testing")
+
+
+@dataclass(frozen=True)
+class RunCost:
+    """One run's wall time split: the trainer's start and stop (wall minus the steps), and per training step."""
+
+    wall_s: float
+    steps: int
+    per_step: dict[str, float]  # phase -> mean seconds per training step ("step": the whole step)
+    validation_s: float  # every validation (step 0 and step N) together
+
+    @property
+    def start_s(self) -> float:
+        """Everything outside the steps: Ray and the workers' start, the retrieval server, validation at step 0."""
+        return self.wall_s - self.steps * self.per_step.get("step", 0.0) - self.validation_s
+
+
+def run_cost(metrics: Mapping[int, Mapping[str, float]], wall_s: float) -> RunCost | None:
+    """A run's :class:`RunCost` from its logged metrics (verl's ``timing_s/...``) and its wall time."""
+    steps = [values for step, values in metrics.items() if step > 0 and "timing_s/step" in values]
+    if not steps:
+        return None
+    per_step = {
+        phase: fmean(values.get(f"timing_s/{phase}", 0.0) for values in steps) for phase in ("step", *STEP_PHASES)
+    }
+    validation = sum(values.get("timing_s/testing", 0.0) for values in metrics.values())
+    per_step["testing"] = 0.0  # counted once per run in validation_s, not per step
+    return RunCost(wall_s, len(steps), per_step, validation)
+
+
+def protocol_minutes(
+    arms: int, seeds: int, signs: int, steps: int, start_s: float, step_s: float, parallel: int = 1
+) -> float:
+    """Wall minutes of ``arms x seeds x signs`` runs of ``steps`` steps, ``parallel`` at a time (CPU-bound runs on a
+    machine with at least that many idle cores; more runs than cores only share them)."""
+    runs = arms * seeds * signs
+    return runs * (start_s + steps * step_s) / max(1, parallel) / 60
+
+
+def format_costs(costs: Mapping[str, RunCost]) -> str:
+    lines = [f"{'run':28} {'wall s':>7} {'start s':>7} {'step s':>7} " + " ".join(f"{p:>12}" for p in STEP_PHASES)]
+    for label, cost in sorted(costs.items()):
+        phases = " ".join(f"{cost.per_step[p]:12.2f}" for p in STEP_PHASES[:-1]) + f" {cost.validation_s:12.1f}"
+        lines.append(f"{label:28} {cost.wall_s:7.0f} {cost.start_s:7.0f} {cost.per_step['step']:7.2f} {phases}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Running the arms
 
 
@@ -659,7 +713,8 @@ def branch_prefix(labels: Sequence[int]) -> int:
 def warmup_note_rate(policy: Path, samples: int = 16, seed: int = 0) -> dict[str, float]:
     """The neutral warm-up policy's note rate, sampled where it decides: after each warm-up question's search and
     observation (the warm-up's own context), the share of ``samples`` continuations at temperature 1 that open a
-    ``<summary>`` rather than an ``<answer>``."""
+    ``<summary>`` rather than an ``<answer>``, and the share EviNote's gate would pay (well formed, and a right
+    answer or a well-formed note)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -669,9 +724,12 @@ def warmup_note_rate(policy: Path, samples: int = 16, seed: int = 0) -> dict[str
     tokenizer = AutoTokenizer.from_pretrained(policy)
     model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32).eval()
     torch.manual_seed(seed)
-    notes = answers = 0
-    plain = [e for e in warmup_examples("search_neutral", policy) if "<summary>" not in e["messages"][-1]["content"]]
-    for example in plain:
+    from verl_evidence.rewards.evinote import compute_score
+
+    notes = answers = paid = 0
+    examples = warmup_examples("search_neutral", policy)
+    golds = gold_answers(examples, policy)
+    for example in examples:
         ids, labels = example_ids(tokenizer, example)
         prefix = torch.tensor([ids[: branch_prefix(labels)]])
         with torch.no_grad():
@@ -681,7 +739,7 @@ def warmup_note_rate(policy: Path, samples: int = 16, seed: int = 0) -> dict[str
                 do_sample=True,
                 temperature=1.0,
                 top_k=0,
-                max_new_tokens=10,
+                max_new_tokens=64,
                 num_return_sequences=samples,
                 pad_token_id=tokenizer.pad_token_id,
             )
@@ -689,8 +747,26 @@ def warmup_note_rate(policy: Path, samples: int = 16, seed: int = 0) -> dict[str
             text = tokenizer.decode(row, skip_special_tokens=True)
             notes += text.startswith("<summary>")
             answers += text.startswith("<answer>")
-    total = samples * len(plain)
-    return {"note_rate": notes / total, "answer_rate": answers / total, "samples": float(total)}
+            paid += compute_score(None, text, golds[example["question"]])["score"] > 0
+    total = samples * len(examples)
+    return {
+        "note_rate": notes / total,
+        "answer_rate": answers / total,
+        "evinote_paid": paid / total,
+        "samples": float(total),
+    }
+
+
+def gold_answers(examples: Sequence[Mapping], policy: Path) -> dict[str, dict]:
+    """The ground truth (EviNote's rows) of each warm-up example's question."""
+    from verl_evidence.local.smoke.data import method_data, read_rows
+
+    questions = {e["question"] for e in examples}
+    return {
+        row["extra_info"]["question"]: row["reward_model"]["ground_truth"]
+        for row in read_rows(method_data("evinote", policy))
+        if row["extra_info"]["question"] in questions
+    }
 
 
 def training_questions(variables: Mapping[str, str]) -> int:
@@ -767,18 +843,39 @@ def run_arm(
     return record
 
 
+def run_with_retry(run: tuple) -> tuple[dict, Path]:
+    """:func:`run_arm` with ``run``'s arguments; a run that failed before its first step is started once more."""
+    run_dir = run[5]
+    record = run_arm(*run)
+    if record["returncode"] and not trained_a_step(run_dir):
+        # Ray's start-up timed out once on an overloaded machine ("The current node timed out during startup"):
+        # a run that failed before its first step is started once more, from scratch.
+        print(json.dumps({**record, "retried": True}), flush=True)
+        shutil.rmtree(run_dir)
+        record = run_arm(*run)
+    return record, run_dir
+
+
 def trained_a_step(run_dir: Path) -> bool:
     metrics = run_dir / "metrics.jsonl"
     return metrics.exists() and any(step > 0 for step in read_metrics(metrics))
 
 
-def analyse(out: Path, arms: Sequence[str]) -> tuple[list[Point], list[dict], list[Direction], list[SignCheck]]:
+def analyse(
+    out: Path, arms: Sequence[str]
+) -> tuple[list[Point], list[dict], list[Direction], list[SignCheck], dict[str, RunCost]]:
     points: list[Point] = []
+    costs: dict[str, RunCost] = {}
     for run_dir in sorted(out.glob("*-seed*")):
         label, _, seed = run_dir.name.rpartition("-seed")
         arm = label.removesuffix(NEGATED_SUFFIX)
         if arm in arms and (run_dir / "metrics.jsonl").exists():
             points += run_points(label, int(seed), ARMS[arm].kind, run_dir)
+            if (run_dir / "run.json").exists():
+                wall = json.loads((run_dir / "run.json").read_text())["wall_s"]
+                cost = run_cost(read_metrics(run_dir / "metrics.jsonl"), wall)
+                if cost is not None:
+                    costs[run_dir.name] = cost
     write_csv(points, out / "curves.csv")
     plot(points, [a for a in arms if any(p.arm == a for p in points)], out / "curves.png")
     rows = summary_table(points, arms)
@@ -794,12 +891,13 @@ def analyse(out: Path, arms: Sequence[str]) -> tuple[list[Point], list[dict], li
                     {"arm": c.arm, "verdict": c.verdict, "rises": c.rises, "falls": c.falls} for c in checks
                 ],
                 "fired_at_step_1": fire_rates(points, labels),
+                "costs": {name: {**cost.__dict__, "start_s": round(cost.start_s, 1)} for name, cost in costs.items()},
             },
             indent=2,
             default=str,
         )
     )
-    return points, rows, found, checks
+    return points, rows, found, checks, costs
 
 
 def main() -> None:
@@ -822,6 +920,12 @@ def main() -> None:
     parser.add_argument("--val-n", type=int, default=4, help="samples per held-out question per validation")
     parser.add_argument("--lr", help="the actor's learning rate in every arm (default: the smoke runs' 1e-4)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/verl-evidence-learning"))
+    parser.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        help="runs at a time, each its own trainer (worth it while one run leaves cores idle; measure first)",
+    )
     parser.add_argument("--analyse", type=Path, help="read the runs already in this directory; train nothing")
     args = parser.parse_args()
     questions = None if args.questions == "all" else int(args.questions)
@@ -843,25 +947,33 @@ def main() -> None:
         if neutral:
             sampled = warmup_note_rate(Path(neutral))
             (out / "warmup_note_rate.json").write_text(json.dumps(sampled))
-            print(f"neutral search warm-up, sampled at its branch: {json.dumps(sampled)}", flush=True)
-        for seed in args.seeds:  # seed by seed: a stopped benchmark still has every arm of the first seed
-            for arm in args.arms:
-                for negate in signs:
-                    run_dir = out / f"{arm}{NEGATED_SUFFIX if negate else ''}-seed{seed}"
-                    run = (arm, seed, args.steps, args.heldout, args.val_n, run_dir, args.lr, questions, negate)
-                    record = run_arm(*run)
-                    if record["returncode"] and not trained_a_step(run_dir):
-                        # Ray's start-up timed out once on an overloaded machine ("The current node timed out during
-                        # startup"): a run that failed before its first step is started once more, from scratch.
-                        print(json.dumps({**record, "retried": True}), flush=True)
-                        shutil.rmtree(run_dir)
-                        record = run_arm(*run)
-                    print(json.dumps(record), flush=True)
-                    if record["returncode"]:
-                        print((run_dir / "training.log").read_text()[-3000:], file=sys.stderr)
+            print(
+                f"neutral search warm-up, its final turn sampled in its own context: {json.dumps(sampled)}", flush=True
+            )
+        runs = [  # seed by seed: a stopped benchmark still has every arm of the first seed
+            (
+                arm,
+                seed,
+                args.steps,
+                args.heldout,
+                args.val_n,
+                out / f"{arm}{NEGATED_SUFFIX if n else ''}-seed{seed}",
+                args.lr,
+                questions,
+                n,
+            )
+            for seed in args.seeds
+            for arm in args.arms
+            for n in signs
+        ]
+        with ThreadPoolExecutor(max_workers=args.parallel) as pool:  # each run is its own trainer process
+            for record, run_dir in pool.map(run_with_retry, runs):
+                print(json.dumps(record), flush=True)
+                if record["returncode"]:
+                    print((run_dir / "training.log").read_text()[-3000:], file=sys.stderr)
         wall = time.perf_counter() - started
         print(f"wall time {wall / 60:.1f} min; load average at end: {[round(x, 2) for x in os.getloadavg()]}")
-    points, rows, found, checks = analyse(out, args.arms)
+    points, rows, found, checks, costs = analyse(out, args.arms)
     print("\nfirst vs last (train: mean of the first and last third of the steps; held-out: step 0 and step N)")
     print(format_table(rows))
     if checks:
@@ -874,6 +986,9 @@ def main() -> None:
         "\ndirections the papers claim (counted only when every seed agrees and the change exceeds the seeds' spread):"
     )
     print(format_directions(found))
+    if costs:
+        print("\nwhere the seconds went (per run: start = wall - steps - validations; phases: seconds per step):")
+        print(format_costs(costs))
     print(f"\ncurves: {out / 'curves.csv'}, {out / 'curves.png'}")
 
 

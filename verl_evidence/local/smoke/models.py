@@ -46,8 +46,10 @@ def warmed_up_policy(family: str) -> Path:
 
     if family not in WARMUP_STEPS:
         raise ValueError(f"unknown warm-up family {family!r}; one of {', '.join(WARMUP_STEPS)}")
+    from verl_evidence.local.smoke.settings import warmup_cache_name
+
     root = smoke_dir()
-    policy = root / f"policy-{family}"
+    policy = root / f"policy-{warmup_cache_name(family)}"
     if (policy / "model.safetensors").exists():
         return policy
     with locked(policy):

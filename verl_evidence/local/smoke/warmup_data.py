@@ -2,7 +2,7 @@
 
 A family is the recipes that share a prompt format (and so a warmed-up policy):
 ``eviomni`` (EviOmni, LEAR), ``search`` (EviNote, Search-R1, composite), ``grace``;
-``search_neutral`` is a variant of ``search`` (notes in half the examples).
+``search_neutral`` is a variant of ``search`` (notes on half the questions).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from verl_evidence.local.smoke.settings import (
     WARMUP_STEPS,
     smoke_dir,
     smoke_method,
+    warmup_cache_name,
     warmup_family,
 )
 
@@ -89,8 +90,11 @@ def _eviomni_masked_answers(rows: list[dict], count: int) -> list[dict]:
     return examples
 
 
-def _search_target(with_note: bool, tokenizer) -> Callable[[dict], list[dict] | None]:
+def _search_target(with_note: bool, tokenizer, quote_opening: bool = False) -> Callable[[dict], list[dict] | None]:
     """One search, its observation, (a note,) the answer: laid out token for token as the search loop builds it.
+
+    The note quotes the evidence's first words, or with ``quote_opening`` the first words of the passage's text
+    (right after its title in the observation): text the policy sees whichever passage its search returns.
 
     The policy's turns are encoded on their own and the context between them is the
     loop's own pieces (``INFORMATION_OPEN``, the document tokens cut at the smoke
@@ -101,7 +105,7 @@ def _search_target(with_note: bool, tokenizer) -> Callable[[dict], list[dict] | 
     from verl_evidence.agent_loops.common import encode
     from verl_evidence.agent_loops.search_loop_settings import INFORMATION_CLOSE, INFORMATION_OPEN, SearchLoopSettings
     from verl_evidence.bundled import load_corpus
-    from verl_evidence.tools.documents import format_documents
+    from verl_evidence.tools.documents import format_documents, split_contents
 
     corpus = {doc["id"]: doc["contents"] for doc in load_corpus()}
     notice = SearchLoopSettings().final_turn_notice  # the smoke run allows one search: its answer turn is the last
@@ -115,7 +119,8 @@ def _search_target(with_note: bool, tokenizer) -> Callable[[dict], list[dict] | 
             return None
         documents = encode(tokenizer, format_documents([{"document": {"id": "d", "contents": passage}}]))
         observation = tokenizer.decode(documents[:SMOKE_MAX_OBS_TOKENS])
-        note = f"<summary>*{_short(evidence, 6)}*</summary>\n" if with_note else ""
+        quoted = _short(split_contents(passage)[1], 5) if quote_opening else _short(evidence, 6)
+        note = f"<summary>*{quoted}*</summary>\n" if with_note else ""
         return [
             {"text": f"<search>{_short(question, 6)}</search>", "trained": True},
             {"text": INFORMATION_OPEN, "trained": False},
@@ -165,13 +170,15 @@ def warmup_examples(family: str, tokenizer_dir: Path) -> list[dict]:
 
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         evinote = read_rows(method_data("evinote", tokenizer_dir))
-        # The same questions (same rows, same seed) twice: once ending in a note, once answering straight after the
-        # observation. A 2-layer policy learns per question, so each question must show both continuations for the
-        # policy to write a note about half the time on every question rather than always on some and never on others.
-        with_note = _warmup_examples(evinote, _search_target(True, tokenizer), n, seed=2)
+        # Notes on half the questions, always; the other half answered straight after the observation. The note
+        # quotes the opening words of the passage the search returned, so it is well formed whichever passage a
+        # rollout's search finds. Measured (each question's final turn sampled 8 times at temperature 1 in its
+        # warm-up context, 1600 steps): a well-formed note in 26 of 64 samples, the answer right in 47 of 64. Tried
+        # and dropped: each question once with a note and once without (the policy mixes the two replies: 0-3 well
+        # formed of 64, either quote, with or without the branches differing from their first token).
+        with_note = _warmup_examples(evinote, _search_target(True, tokenizer, quote_opening=True), n, seed=2)
         without_note = _warmup_examples(evinote, _search_target(False, tokenizer), n, seed=2)
-        # Each question's two replies are one warm-up step (training.warm_up's "pair"), so the note stays a coin flip
-        return [{**e, "pair": e["question"]} for e in with_note + without_note]
+        return with_note[::2] + without_note[1::2]
     if family == "grace":
         rows = read_rows(method_data("grace", tokenizer_dir))
         examples = []
@@ -213,7 +220,8 @@ def warmed_up_rows(method: str, tokenizer_dir: Path, warmup: str | None = None) 
     """
     spec = smoke_method(method)
     family = warmup_family(method, warmup)
-    suffix = "" if family == spec.family else f"-{family}"  # the recipes' own warm-ups keep their cache names
+    # the recipes' own warm-ups keep their cache names; a variant's carry its data version
+    suffix = "" if family == spec.family else f"-{warmup_cache_name(family)}"
     out = smoke_dir() / "data" / f"{method}{suffix}-warmed.parquet"
     if out.exists():
         return out
