@@ -1,5 +1,6 @@
 """benchmarks/learning.py's pure parts: per-sample measures, windows, the table, the CSV, the direction verdicts,
-the Search-R1 arm's composed reward; and the smoke package's held-out split and neutral warm-up.
+the Search-R1 arm's composed reward, the runs' cost profile; and the smoke package's held-out split and neutral
+warm-up.
 
 The directions themselves are the benchmark's output (docs/learning-benchmark.md): never asserted here. The verdict
 logic is checked on made-up numbers.
@@ -322,6 +323,23 @@ def test_fire_rate_is_the_share_of_step_1_samples_the_reward_paid() -> None:
     assert learning.fire_rates(points, ["evinote", "grace"]) == {"evinote": 0.5}
 
 
+def test_a_runs_cost_splits_its_wall_time_into_start_steps_and_validations() -> None:
+    step = {"timing_s/step": 10.0, "timing_s/gen": 6.0, "timing_s/update_actor": 2.0, "timing_s/ref": 1.0}
+    metrics = {0: {"val-core/x": 1.0}, 1: dict(step), 2: {**step, "timing_s/step": 12.0, "timing_s/testing": 3.0}}
+    cost = learning.run_cost(metrics, wall_s=80.0)
+    assert cost.steps == 2 and cost.per_step["step"] == 11.0 and cost.per_step["gen"] == 6.0
+    assert cost.validation_s == 3.0 and cost.start_s == 80.0 - 22.0 - 3.0
+    assert cost.per_step["old_log_prob"] == 0.0  # a timer a run did not log counts as no time
+    assert learning.run_cost({0: {"val-core/x": 1.0}}, wall_s=30.0) is None  # no training step, nothing to split
+    assert "evinote-seed1" in learning.format_costs({"evinote-seed1": cost})
+
+
+def test_a_protocols_minutes_are_its_runs_start_and_steps_shared_between_parallel_runs() -> None:
+    # 5 arms x 3 seeds x 2 signs = 30 runs of 60 s start + 20 steps of 6 s: 30 x 180 s = 90 min, 45 two at a time
+    assert learning.protocol_minutes(5, 3, 2, 20, start_s=60, step_s=6) == 90.0
+    assert learning.protocol_minutes(5, 3, 2, 20, start_s=60, step_s=6, parallel=2) == 45.0
+
+
 def test_a_direction_counts_only_when_every_seed_agrees_beyond_their_spread() -> None:
     agree = _curve("grace", 1, "balanced_accuracy", {1: 0.5, 2: 0.7}) + _curve(
         "grace", 2, "balanced_accuracy", {1: 0.5, 2: 0.72}
@@ -393,23 +411,33 @@ def smoke_cache(tmp_path_factory: pytest.TempPathFactory):
             os.environ["VERL_EVIDENCE_SMOKE_DIR"] = previous
 
 
-def test_the_neutral_warm_up_shows_every_question_once_with_a_note_and_once_without(smoke_cache: Path) -> None:
+def test_the_neutral_warm_up_notes_half_its_questions_quoting_the_retrieved_passage(smoke_cache: Path) -> None:
     from verl_evidence.local.smoke.warmup_data import warmup_examples
+    from verl_evidence.rewards.evinote import format_ok, last_summary, notes_ok
 
     examples = warmup_examples("search_neutral", smoke_cache)
     noted = [e for e in examples if "<summary>" in e["messages"][-1]["content"]]
-    assert len(examples) == 16 and len(noted) == 8  # half the examples
-    with_note = sorted(e["question"] for e in noted)
-    without = sorted(e["question"] for e in examples if e not in noted)
-    assert with_note == without  # the same questions both ways, so no question maps to one continuation
-    # the same observation and prompt in both: only the note differs
-    by_question = {}
-    for e in examples:
-        by_question.setdefault(e["question"], []).append(e["messages"][-1]["content"])
-    for replies in by_question.values():
-        plain = [r for r in replies if "<summary>" not in r][0]
-        noted_reply = [r for r in replies if "<summary>" in r][0]
-        assert re.sub(r"<summary>.*?</summary>\n", "", noted_reply) == plain
+    questions = [e["question"] for e in examples]
+    assert len(examples) == 8 == len(set(questions)) and len(noted) == 4  # half the questions, each one way only
+    # the same questions the search family's warm-up (and so the held-out split) knows
+    assert set(questions) <= {e["question"] for e in warmup_examples("search", smoke_cache)}
+    for example in noted:
+        reply = example["segments"][-1]["text"]
+        observation = example["segments"][2]["text"]
+        note = last_summary(reply)
+        assert format_ok(reply) and notes_ok(note), reply  # EviNote's gate pays the reply the policy learns
+        quoted = re.fullmatch(r"\*(.+)\*", note).group(1)
+        assert re.search(r"\(Title: [^)]*\) " + re.escape(quoted), observation), (quoted, observation)
+    for example in examples:  # the context the loop builds: the search, the passage, the final-turn notice
+        assert [s["trained"] for s in example["segments"]] == [True, False, False, False, False, True]
+
+
+def test_a_warm_up_variant_is_cached_under_its_data_version_and_a_family_under_its_name() -> None:
+    from verl_evidence.local.smoke.settings import FAMILIES, VARIANT_VERSIONS, WARMUP_VARIANTS, warmup_cache_name
+
+    assert [warmup_cache_name(f) for f in FAMILIES] == list(FAMILIES)  # the suite's smoke caches keep their names
+    for variant in WARMUP_VARIANTS:
+        assert warmup_cache_name(variant) == f"{variant}-v{VARIANT_VERSIONS[variant]}"
 
 
 def test_held_out_rows_share_no_question_with_any_warm_up_or_training_rows(smoke_cache: Path) -> None:
