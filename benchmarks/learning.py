@@ -785,6 +785,7 @@ def run_arm(
     lr: str | None = None,
     questions: int | None = None,
     negate: bool = False,
+    group_size: int | None = None,
 ) -> dict:
     """One training run of an arm. ``questions``: train on the first N training questions, all of them in every step
     (None: every training question of the arm in every step); ``negate``: the sign control (the reward times -1)."""
@@ -812,6 +813,8 @@ def run_arm(
         env[WARMUP_ENV] = arm.warmup
     if lr:
         env["LR"] = lr
+    if group_size:
+        env["GROUP_SIZE"] = str(group_size)
     env.pop("RAY_ADDRESS", None)
     overrides = [
         f"trainer.rollout_data_dir={run_dir / 'rollouts'}",
@@ -838,7 +841,14 @@ def run_arm(
     wall = time.perf_counter() - started
     (run_dir / "training.log").write_text(result.stdout + result.stderr)
     label = name + (NEGATED_SUFFIX if negate else "")
-    record = {"arm": label, "seed": seed, "questions": batch, "returncode": result.returncode, "wall_s": round(wall, 1)}
+    record = {
+        "arm": label,
+        "seed": seed,
+        "questions": batch,
+        "group_size": group_size or 8,
+        "returncode": result.returncode,
+        "wall_s": round(wall, 1),
+    }
     (run_dir / "run.json").write_text(json.dumps(record))
     return record
 
@@ -920,6 +930,7 @@ def main() -> None:
     parser.add_argument("--val-n", type=int, default=4, help="samples per held-out question per validation")
     parser.add_argument("--lr", help="the actor's learning rate in every arm (default: the smoke runs' 1e-4)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/verl-evidence-learning"))
+    parser.add_argument("--group-size", type=int, help="samples per question per step (default: the recipes' 8)")
     parser.add_argument(
         "--parallel",
         type=int,
@@ -961,6 +972,7 @@ def main() -> None:
                 args.lr,
                 questions,
                 n,
+                args.group_size,
             )
             for seed in args.seeds
             for arm in args.arms
