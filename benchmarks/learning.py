@@ -4,9 +4,9 @@ Arms (each ``bash recipes/<recipe>.sh --smoke``, verl's own trainer on CPU):
 
 - ``eviomni``, ``lear``: the EviOmni-family warm-up, their own rows and rewards;
 - ``grace``: the GRACE warm-up and rows, verl's DAPO manager with the GRACE score;
-- ``evinote`` and ``search_r1``: ONE policy, the neutral search warm-up (``search_neutral``: every warm-up
-  question once with a ``<summary>`` note and once without, so the policy notes about half the time), the SAME
-  EviNote rows and prompt; only the reward differs. ``evinote`` is EviNote's reward; ``search_r1`` is Search-R1's
+- ``evinote`` and ``search_r1``: ONE policy, the neutral search warm-up (``search_neutral``: a ``<summary>`` note
+  quoting the retrieved passage on half the warm-up questions, none on the others, so the policy notes about half
+  the time), the SAME EviNote rows and prompt; only the reward differs. ``evinote`` is EviNote's reward; ``search_r1`` is Search-R1's
   exact-match reward (``verl_evidence.rewards.answer:compute_score``) through the composite manager, with EviNote's
   scorer beside it at weight 0 so its EQR and note flags are logged but do not count.
 
@@ -845,7 +845,7 @@ def run_arm(
         "arm": label,
         "seed": seed,
         "questions": batch,
-        "group_size": group_size or 8,
+        "group_size": group_size,  # None: the recipe's own
         "returncode": result.returncode,
         "wall_s": round(wall, 1),
     }
