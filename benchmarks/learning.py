@@ -6,9 +6,10 @@ Arms (each ``bash recipes/<recipe>.sh --smoke``, verl's own trainer on CPU):
 - ``grace``: the GRACE warm-up and rows, verl's DAPO manager with the GRACE score;
 - ``evinote`` and ``search_r1``: ONE policy, the neutral search warm-up (``search_neutral``: a ``<summary>`` note
   quoting the retrieved passage on half the warm-up questions, none on the others, so the policy notes about half
-  the time), the SAME EviNote rows and prompt; only the reward differs. ``evinote`` is EviNote's reward; ``search_r1`` is Search-R1's
-  exact-match reward (``verl_evidence.rewards.answer:compute_score``) through the composite manager, with EviNote's
-  scorer beside it at weight 0 so its EQR and note flags are logged but do not count.
+  the time), the SAME EviNote rows and prompt; only the reward differs. ``evinote`` is EviNote's reward;
+  ``search_r1`` is Search-R1's exact-match reward (``verl_evidence.rewards.answer:compute_score``) through the
+  composite manager, with EviNote's scorer beside it at weight 0 so its EQR and note flags are logged but do not
+  count.
 
 Each run trains on the questions its policy was warmed up on and validates (verl's validation,
 ``trainer.val_before_train`` and the last step) on held-out rows: questions no warm-up of any family contains,
@@ -79,6 +80,8 @@ F1_TOLERANCE = 0.02
 # A rise smaller than this is no rise (rates, EQR, accuracies in [0, 1]; the compression ratio: this share of its
 # first value), so a verdict never rests on a rounding-level difference
 MIN_EFFECT = 0.01
+# What the fixed-batch check asks for before its verdict stands: this many training steps and seeds per sign
+CHECK_STEPS, CHECK_SEEDS = 15, 3
 # The sign control: the arm's reward through the composite manager at this weight, logged under this label
 NEGATED_LABEL = "negated"
 NEGATED_SUFFIX = "-negated"
@@ -584,6 +587,18 @@ class SignCheck:
         return bool(runs) and all(abs(t.margin) > t.spread for t in runs)
 
     @property
+    def short_of(self) -> str:
+        """What these runs lack of the check's protocol (:data:`CHECK_STEPS` steps, :data:`CHECK_SEEDS` seeds per
+        sign); "" when nothing."""
+        runs = [*self.plain.values(), *self.negated.values()]
+        lacks = []
+        if runs and min(t.steps for t in runs) < CHECK_STEPS:
+            lacks.append(f"{min(t.steps for t in runs)} steps of the {CHECK_STEPS} asked")
+        if min(len(self.plain), len(self.negated)) < CHECK_SEEDS:
+            lacks.append(f"{min(len(self.plain), len(self.negated))} seed(s) of the {CHECK_SEEDS} asked")
+        return "; ".join(lacks)
+
+    @property
     def verdict(self) -> str:
         if not self.plain:
             return "not measured"
@@ -614,7 +629,9 @@ def sign_checks(points: Sequence[Point], arms: Sequence[str]) -> list[SignCheck]
 def format_sign_checks(checks: Sequence[SignCheck]) -> str:
     lines = []
     for check in checks:
-        lines.append(f"{check.arm}: {check.verdict}")
+        lines.append(
+            f"{check.arm}: {check.verdict}" + (f" [short of the protocol: {check.short_of}]" if check.short_of else "")
+        )
         for label, runs in (("reward", check.plain), ("negated", check.negated)):
             for seed, found in sorted(runs.items()):
                 lines.append(f"    {label:8} seed {seed}: last third - first third {found.describe()}")
@@ -898,7 +915,8 @@ def analyse(
                 "table": rows,
                 "directions": [d.__dict__ for d in found],
                 "sign_checks": [
-                    {"arm": c.arm, "verdict": c.verdict, "rises": c.rises, "falls": c.falls} for c in checks
+                    {"arm": c.arm, "verdict": c.verdict, "rises": c.rises, "falls": c.falls, "short_of": c.short_of}
+                    for c in checks
                 ],
                 "fired_at_step_1": fire_rates(points, labels),
                 "costs": {name: {**cost.__dict__, "start_s": round(cost.start_s, 1)} for name, cost in costs.items()},

@@ -265,6 +265,15 @@ def test_sign_check_needs_a_rise_in_every_seed_and_a_fall_in_every_negated_seed(
     flagged = _reward_curve("grace", 1, jumpy) + _reward_curve("grace" + learning.NEGATED_SUFFIX, 1, jumpy[::-1])
     assert learning.sign_checks(flagged, ["grace"])[0].verdict.endswith("(within the step-to-step spread)")
     assert "negated  seed 1" in learning.format_sign_checks(learning.sign_checks(flagged, ["grace"]))
+    # six steps and two seeds: the verdict is printed with what the runs lack of the protocol (15 steps, 3 seeds)
+    assert check.short_of == "6 steps of the 15 asked; 2 seed(s) of the 3 asked"
+    assert "[short of the protocol: 6 steps" in learning.format_sign_checks([check])
+    long = [0.1 * i for i in range(15)]
+    full = [
+        _reward_curve("grace", seed, long) + _reward_curve("grace" + learning.NEGATED_SUFFIX, seed, long[::-1])
+        for seed in (1, 2, 3)
+    ]
+    assert learning.sign_checks([p for curve in full for p in curve], ["grace"])[0].short_of == ""
 
 
 def test_the_negated_reward_reads_its_own_logged_score_not_the_trained_total() -> None:
