@@ -654,7 +654,7 @@ def fire_rates(points: Sequence[Point], labels: Sequence[str]) -> dict[str, floa
 
 # verl's per-step timers (timing_s/...): rollout (the reward loop runs inside it: EviOmni's masked-answer generations,
 # EviNote's NLI judge), the actor's and the reference's log-probabilities, the update
-STEP_PHASES = ("gen", "old_log_prob", "ref", "update_actor", "testing")
+STEP_PHASES = ("gen", "old_log_prob", "ref", "update_actor")
 
 
 @dataclass(frozen=True)
@@ -681,7 +681,6 @@ def run_cost(metrics: Mapping[int, Mapping[str, float]], wall_s: float) -> RunCo
         phase: fmean(values.get(f"timing_s/{phase}", 0.0) for values in steps) for phase in ("step", *STEP_PHASES)
     }
     validation = sum(values.get("timing_s/testing", 0.0) for values in metrics.values())
-    per_step["testing"] = 0.0  # counted once per run in validation_s, not per step
     return RunCost(wall_s, len(steps), per_step, validation)
 
 
@@ -695,9 +694,10 @@ def protocol_minutes(
 
 
 def format_costs(costs: Mapping[str, RunCost]) -> str:
-    lines = [f"{'run':28} {'wall s':>7} {'start s':>7} {'step s':>7} " + " ".join(f"{p:>12}" for p in STEP_PHASES)]
+    phases = " ".join(f"{p:>12}" for p in STEP_PHASES)
+    lines = [f"{'run':28} {'wall s':>7} {'start s':>7} {'step s':>7} {phases} {'validations s':>13}"]
     for label, cost in sorted(costs.items()):
-        phases = " ".join(f"{cost.per_step[p]:12.2f}" for p in STEP_PHASES[:-1]) + f" {cost.validation_s:12.1f}"
+        phases = " ".join(f"{cost.per_step[p]:12.2f}" for p in STEP_PHASES) + f" {cost.validation_s:13.1f}"
         lines.append(f"{label:28} {cost.wall_s:7.0f} {cost.start_s:7.0f} {cost.per_step['step']:7.2f} {phases}")
     return "\n".join(lines)
 
@@ -1019,6 +1019,13 @@ def main() -> None:
     if costs:
         print("\nwhere the seconds went (per run: start = wall - steps - validations; phases: seconds per step):")
         print(format_costs(costs))
+        start, step = fmean(c.start_s for c in costs.values()), fmean(c.per_step["step"] for c in costs.values())
+        steps = max(args.steps, CHECK_STEPS)
+        whole = protocol_minutes(len(ARMS), CHECK_SEEDS, 2, steps, start, step, args.parallel)
+        print(
+            f"at these runs' mean start ({start:.0f} s) and step ({step:.1f} s), every arm x {CHECK_SEEDS} seeds x "
+            f"both signs x {steps} steps, {args.parallel} at a time: ~{whole:.0f} min"
+        )
     print(f"\ncurves: {out / 'curves.csv'}, {out / 'curves.png'}")
 
 
