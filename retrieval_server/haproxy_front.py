@@ -285,6 +285,8 @@ def front_error_pages(limits: FrontLimits) -> dict[int, bytes]:
 
 def error_page_path(error_dir: Path, event: int) -> Path:
     return Path(error_dir) / f"rs-{event}.http"
+
+
 _FRONTEND = re.compile(r"^(frontend http_frontend\n(?:[ \t]+bind [^\n]*\n)+)", re.MULTILINE)
 _DEFAULTS = re.compile(r"^defaults[ \t]*\n", re.MULTILINE)
 _STATS_BIND = re.compile(r"^(listen stats\n\s*bind\s+)\S*?:(\d+)\b", re.MULTILINE)
