@@ -297,18 +297,26 @@ def limit_front(config_text: str, limits: FrontLimits, error_dir: Path | None = 
     bound and a body cap on the HTTP front, and the stats page on 127.0.0.1. With ``error_dir``: no fallback server
     behind the replicas, and HAProxy's 502/503/504 answered from the pages of :func:`front_error_pages` there.
     Applying it twice changes nothing."""
-    timeouts = {
-        "client": limits.client_timeout_s,
-        "http-request": limits.http_request_timeout_s,
-        "http-keep-alive": limits.keep_alive_timeout_s,
-        "server": limits.server_timeout_s,
+    settings = {
+        "timeout client": f"{limits.client_timeout_s}s",
+        "timeout http-request": f"{limits.http_request_timeout_s}s",
+        "timeout http-keep-alive": f"{limits.keep_alive_timeout_s}s",
+        "timeout server": f"{limits.server_timeout_s}s",
+        # A request inside a replica that dies gets an empty (or cut) answer: sent once more (/retrieve only reads),
+        # to another replica if one is up, else answered by our 503. Retries of a refused connection wait 1 s each
+        # (HAProxy's turn-around): one retry, not Ray's default three, keeps a refusal near 1 s.
+        "retry-on": "conn-failure empty-response junk-response",
+        "retries": "1",
+        # Ray's "always" sends a client's first request down an idle connection to the replica; when the replica dies
+        # under it, HAProxy closed the client's connection unanswered (2 crash-loop runs in 4). "safe" opens one.
+        "http-reuse": "safe",
     }
-    for name, seconds in timeouts.items():
-        pattern = re.compile(rf"^([ \t]*)timeout {name}[ \t]+\S+[ \t]*$", re.MULTILINE)
+    for name, value in settings.items():
+        pattern = re.compile(rf"^([ \t]*){name}[ \t]+[^\n]*?[ \t]*$", re.MULTILINE)
         if pattern.search(config_text):
-            config_text = pattern.sub(rf"\g<1>timeout {name} {seconds}s", config_text)
+            config_text = pattern.sub(lambda m, line=f"{name} {value}": m.group(1) + line, config_text)
         else:
-            line = f"    timeout {name} {seconds}s\n"
+            line = f"    {name} {value}\n"
             config_text = _DEFAULTS.sub(lambda m, line=line: m.group(0) + line, config_text, count=1)
     if _LIMITS_MARK not in config_text:
         # The replica's own words and format (JSON "detail"), said by HAProxy before the body is forwarded.

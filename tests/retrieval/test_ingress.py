@@ -650,22 +650,28 @@ backend http-app
 """
 
 
-def _replica_that_dies_mid_request(listener) -> None:
-    """Answers HAProxy's health checks; a /retrieve request is read and then its connection reset (a SIGBUS)."""
-    import socket
-    import struct
+class _ReplicaThatDies:
+    """A stand-in for a replica's HTTP port (keep-alive, as HAProxy reuses its connections): answers health checks
+    and /retrieve; once ``dying``, a /retrieve request is read and its connection closed unanswered (a SIGBUS)."""
 
-    while True:
-        try:
-            conn, _ = listener.accept()
-        except OSError:
-            return
+    def __init__(self, listener) -> None:
+        self.listener, self.dying = listener, False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn) -> None:
         with conn:
-            request = conn.recv(65536)
-            if request.startswith(b"GET /-/healthz"):
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\nConnection: close\r\n\r\nsuccess")
-            else:
-                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+            while request := conn.recv(65536):
+                if self.dying and not request.startswith(b"GET /-/healthz"):
+                    return  # the request read, the process gone: the kernel closes its connections
+                conn.sendall(b'HTTP/1.1 200 OK\r\nContent-Length: 13\r\n\r\n{"result":[]}')
 
 
 @needs_haproxy
@@ -691,17 +697,17 @@ def test_a_dead_replica_gets_fast_json_503s_from_haproxy_not_500s_or_the_hanging
     assert "backup" not in config.read_text() and str(ray_page) not in config.read_text()
     check = subprocess.run([haproxy_binary(), "-c", "-f", str(config)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
-    threading.Thread(target=_replica_that_dies_mid_request, args=(replica,), daemon=True).start()
+    stand_in = _ReplicaThatDies(replica)
     haproxy = _spawn_haproxy(config)
     try:
         _wait_listening(haproxy.pid, 1)
         url = f"http://127.0.0.1:{front}/retrieve"
         deadline = time.monotonic() + 20
-        while True:  # the replica's health checks pass (rise 2 at 250 ms)
-            answer = httpx.post(url, json={"queries": ["Nile"]}, timeout=10)
-            if "while answering" in answer.text or time.monotonic() > deadline:
-                break
+        while httpx.post(url, json={"queries": ["Nile"]}, timeout=10).status_code != 200:  # health checks passed
+            assert time.monotonic() < deadline
             time.sleep(0.2)
+        stand_in.dying = True  # the next request goes down a connection HAProxy reuses, and is cut there
+        answer = httpx.post(url, json={"queries": ["Nile"]}, timeout=10)
         assert answer.status_code == 503 and answer.headers["retry-after"] == "1", answer.text
         assert "stopped while answering" in answer.json()["detail"]
         replica.close()  # the replica is gone: refused, marked down, and no fallback to hang in
@@ -718,3 +724,30 @@ def test_a_dead_replica_gets_fast_json_503s_from_haproxy_not_500s_or_the_hanging
         haproxy.kill()
         haproxy.wait(timeout=30)
         hanging_fallback.close()
+
+
+def test_the_python_proxy_is_refused_off_loopback_unless_the_operator_says_so(tmp_path, monkeypatch):
+    """Issue 33 item 2: Serve's Python proxy (uvicorn) holds a half-sent request forever and bounds no source's
+    connections, and Serve passes it no option for either; `serve` refuses to expose it unless told to."""
+    import ray
+    from typer.testing import CliRunner
+
+    from retrieval_server import cli
+
+    missing = tmp_path / "no-index"
+    runner = CliRunner()
+
+    def serve(*args: str):
+        return runner.invoke(cli.app, ["serve", "--index-dir", str(missing), "--port", "1", *args])
+
+    refused = serve("--host", "0.0.0.0", "--ingress", "proxy")
+    assert refused.exit_code == 2 and not ray.is_initialized()
+    (line,) = refused.stderr.strip().splitlines()
+    assert line.startswith("error: --host 0.0.0.0 with Serve's Python proxy") and "--expose-python-proxy" in line
+    # Loopback, or the flag: on to the next check (here the missing index, before any Ray starts).
+    for args in (("--host", "127.0.0.1"), ("--host", "::1"), ("--host", "0.0.0.0", "--expose-python-proxy")):
+        passed = serve(*args, "--ingress", "proxy")
+        assert passed.exit_code == 2 and "Python proxy" not in passed.stderr and str(missing) in passed.stderr
+    monkeypatch.setattr(haproxy_front, "haproxy_binary", lambda: None)  # auto falls back to the Python proxy
+    assert "Python proxy (--ingress auto)" in serve("--host", "10.1.2.3").stderr
+    assert not ray.is_initialized()
