@@ -284,45 +284,53 @@ def big_bodies(url: str, seconds: float) -> dict:
     }
 
 
-def crash_loop(index_dir: Path, workdir: Path, seconds: float) -> dict:
+def crash_loop(index_dir: Path, workdir: Path, seconds: float, ingress: str = "auto") -> dict:
     """A server on a copy of the index whose docstore is truncated while it serves."""
     copy = workdir / "index-copy"
     shutil.copytree(index_dir, copy, symlinks=False)
-    server = Server(workdir, "crash-loop", "--index-dir", str(copy), "--max-replica-restarts", "3")
+    server = Server(
+        workdir, "crash-loop", "--index-dir", str(copy), "--max-replica-restarts", "3", "--ingress", ingress
+    )
     try:
         health = server.wait_ready()
         store = copy / "docstore.arrow"
         with store.open("r+b") as handle:
             handle.truncate(store.stat().st_size // 3)
         codes, exited_after = collections.Counter(), None
-        refusal_times, details = [], collections.Counter()
+        refusal_times, after_give_up, details = [], [], collections.Counter()
         started = time.monotonic()
         with httpx.Client(timeout=60) as http:
             while time.monotonic() - started < CRASH_LOOP_LIMIT_S and exited_after is None:
                 t0 = time.perf_counter()
+                said = ""
                 try:
                     answer = http.post(f"{server.url}/retrieve", json={"queries": [f"crash {t0} Nile"], "topk": 3})
                     code = str(answer.status_code)
-                    if code != "200":
-                        retry_after = answer.headers.get("retry-after")
-                        details[f"{code} (Retry-After {retry_after}): {answer.text[:90]}"] += 1
+                    said = f"{code} (Retry-After {answer.headers.get('retry-after')}): {answer.text[:90]}"
                 except httpx.TimeoutException:
                     code = "timeout"
                 except httpx.TransportError as err:
                     code = type(err).__name__  # a cut connection, a refused one
-                codes[code] += 1
-                if code != "200":
-                    refusal_times.append(time.perf_counter() - t0)
+                took = time.perf_counter() - t0
+                if "error: the replicas" in server.log.read_text():
+                    codes[f"{code} after serve gave up"] += 1  # it is stopping the server: refused connections
+                    after_give_up.append(took)  # or a request held until then
+                else:
+                    codes[code] += 1
+                    if code != "200":
+                        refusal_times.append(took)
+                        details[said or code] += 1
                 if server.process.poll() is not None:
                     exited_after = time.monotonic() - started
                 time.sleep(0.2)
         return {
-            "name": "crash loop",
+            "name": f"crash loop ({ingress})",
             "replica_pid_before": health["replica_pid"],
             "codes": dict(codes),
             "slowest_refusal_s": max(refusal_times, default=0.0),
             "refusal_p50_s": float(np.percentile(refusal_times, 50)) if refusal_times else 0.0,
             "refusals_over_1s": sum(t > 1.0 for t in refusal_times),
+            "slowest_after_serve_gave_up_s": max(after_give_up, default=0.0),
             "answers": dict(details),
             "serve_exit_code": server.process.poll(),
             "serve_exited_after_s": exited_after,
@@ -339,6 +347,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=15.0, help="length of each scenario")
     parser.add_argument("--skip-crash-loop", action="store_true")
     parser.add_argument("--crash-loop-only", action="store_true", help="run the crash loop alone")
+    parser.add_argument("--crash-loop-ingress", default="auto", help="auto | haproxy | proxy: the crash loop's front")
     args = parser.parse_args()
 
     from retrieval_server.launch import ensure_index
@@ -352,7 +361,7 @@ def main() -> None:
     crash = None
     try:
         if not args.skip_crash_loop:
-            crash = crash_loop(index_dir, workdir, args.seconds)
+            crash = crash_loop(index_dir, workdir, args.seconds, args.crash_loop_ingress)
             print(json.dumps(crash), flush=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -362,7 +371,8 @@ def main() -> None:
     if crash is not None:
         print(
             f"crash loop: codes {crash['codes']}; slowest refusal {crash['slowest_refusal_s']:.2f} s (<= 1 s), "
-            f"median {crash['refusal_p50_s']:.3f} s, {crash['refusals_over_1s']} over 1 s; serve exit code "
+            f"median {crash['refusal_p50_s']:.3f} s, {crash['refusals_over_1s']} over 1 s (slowest once serve gave "
+            f"up: {crash['slowest_after_serve_gave_up_s']:.2f} s); serve exit code "
             f"{crash['serve_exit_code']} after {crash['serve_exited_after_s']} s"
         )
         for answer, count in crash["answers"].items():
