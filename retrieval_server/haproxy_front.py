@@ -21,6 +21,9 @@ reloads and signals reach HAProxy itself):
   long as it likes to send a request, so a few thousand slow connections starve every
   real client. Ours cut them off, bound the connections of one source address and
   refuse a body above the server's cap with 413 before it reaches a replica;
+- a dead replica is answered at once: no Serve proxy behind the replicas to hold
+  requests while none runs, a request cut by a dying replica sent once more, and
+  HAProxy's own errors a JSON 503 with Retry-After instead of Ray's bare 500;
 - the kernel is asked to SIGKILL HAProxy when its parent dies. When the actor is
   killed hard (OOM killer, a whole server killed at once), nothing in Ray stops
   HAProxy, and the orphan keeps the server's port.
