@@ -237,6 +237,10 @@ class FrontLimits:
     http_request_timeout_s: int = 10
     keep_alive_timeout_s: int = 30
     server_timeout_s: int = 35  # a replica that does not answer within it: 504 (the replica bounds itself before)
+    # Also HAProxy's wait before it retries a refused connection (min(timeout connect, 1 s)): a refusal while no
+    # replica is up then takes ~0.5 s, not 1 s. The backends are Serve's proxies on the cluster's own nodes, where a
+    # connection takes milliseconds.
+    connect_timeout_ms: int = 500
     max_connections_per_client: int = 1024
     max_body_bytes: int = 8 * 2**20
 
@@ -305,9 +309,10 @@ def limit_front(config_text: str, limits: FrontLimits, error_dir: Path | None = 
         "timeout http-request": f"{limits.http_request_timeout_s}s",
         "timeout http-keep-alive": f"{limits.keep_alive_timeout_s}s",
         "timeout server": f"{limits.server_timeout_s}s",
+        "timeout connect": f"{limits.connect_timeout_ms}ms",
         # A request inside a replica that dies gets an empty (or cut) answer: sent once more (/retrieve only reads),
-        # to another replica if one is up, else answered by our 503. Retries of a refused connection wait 1 s each
-        # (HAProxy's turn-around): one retry, not Ray's default three, keeps a refusal near 1 s.
+        # to another replica if one is up, else answered by our 503. Retries of a refused connection wait HAProxy's
+        # turn-around (timeout connect above): one retry, not Ray's default three, keeps a refusal near 0.5 s.
         "retry-on": "conn-failure empty-response junk-response",
         "retries": "1",
         # Ray's "always" sends a client's first request down an idle connection to the replica; when the replica dies
