@@ -11,11 +11,12 @@ another, each for a bounded time and beside one small client (one query, topk 3,
                dies, its replacements cannot start; requests keep coming
 
 Per scenario it prints the small request's p50/p99, the replica's peak RSS against its idle RSS, the status
-codes seen (small client and abusers apart) and the slowest refusal. Targets (issue 33): small-request p99 <= 1 s
+codes seen (small client and abusers apart) and the slowest refusal; for the crash loop, every answer's code, its
+Retry-After and detail, and how long the slowest refusal took. Targets (issue 33): small-request p99 <= 1 s
 during the flood, RSS <= 2x idle, slow clients never starve real ones, every refusal a 4xx/503 in <= 1 s, and a
 crash-looping server answers fast and `serve` exits non-zero.
 
-    python benchmarks/abuse.py [--seconds 15] [--skip-crash-loop]
+    python benchmarks/abuse.py [--seconds 15] [--skip-crash-loop | --crash-loop-only]
 
 Loopback only; every loop is bounded by --seconds; everything it started is stopped, everything it wrote deleted.
 """
@@ -283,33 +284,54 @@ def big_bodies(url: str, seconds: float) -> dict:
     }
 
 
-def crash_loop(index_dir: Path, workdir: Path, seconds: float) -> dict:
+def crash_loop(index_dir: Path, workdir: Path, seconds: float, ingress: str = "auto") -> dict:
     """A server on a copy of the index whose docstore is truncated while it serves."""
     copy = workdir / "index-copy"
     shutil.copytree(index_dir, copy, symlinks=False)
-    server = Server(workdir, "crash-loop", "--index-dir", str(copy), "--max-replica-restarts", "3")
+    server = Server(
+        workdir, "crash-loop", "--index-dir", str(copy), "--max-replica-restarts", "3", "--ingress", ingress
+    )
     try:
         health = server.wait_ready()
         store = copy / "docstore.arrow"
         with store.open("r+b") as handle:
             handle.truncate(store.stat().st_size // 3)
-        codes, slowest, exited_after = collections.Counter(), 0.0, None
+        codes, exited_after = collections.Counter(), None
+        refusal_times, after_give_up, details = [], [], collections.Counter()
         started = time.monotonic()
-        with httpx.Client(timeout=30) as http:
+        with httpx.Client(timeout=60) as http:
             while time.monotonic() - started < CRASH_LOOP_LIMIT_S and exited_after is None:
                 t0 = time.perf_counter()
-                code = post_status(http, f"{server.url}/retrieve", {"queries": [f"crash {t0} Nile"], "topk": 3})
-                codes[code] += 1
-                if code != "200":
-                    slowest = max(slowest, time.perf_counter() - t0)
+                said = ""
+                try:
+                    answer = http.post(f"{server.url}/retrieve", json={"queries": [f"crash {t0} Nile"], "topk": 3})
+                    code = str(answer.status_code)
+                    said = f"{code} (Retry-After {answer.headers.get('retry-after')}): {answer.text[:90]}"
+                except httpx.TimeoutException:
+                    code = "timeout"
+                except httpx.TransportError as err:
+                    code = type(err).__name__  # a cut connection, a refused one
+                took = time.perf_counter() - t0
+                if "error: the replicas" in server.log.read_text():
+                    codes[f"{code} after serve gave up"] += 1  # it is stopping the server: refused connections
+                    after_give_up.append(took)  # or a request held until then
+                else:
+                    codes[code] += 1
+                    if code != "200":
+                        refusal_times.append(took)
+                        details[said or code] += 1
                 if server.process.poll() is not None:
                     exited_after = time.monotonic() - started
                 time.sleep(0.2)
         return {
-            "name": "crash loop",
+            "name": f"crash loop ({ingress})",
             "replica_pid_before": health["replica_pid"],
             "codes": dict(codes),
-            "slowest_failure_s": slowest,
+            "slowest_refusal_s": max(refusal_times, default=0.0),
+            "refusal_p50_s": float(np.percentile(refusal_times, 50)) if refusal_times else 0.0,
+            "refusals_over_1s": sum(t > 1.0 for t in refusal_times),
+            "slowest_after_serve_gave_up_s": max(after_give_up, default=0.0),
+            "answers": dict(details),
             "serve_exit_code": server.process.poll(),
             "serve_exited_after_s": exited_after,
             "serve_said": [
@@ -324,6 +346,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=15.0, help="length of each scenario")
     parser.add_argument("--skip-crash-loop", action="store_true")
+    parser.add_argument("--crash-loop-only", action="store_true", help="run the crash loop alone")
+    parser.add_argument("--crash-loop-ingress", default="auto", help="auto | haproxy | proxy: the crash loop's front")
     args = parser.parse_args()
 
     from retrieval_server.launch import ensure_index
@@ -332,6 +356,32 @@ def main() -> None:
     index_dir = ensure_index(corpus_path(), show_progress=False)
     workdir = Path(tempfile.mkdtemp(prefix="abuse-bench-"))
     rows = []
+    if not args.crash_loop_only:
+        rows = serving_scenarios(index_dir, workdir, args.seconds)
+    crash = None
+    try:
+        if not args.skip_crash_loop:
+            crash = crash_loop(index_dir, workdir, args.seconds, args.crash_loop_ingress)
+            print(json.dumps(crash), flush=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    if rows:
+        print_scenarios(rows, args.seconds)
+    if crash is not None:
+        print(
+            f"crash loop: codes {crash['codes']}; slowest refusal {crash['slowest_refusal_s']:.2f} s (<= 1 s), "
+            f"median {crash['refusal_p50_s']:.3f} s, {crash['refusals_over_1s']} over 1 s (slowest once serve gave "
+            f"up: {crash['slowest_after_serve_gave_up_s']:.2f} s); serve exit code "
+            f"{crash['serve_exit_code']} after {crash['serve_exited_after_s']} s"
+        )
+        for answer, count in crash["answers"].items():
+            print(f"  {count} x {answer}")
+
+
+def serving_scenarios(index_dir: Path, workdir: Path, seconds: float) -> list[dict]:
+    """The quiet, flood, slow-client and big-body scenarios against one server."""
+    rows = []
     server = Server(workdir, "server", "--index-dir", str(index_dir))
     try:
         health = server.wait_ready()
@@ -339,24 +389,18 @@ def main() -> None:
         for _ in range(20):  # warm-up
             httpx.post(f"{server.url}/retrieve", json=SMALL, timeout=30)
         idle_mb = psutil.Process(pid).memory_info().rss / 2**20
-        baseline = scenario("quiet", server.url, pid, idle_mb, lambda s: (time.sleep(s / 3), {})[1], args.seconds)
+        baseline = scenario("quiet", server.url, pid, idle_mb, lambda s: (time.sleep(s / 3), {})[1], seconds)
         rows.append(baseline)
-        rows.append(scenario("flood", server.url, pid, idle_mb, lambda s: flood(server.url, s), args.seconds))
-        rows.append(
-            scenario("slow clients", server.url, pid, idle_mb, lambda s: slow_clients(server.url, s), args.seconds)
-        )
-        rows.append(scenario("big bodies", server.url, pid, idle_mb, lambda s: big_bodies(server.url, s), args.seconds))
+        rows.append(scenario("flood", server.url, pid, idle_mb, lambda s: flood(server.url, s), seconds))
+        rows.append(scenario("slow clients", server.url, pid, idle_mb, lambda s: slow_clients(server.url, s), seconds))
+        rows.append(scenario("big bodies", server.url, pid, idle_mb, lambda s: big_bodies(server.url, s), seconds))
     finally:
         server.stop()
-    crash = None
-    try:
-        if not args.skip_crash_loop:
-            crash = crash_loop(index_dir, workdir, args.seconds)
-            print(json.dumps(crash), flush=True)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    return rows
 
-    print(f"\nabuse scenarios, {args.seconds:g} s each, beside one small client (1 query, topk 3, sequential)")
+
+def print_scenarios(rows: list[dict], seconds: float) -> None:
+    print(f"\nabuse scenarios, {seconds:g} s each, beside one small client (1 query, topk 3, sequential)")
     print("scenario     | small p50 s | small p99 s | small codes          | peak RSS MB (x idle) | abusers' codes")
     print("(p50/p99 of the small client's answered requests; its refusals are in its codes)")
     for row in rows:
@@ -373,11 +417,6 @@ def main() -> None:
         f"{sum(v for k, v in rows[2]['small_codes'].items() if k != '200')} (0); slowest refusal "
         f"{max(refusals):.2f} s (<= 1 s)"
     )
-    if crash is not None:
-        print(
-            f"crash loop: codes {crash['codes']}, slowest failure {crash['slowest_failure_s']:.2f} s, serve exit code "
-            f"{crash['serve_exit_code']} after {crash['serve_exited_after_s']} s"
-        )
 
 
 if __name__ == "__main__":

