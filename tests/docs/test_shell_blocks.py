@@ -90,8 +90,12 @@ SKIPPED: dict[tuple[str, str], str] = {
     "IVF65536 build skipped above; `index verify` (and --record) runs in tests/retrieval/test_startup_checks.py",
     ("docs/retrieval-server.md", "retrieval-server convert"): "~65 CPU-s for the 322-vector stand-in (see quickstart); "
     "`convert` runs in tests/retrieval/test_adopt.py::test_convert_reports_recall_against_flat",
+    ("docs/retrieval-server.md", "retrieval-server serve --index-dir /data/wiki18-e5 --mmap-index"): "the adopted "
+    "Flat index served from the command line: docs/quickstart.md's step 3 (`verl-evidence serve`, the same command), "
+    "memory-mapped: tests/retrieval/test_adopt.py::test_converted_index_serves_memory_mapped (a server start is "
+    "~15 CPU-s: one a page is enough)",
     ("docs/retrieval-server.md", "retrieval-server serve --index-dir /data/wiki18-e5-pq"): "serves the conversion "
-    "skipped above; this page's one server start is the adopted index's",
+    "skipped above",
     ("docs/data-preparation.md", "verl-evidence data grace bundled"): "53 CPU-s (five retrievers, two of them "
     "encoding the corpus, over the 80 bundled questions); the same five with a cross-encoder on a small set: "
     "tests/dataprep/test_cli.py::test_grace_cli_prints_statistics, the bundled set: test_grace_on_the_bundled_set",
@@ -100,6 +104,13 @@ SKIPPED: dict[tuple[str, str], str] = {
         "verl-evidence data grace hotpot_train_v1.1.json --style hotpotqa --sample 2000 --seed 0 -o",
     ): "needs a server at node1 over an index of the HotpotQA file's own paragraphs (another server "
     "start); `--retriever dense=URL` runs below on Search-R1's files against the session's server",
+    (
+        "docs/data-preparation.md",
+        "verl-evidence data grace hotpot_dev_distractor_v1.json --style hotpotqa --split test --sample 500 --seed 0 "
+        "--dense-model",
+    ): "with the stand-ins the same run as this page's test-set command without --dense-model (its default dense "
+    "model is the MiniLM that stands for Qwen3-Embedding here; ~9 CPU-s); --dense-model by name: the training-set "
+    "command above it",
     ("docs/data-preparation.md", "verl-evidence data inspect data/grace/train.parquet"): "the file of the two "
     "commands above, both skipped; `data inspect` runs in quickstart (step 4)",
     ("docs/evaluation.md", "verl-evidence eval --out outputs/eval"): "replayed trajectories through the CLI (on the "
@@ -162,7 +173,7 @@ STAND_INS = (
     ("/data/", "{work}/data/"),
 )
 # Pages that start a server of their own: "http://127.0.0.1:8000" there is that server.
-OWN_SERVER = ("docs/quickstart.md", "docs/retrieval-server.md")
+OWN_SERVER = ("docs/quickstart.md",)
 # Pages whose commands use a running server over the bundled corpus: the session's (no start of their own).
 SESSION_SERVER_PAGES = ("docs/data-preparation.md",)
 READY_LINE = "retrieval server ready at"

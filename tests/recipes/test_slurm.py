@@ -289,6 +289,20 @@ def test_under_sbatch_the_repository_is_the_submit_directory(tmp_path: Path) -> 
     assert f"{tmp_path}/recipes/grace_dapo.sh" in elsewhere.stderr and "REPO=" in elsewhere.stderr
 
 
+def test_ray_start_options_reach_every_node_and_head_options_only_the_head(tmp_path: Path) -> None:
+    """`ray start` refuses head-only options (--include-dashboard) on a worker: RAY_HEAD_ARGS is for the head only."""
+    result = dry_run(
+        tmp_path, RECIPE="grace_dapo.sh", NODES="gpu01 gpu02",
+        RAY_START_ARGS="--object-store-memory=1000000000", RAY_HEAD_ARGS="--include-dashboard=false",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    head, worker = (line for line in result.stdout.splitlines() if line.startswith("+ srun "))
+    assert "--num-cpus=64 --object-store-memory=1000000000 --include-dashboard=false >" in head, head
+    assert "--num-cpus=64 --object-store-memory=1000000000 >" in worker and "dashboard" not in worker, worker
+    plain = dry_run(tmp_path, RECIPE="grace_dapo.sh", NODES="gpu01 gpu02").stdout
+    assert "--num-cpus=64 >" in plain and "--num-cpus=64  " not in plain
+
+
 def test_rays_authentication_is_set_for_every_step(tmp_path: Path) -> None:
     made = dry_run(tmp_path, RECIPE="grace_dapo.sh")
     assert "# Ray: token authentication, a token made for this job: sha256 " in made.stdout
