@@ -118,12 +118,16 @@ def parse_and_validate(raw: bytes, config: ServerConfig) -> RetrieveRequest:
         raise BadRequest(_describe_validation_error(err)) from err
 
 
-def _problem(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+def problem(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(status_code=status, content={"detail": message}, headers=headers)
 
 
 class BodyTooLarge(Exception):
     pass
+
+
+def too_large(err: BodyTooLarge) -> JSONResponse:
+    return problem(413, f"{err}; send fewer or shorter queries per request")
 
 
 async def receive_body(request: Request, limit: int) -> bytes:
@@ -174,18 +178,18 @@ def _client_left(request: Request) -> "asyncio.Task[None]":
 # Safety nets for anything raised outside the handlers' own try blocks (routing, framework parsing).
 @fastapi_app.exception_handler(RequestValidationError)
 async def _on_validation_error(request: Request, err: RequestValidationError) -> JSONResponse:
-    return _problem(422, _describe_validation_error(err))
+    return problem(422, _describe_validation_error(err))
 
 
 @fastapi_app.exception_handler(StarletteHTTPException)
 async def _on_http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
-    return _problem(err.status_code, str(err.detail))
+    return problem(err.status_code, str(err.detail))
 
 
 @fastapi_app.exception_handler(Exception)
 async def _on_unexpected_error(request: Request, err: Exception) -> JSONResponse:
     logger.exception("unexpected error on %s", request.url.path)
-    return _problem(503, f"retrieval failed: {type(err).__name__}: {err}")
+    return problem(503, f"retrieval failed: {type(err).__name__}: {err}")
 
 
 # ---------------------------------------------------------------- metrics
@@ -261,6 +265,7 @@ class RetrievalServer:
         self.cache = ResultCache(self.config.result_cache_size, self.config.method, str(self.config.index_dir))
         self.queries_seen = self.queries_searched = 0  # the cache's hit rate: repeats in a batch count as hits
         self.request_ids = itertools.count()
+        self.own_routes = None  # the client forwarded requests go through (created on the first)
         self.batcher = BacklogBatcher(
             self._retrieve_batch,
             self.config.max_batch_queries,
@@ -280,7 +285,7 @@ class RetrievalServer:
         if hmac.compare_digest(given, f"Bearer {self.config.token}".encode()):
             return None
         self.metrics.requests.labels(endpoint, "401").inc()
-        return _problem(401, "missing or wrong bearer token (send 'Authorization: Bearer <token>')")
+        return problem(401, "missing or wrong bearer token (send 'Authorization: Bearer <token>')")
 
     @fastapi_app.post("/retrieve")
     async def retrieve(self, request: Request) -> Response:
@@ -296,14 +301,14 @@ class RetrievalServer:
             raw = await receive_body(request, self.config.max_body_bytes)
         except BodyTooLarge as err:
             self.metrics.requests.labels("retrieve", "413").inc()
-            return _problem(413, f"{err}; send fewer or shorter queries per request")
+            return too_large(err)
         self.metrics.stage.labels("receive_body").observe(time.perf_counter() - started)
         # 2. parse + validate
         try:
             body = parse_and_validate(raw, self.config)
         except BadRequest as err:
             self.metrics.requests.labels("retrieve", "422").inc()
-            return _problem(422, err.message)
+            return problem(422, err.message)
         topk = body.topk or self.config.default_topk
         # 3. admit: a full queue sheds the request at once (a small one still fits where a large one does not)
         pieces = [(queries, topk, body.return_scores) for queries in request_pieces(body.queries, topk, self.config)]
@@ -314,7 +319,7 @@ class RetrievalServer:
         if self.batcher.queued_size and self.batcher.queued_size + cost > room:
             self.metrics.shed.inc()
             self.metrics.requests.labels("retrieve", "503").inc()
-            return _problem(
+            return problem(
                 503,
                 f"server busy: {self.batcher.queued_size} queries queued, this request's {len(body.queries)} would "
                 f"pass the bound max_queued_queries={self.config.max_queued_queries} (large requests: "
@@ -333,9 +338,9 @@ class RetrievalServer:
                 if left in done:
                     self.metrics.client_left.inc()
                     self.metrics.requests.labels("retrieve", "499").inc()
-                    return _problem(499, "client left")  # nobody reads it; nginx's code for it, not a 5xx
+                    return problem(499, "client left")  # nobody reads it; nginx's code for it, not a 5xx
                 self.metrics.requests.labels("retrieve", "503").inc()
-                return _problem(
+                return problem(
                     503,
                     f"retrieval took longer than request_timeout_s={self.config.request_timeout_s:g} s "
                     f"({self.batcher.queued_size} queries still queued in this replica)",
@@ -345,7 +350,7 @@ class RetrievalServer:
         except Exception as err:  # a failure of the batch must not surface as a 500
             logger.exception("batch failed")
             self.metrics.requests.labels("retrieve", "503").inc()
-            return _problem(503, f"retrieval failed: {type(err).__name__}: {err}")
+            return problem(503, f"retrieval failed: {type(err).__name__}: {err}")
         finally:
             left.cancel()
             for piece in waiting:  # pieces still queued (timed out, client left, a sibling failed) are never run
@@ -417,6 +422,25 @@ class RetrievalServer:
         self.metrics.stage.labels("lookup").observe(t3 - t2)
         self.metrics.stage.labels("render").observe(time.perf_counter() - t3)
         return out, found
+
+    # ------------------------------------------------------------ behind the Python proxy's front
+    async def forwarded(
+        self, method: str, path: str, query: str, headers: list[tuple[str, str]], body: bytes
+    ) -> tuple[int, list[tuple[str, str]], bytes]:
+        """A request the front deployment (``python_front``) read, answered by this replica's own routes above.
+
+        It goes through the same FastAPI app in process (httpx's ASGI transport), so it takes exactly the path an
+        HTTP request to this replica takes: the contract, the token, the bounds.
+        """
+        import httpx
+
+        if self.own_routes is None:
+            transport = httpx.ASGITransport(app=fastapi_app, raise_app_exceptions=False)
+            self.own_routes = httpx.AsyncClient(transport=transport, base_url="http://replica", timeout=None)
+        answer = await self.own_routes.request(
+            method, path, params=httpx.QueryParams(query), headers=headers, content=body
+        )
+        return answer.status_code, list(answer.headers.items()), answer.content
 
     # ------------------------------------------------------------ the other routes
     @fastapi_app.get("/healthz")

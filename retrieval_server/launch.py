@@ -28,6 +28,8 @@ from retrieval_server.haproxy_front import (
 
 logger = logging.getLogger(__name__)
 
+RETRIEVAL_DEPLOYMENT = "RetrievalServer"  # the deployment's name in app.py; its replicas' actors carry it
+
 # A port chosen here can still be taken by another program before the server binds it; such a
 # start is retried with fresh ports, this many times in all.
 START_ATTEMPTS = 3
@@ -237,10 +239,12 @@ def _serve_is_running() -> bool:
         return False
 
 
-def build_application(config: ServerConfig):
+def build_application(config: ServerConfig, python_proxy_front: bool = False):
+    """The app: the retrieval deployment, behind the front deployment of ``python_front`` when ``python_proxy_front``
+    (Serve's Python proxy: it holds requests while no replica runs; HAProxy needs no front and gets no extra hop)."""
     from retrieval_server.app import RetrievalServer
 
-    return RetrievalServer.options(
+    retrieval = RetrievalServer.options(
         num_replicas=config.num_replicas,
         max_ongoing_requests=config.effective_max_ongoing_requests,
         # Serve's default checks a replica every 10 s: a replica that died is replaced (and its death reported by
@@ -249,6 +253,13 @@ def build_application(config: ServerConfig):
         logging_config={"enable_access_log": config.access_log},
         ray_actor_options=replica_actor_options(config),
     ).bind(config.model_dump(mode="json"))
+    if not python_proxy_front:
+        return retrieval
+    from retrieval_server.python_front import PythonProxyFront
+
+    # It only waits on the replicas: it may hold as many requests as they take together (Serve's default: 5).
+    room = config.effective_max_ongoing_requests * config.num_replicas
+    return PythonProxyFront.options(max_ongoing_requests=room).bind(retrieval, config.model_dump(mode="json"))
 
 
 def replica_actor_options(config: ServerConfig) -> dict:
@@ -401,7 +412,8 @@ def _start_once(config: ServerConfig, address: str | None, ray_num_cpus: int | N
         else:
             http = serve.context._get_global_client().http_config
             config = config.model_copy(update={"host": http.host, "port": http.port})
-        serve.run(build_application(config), name=config.app_name, route_prefix=config.route_prefix, blocking=False)
+        app = build_application(config, python_proxy_front=ingress == "proxy")
+        serve.run(app, name=config.app_name, route_prefix=config.route_prefix, blocking=False)
         prefix = "" if config.route_prefix == "/" else config.route_prefix.rstrip("/")
         handle = ServerHandle(
             config=config,
@@ -454,6 +466,15 @@ def _wait_healthy(url: str, timeout_s: float = 120.0, token: str | None = None) 
         raise TimeoutError(f"retrieval server at {url} not healthy after {timeout_s:.0f}s ({last})") from None
 
 
+def deployment_cause(message: str, status: str) -> str:
+    """Serve's message about a deployment on one line: its first sentence and the exception (the traceback's last
+    line), or the status when Serve recorded no message."""
+    lines = [line.strip() for line in (message or "").splitlines() if line.strip()]
+    if not lines:
+        return f"status {status}"
+    return lines[0] if len(lines) < 2 else f"{lines[0]} {lines[-1]}"
+
+
 class ReplicasKeepDying(RuntimeError):
     """The app's replicas stopped more often than ``max_replica_restarts`` allows: serving is given up."""
 
@@ -469,7 +490,7 @@ class ReplicaWatch:
 
     def __init__(self, app_name: str, max_restarts: int, window_s: float = 600.0) -> None:
         self.app_name, self.max_restarts, self.window_s = app_name, max_restarts, window_s
-        self._prefix = f"SERVE_REPLICA::{app_name}#"
+        self._prefix = f"SERVE_REPLICA::{app_name}#{RETRIEVAL_DEPLOYMENT}#"  # not the Python proxy's front
         self._alive = self._replicas()
         self._deaths: list[float] = []
 
@@ -486,12 +507,10 @@ class ReplicaWatch:
         application = serve.status().applications.get(self.app_name)
         if application is None:
             return "the application is gone"
-        deployment = next(iter(application.deployments.values()), None)
-        message = (deployment.message if deployment else "") or ""
-        lines = [line.strip() for line in message.splitlines() if line.strip()]
-        # Serve's message: a sentence, then "Error:" and a traceback whose last line is the exception.
-        summary = lines[0] if lines else f"status {deployment.status if deployment else application.status}"
-        return summary if len(lines) < 2 else f"{summary} {lines[-1]}"
+        deployment = application.deployments.get(RETRIEVAL_DEPLOYMENT)
+        if deployment is None:
+            return f"status {application.status}"
+        return deployment_cause(deployment.message, deployment.status)
 
     def check(self) -> None:
         alive = self._replicas()
@@ -505,7 +524,7 @@ class ReplicaWatch:
         for name in stopped:
             logger.error(
                 "replica %s stopped (%d in the last %.0f s; giving up after %d): %s",
-                name.removeprefix(self._prefix),
+                name.removeprefix(f"SERVE_REPLICA::{self.app_name}#"),
                 len(self._deaths),
                 self.window_s,
                 self.max_restarts,
