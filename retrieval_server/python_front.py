@@ -8,16 +8,17 @@ cause while Serve reports no running retrieval replica, or when the replica dies
 default front) answers those itself (``haproxy_front``); there the retrieval deployment is the ingress, no hop.
 """
 
-# No `from __future__ import annotations` here: FastAPI must see real types (Request) on the ingress methods.
+from __future__ import annotations
+
 import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import Response
 from ray import serve
 from ray.serve.handle import DeploymentHandle
+from starlette.requests import Request
+from starlette.responses import Response
 
 from retrieval_server.app import BodyTooLarge, problem, receive_body, too_large
 from retrieval_server.config import ServerConfig
@@ -50,11 +51,8 @@ class ReplicaView:
         return f"no retrieval replica is running ({self.cause}); retry later"
 
 
-front_app = FastAPI(title="retrieval-server front", docs_url=None, redoc_url=None, openapi_url=None)
-
-
+# A plain HTTP deployment (Serve calls it with each request), not FastAPI: Serve allows one FastAPI ingress per app.
 @serve.deployment(name="PythonProxyFront", ray_actor_options={"num_cpus": 0})
-@serve.ingress(front_app)
 class PythonProxyFront:
     def __init__(self, retrieval: DeploymentHandle, config: dict[str, Any]) -> None:
         self.retrieval = retrieval
@@ -78,8 +76,7 @@ class PythonProxyFront:
                 self.none_running.set()
             await asyncio.sleep(STATUS_POLL_S)
 
-    @front_app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
-    async def forward(self, request: Request, path: str) -> Response:
+    async def __call__(self, request: Request) -> Response:
         if self.poller is None:  # started here: the replica's event loop runs requests, not the constructor
             self.poller = asyncio.ensure_future(self._poll())
         if (refusal := self.view.refusal()) is not None:
@@ -89,7 +86,8 @@ class PythonProxyFront:
         except BodyTooLarge as err:
             return too_large(err)
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.scope["headers"]]
-        answer = self.retrieval.forwarded.remote(request.method, f"/{path}", request.url.query, headers, body)
+        path = request.scope["path"].removeprefix(request.scope.get("root_path", "")) or "/"  # below the route prefix
+        answer = self.retrieval.forwarded.remote(request.method, path, request.url.query, headers, body)
         reply, stopped = asyncio.ensure_future(answer), asyncio.ensure_future(self.none_running.wait())
         bound_s = self.config.request_timeout_s + FORWARD_MARGIN_S
         try:

@@ -153,6 +153,43 @@ def test_session_server_runs_behind_its_own_haproxy(retrieval_server):
     assert response.status_code == 200 and len(response.json()["result"][0]) == 2
 
 
+SERVE_DEATH_MESSAGE = """A replica failed to start with exception. Retrying.
+Traceback (most recent call last):
+  File "retrieval_server/docstore.py", line 40, in open
+pyarrow.lib.ArrowInvalid: Not an Arrow file
+"""
+
+
+def test_python_proxy_front_refuses_while_no_replica_runs_naming_serves_cause():
+    from retrieval_server.launch import deployment_cause
+    from retrieval_server.python_front import ReplicaView
+
+    view = ReplicaView()
+    assert view.refusal() is None  # not looked at yet: forwarded (Serve's router decides)
+    view.update(1, "", "HEALTHY")
+    assert view.refusal() is None
+    view.update(0, SERVE_DEATH_MESSAGE, "UNHEALTHY")
+    assert view.refusal() == (
+        "no retrieval replica is running (A replica failed to start with exception. Retrying. "
+        "pyarrow.lib.ArrowInvalid: Not an Arrow file); retry later"
+    )
+    view.update(0, "", "UPDATING")
+    assert view.refusal() == "no retrieval replica is running (status UPDATING); retry later"
+    view.update(2, SERVE_DEATH_MESSAGE, "HEALTHY")  # a replica is back: requests go through again
+    assert view.refusal() is None
+    assert deployment_cause("Deployment is healthy.", "HEALTHY") == "Deployment is healthy."
+
+
+def test_the_python_proxy_front_is_built_only_for_the_python_proxy(tmp_path):
+    config = ServerConfig(index_dir=tmp_path, num_replicas=2, max_batch_size=8)
+    behind_haproxy = launch.build_application(config)
+    assert behind_haproxy._get_deployment_name() == "RetrievalServer"  # no extra hop on the default front
+    front = launch.build_application(config, python_proxy_front=True)
+    assert front._get_deployment_name() == "PythonProxyFront"
+    # it holds what the replicas take together, not Serve's default of 5
+    assert front._bound_deployment._deployment_config.max_ongoing_requests == 2 * 16
+
+
 @pytest.mark.slow
 @pytest.mark.longest_first(10)
 def test_python_proxy_ingress_from_the_command_line(bundled_index_dir):
