@@ -297,7 +297,7 @@ def crash_loop(index_dir: Path, workdir: Path, seconds: float, ingress: str = "a
         with store.open("r+b") as handle:
             handle.truncate(store.stat().st_size // 3)
         codes, exited_after = collections.Counter(), None
-        refusal_times, after_give_up, details = [], [], collections.Counter()
+        refusal_times, after_give_up, details, slowest = [], [], collections.Counter(), {}
         started = time.monotonic()
         with httpx.Client(timeout=60) as http:
             while time.monotonic() - started < CRASH_LOOP_LIMIT_S and exited_after is None:
@@ -320,6 +320,7 @@ def crash_loop(index_dir: Path, workdir: Path, seconds: float, ingress: str = "a
                     if code != "200":
                         refusal_times.append(took)
                         details[said or code] += 1
+                        slowest[said or code] = max(slowest.get(said or code, 0.0), took)
                 if server.process.poll() is not None:
                     exited_after = time.monotonic() - started
                 time.sleep(0.2)
@@ -332,6 +333,7 @@ def crash_loop(index_dir: Path, workdir: Path, seconds: float, ingress: str = "a
             "refusals_over_1s": sum(t > 1.0 for t in refusal_times),
             "slowest_after_serve_gave_up_s": max(after_give_up, default=0.0),
             "answers": dict(details),
+            "slowest_by_answer_s": slowest,
             "serve_exit_code": server.process.poll(),
             "serve_exited_after_s": exited_after,
             "serve_said": [
@@ -376,7 +378,7 @@ def main() -> None:
             f"{crash['serve_exit_code']} after {crash['serve_exited_after_s']} s"
         )
         for answer, count in crash["answers"].items():
-            print(f"  {count} x {answer}")
+            print(f"  {count} x {answer} (slowest {crash['slowest_by_answer_s'][answer]:.2f} s)")
 
 
 def serving_scenarios(index_dir: Path, workdir: Path, seconds: float) -> list[dict]:

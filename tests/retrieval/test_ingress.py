@@ -182,12 +182,12 @@ def test_python_proxy_front_refuses_while_no_replica_runs_naming_serves_cause():
 
 def test_the_python_proxy_front_is_built_only_for_the_python_proxy(tmp_path):
     config = ServerConfig(index_dir=tmp_path, num_replicas=2, max_batch_size=8)
-    behind_haproxy = launch.build_application(config)
-    assert behind_haproxy._get_deployment_name() == "RetrievalServer"  # no extra hop on the default front
-    front = launch.build_application(config, python_proxy_front=True)
-    assert front._get_deployment_name() == "PythonProxyFront"
-    # it holds what the replicas take together, not Serve's default of 5
-    assert front._bound_deployment._deployment_config.max_ongoing_requests == 2 * 16
+    behind_haproxy = launch.build_application(config)._bound_deployment
+    assert behind_haproxy.name == "RetrievalServer"  # the ingress itself: no extra hop on the default front
+    front = launch.build_application(config, python_proxy_front=True)._bound_deployment
+    assert front.name == "PythonProxyFront"
+    assert front.init_args[0]._bound_deployment.name == "RetrievalServer"
+    assert front.max_ongoing_requests == 2 * 16  # what the replicas take together, not Serve's default of 5
 
 
 @pytest.mark.slow
