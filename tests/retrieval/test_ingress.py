@@ -164,20 +164,41 @@ def test_python_proxy_front_refuses_while_no_replica_runs_naming_serves_cause():
     from retrieval_server.launch import deployment_cause
     from retrieval_server.python_front import ReplicaView
 
+    assert deployment_cause("Deployment is healthy.", "HEALTHY") == "Deployment is healthy."
     view = ReplicaView()
-    assert view.refusal() is None  # not looked at yet: forwarded (Serve's router decides)
+    assert view.refusal(now=0.0) is None  # not looked at yet: forwarded (Serve's router decides)
     view.update(1, "", "HEALTHY")
-    assert view.refusal() is None
+    assert view.refusal(now=0.0) is None
     view.update(0, SERVE_DEATH_MESSAGE, "UNHEALTHY")
-    assert view.refusal() == (
+    assert view.refusal(now=0.0) == (
         "no retrieval replica is running (A replica failed to start with exception. Retrying. "
         "pyarrow.lib.ArrowInvalid: Not an Arrow file); retry later"
     )
     view.update(0, "", "UPDATING")
-    assert view.refusal() == "no retrieval replica is running (status UPDATING); retry later"
-    view.update(2, SERVE_DEATH_MESSAGE, "HEALTHY")  # a replica is back: requests go through again
-    assert view.refusal() is None
-    assert deployment_cause("Deployment is healthy.", "HEALTHY") == "Deployment is healthy."
+    assert view.refusal(now=0.0) == "no retrieval replica is running (status UPDATING); retry later"
+    view.update(2, SERVE_DEATH_MESSAGE, "HEALTHY")  # replicas are back: requests go through again
+    assert view.refusal(now=0.0) is None
+
+
+def test_python_proxy_front_refuses_after_its_only_replica_died_before_serve_notices():
+    from retrieval_server.python_front import LOST_REPLICA_GRACE_S, ReplicaView
+
+    view = ReplicaView()
+    view.update(2, "", "HEALTHY")
+    view.replica_died("ActorDiedError: The actor died", now=10.0)
+    assert view.refusal(now=10.1) is None  # the other replica answers
+    view.update(1, "", "HEALTHY")
+    view.replica_died("ActorDiedError: The actor died", now=20.0)
+    # Serve still counts it running (its health check comes later): a request sent now would wait in its router
+    view.update(1, "", "HEALTHY")
+    assert view.refusal(now=20.5) == (
+        "no retrieval replica is running (the last one stopped: ActorDiedError: The actor died); retry later"
+    )
+    assert view.refusal(now=20.0 + LOST_REPLICA_GRACE_S) is None  # Serve never said 0: its count is trusted again
+    view.replica_died("ActorDiedError: again", now=30.0)
+    view.update(0, SERVE_DEATH_MESSAGE, "UNHEALTHY")  # Serve noticed: its cause from here on
+    view.update(1, "", "HEALTHY")  # and a replacement runs
+    assert view.refusal(now=30.5) is None
 
 
 def test_the_python_proxy_front_is_built_only_for_the_python_proxy(tmp_path):

@@ -125,6 +125,36 @@ def _wait(condition, what: str, limit_s: float = 240.0) -> None:
         time.sleep(0.2)
 
 
+def _crash_loop(index, app: str, url: str, max_restarts: int) -> list[tuple[str, float, str]]:
+    """Truncate the docstore under a serving replica; post until the watch gives up (pytest.raises checks it):
+    every answer's (status or error, seconds, Retry-After and detail)."""
+    from retrieval_server.launch import ReplicasKeepDying, ReplicaWatch
+
+    outcomes: list[tuple[str, float, str]] = []
+    watch = ReplicaWatch(app, max_restarts=max_restarts)
+    with RetrievalClient(url, max_retries=0) as client:
+        assert len(client.retrieve(["Nile"])[0]) == 3
+    store = index / "docstore.arrow"
+    with store.open("r+b") as handle_file:
+        handle_file.truncate(store.stat().st_size // 3)
+    deadline = time.monotonic() + 240
+    with httpx.Client(timeout=60) as http, pytest.raises(ReplicasKeepDying) as info:
+        while time.monotonic() < deadline:
+            started = time.monotonic()
+            try:
+                answer = http.post(f"{url}/retrieve", json={"queries": [f"Nile {started}"]})
+                said = f"{answer.headers.get('retry-after')} {answer.text[:160]}"
+                outcome = str(answer.status_code)
+            except httpx.TransportError as err:  # what a caller sees, recorded
+                outcome, said = type(err).__name__, str(err)
+            outcomes.append((outcome, time.monotonic() - started, said))
+            watch.check()
+            time.sleep(0.25)
+    assert f"more than --max-replica-restarts {max_restarts}" in str(info.value)
+    assert all(outcome != "200" for outcome, _, _ in outcomes[1:])  # nothing answered from the broken store
+    return outcomes
+
+
 def test_a_replica_that_keeps_dying_fails_fast_is_logged_and_given_up_on(
     retrieval_server, bundled_index_dir, tmp_path, caplog
 ):
@@ -134,49 +164,57 @@ def test_a_replica_that_keeps_dying_fails_fast_is_logged_and_given_up_on(
     import shutil
 
     from retrieval_server.config import ServerConfig
-    from retrieval_server.launch import ReplicasKeepDying, ReplicaWatch, start_server
+    from retrieval_server.launch import start_server
 
     index = tmp_path / "index"
     shutil.copytree(bundled_index_dir, index)
     handle = start_server(
         ServerConfig(index_dir=index, method="bm25", app_name="crash-loop", route_prefix="/crash", request_timeout_s=5)
     )
-    outcomes: list[tuple[str, float, str]] = []  # (status or error, seconds, Retry-After and detail)
     try:
-        watch = ReplicaWatch("crash-loop", max_restarts=1)
-        with RetrievalClient(handle.url, max_retries=0) as client:
-            assert len(client.retrieve(["Nile"])[0]) == 3
-        store = index / "docstore.arrow"
-        with store.open("r+b") as handle_file:
-            handle_file.truncate(store.stat().st_size // 3)
-        deadline = time.monotonic() + 240
-        with (
-            httpx.Client(timeout=60) as http,
-            caplog.at_level("ERROR", logger="retrieval_server.launch"),
-            pytest.raises(ReplicasKeepDying) as info,
-        ):
-            while time.monotonic() < deadline:
-                started = time.monotonic()
-                try:
-                    answer = http.post(f"{handle.url}/retrieve", json={"queries": [f"Nile {started}"]})
-                    said = f"{answer.headers.get('retry-after')} {answer.text[:160]}"
-                    outcome = str(answer.status_code)
-                except httpx.TransportError as err:  # what a caller sees, recorded
-                    outcome, said = type(err).__name__, str(err)
-                outcomes.append((outcome, time.monotonic() - started, said))
-                watch.check()
-                time.sleep(0.25)
+        with caplog.at_level("ERROR", logger="retrieval_server.launch"):
+            outcomes = _crash_loop(index, "crash-loop", handle.url, max_restarts=1)
     finally:
         handle.shutdown()
     stops = [r.getMessage() for r in caplog.records if "stopped" in r.getMessage()]
     assert len(stops) >= 2 and "giving up after 1" in stops[0]
-    assert "more than --max-replica-restarts 1" in str(info.value)
-    assert all(outcome != "200" for outcome, _, _ in outcomes[1:])  # nothing answered from the broken store
     if retrieval_server.ingress == "haproxy":
         # 503 + Retry-After with a JSON detail, never Ray's 500 page or a cut connection; none held until a timeout
         for outcome, seconds, said in outcomes:
             assert outcome == "503" and said.startswith('1 {"detail":'), outcomes
             assert seconds < 5, outcomes
         assert any("no retrieval replica is running" in said for _, _, said in outcomes), outcomes
-    else:  # Serve's Python proxy holds requests for a replica: bounded by its request timeout (docs: Limits)
+    else:  # Serve's Python proxy without our front: bounded by its request timeout (docs: Limits)
         assert max(seconds for _, seconds, _ in outcomes) < 35 + 5, outcomes
+
+
+def test_the_python_proxy_front_refuses_a_crash_loop_at_once_naming_the_cause(
+    retrieval_server, bundled_index_dir, tmp_path
+):
+    """The front deployment `serve --ingress proxy` puts before the replicas (Serve's Python proxy itself holds
+    requests while no replica runs): every answer in the crash loop a 503 with Retry-After and a JSON detail
+    within 1 s, the cause Serve recorded in it. Deployed on the session's Serve instance (a cluster of its own with
+    the Python proxy costs a Ray start); `benchmarks/abuse.py --crash-loop-ingress proxy` runs the real path."""
+    import shutil
+
+    from ray import serve
+
+    from retrieval_server.config import ServerConfig
+    from retrieval_server.launch import _wait_healthy, build_application
+
+    index = tmp_path / "index"
+    shutil.copytree(bundled_index_dir, index)
+    config = ServerConfig(index_dir=index, method="bm25", app_name="crash-front", request_timeout_s=5)
+    serve.run(build_application(config, python_proxy_front=True), name="crash-front", route_prefix="/crash-front",
+              blocking=False)  # fmt: skip
+    url = f"http://{retrieval_server.config.host}:{retrieval_server.config.port}/crash-front"  # its HTTP port
+    try:
+        _wait_healthy(url)
+        outcomes = _crash_loop(index, "crash-front", url, max_restarts=1)
+    finally:
+        serve.delete("crash-front")
+    for outcome, seconds, said in outcomes:
+        assert outcome == "503" and said.startswith('1 {"detail":'), outcomes
+        assert seconds < 1, outcomes
+    causes = [said for _, _, said in outcomes if "no retrieval replica is running (" in said]
+    assert any("A replica failed to start" in said or "health check failed" in said for said in causes), outcomes
