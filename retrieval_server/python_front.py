@@ -113,7 +113,6 @@ class PythonProxyFront:
         try:
             done, _ = await asyncio.wait({reply, stopped}, timeout=bound_s, return_when=asyncio.FIRST_COMPLETED)
             if reply not in done:  # held in Serve's router (no replica) or in a replica that does not answer
-                answer.cancel()
                 late = f"the retrieval replica did not answer within {bound_s:g} s; retry later"
                 detail = self.view.refusal(time.monotonic()) or late
                 return problem(503, detail, headers=RETRY_LATER)
@@ -127,6 +126,8 @@ class PythonProxyFront:
             return problem(503, f"the retrieval replica stopped while answering this request ({cause}); retry later",
                            headers=RETRY_LATER)  # fmt: skip
         finally:
-            reply.cancel()
+            if not reply.done():  # refused, timed out, or the client left (Serve cancels this call): drop the request
+                answer.cancel()
+                reply.cancel()
             stopped.cancel()
         return Response(answer_body, status_code=status, headers=dict(answer_headers))
