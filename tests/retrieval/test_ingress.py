@@ -234,6 +234,9 @@ def test_python_proxy_ingress_from_the_command_line(bundled_index_dir):
         assert any("ingress: proxy" in line for line in lines)
         response = httpx.post(f"http://127.0.0.1:{port}/retrieve", json={"queries": ["capital of France"], "topk": 1})
         assert response.status_code == 200 and response.json()["result"][0][0]["document"]["id"]
+        # through the front deployment (python_front) the replica's own answers, bad input included
+        refused = httpx.post(f"http://127.0.0.1:{port}/retrieve", json={"queries": []})
+        assert refused.status_code == 422 and "at least 1 item" in refused.json()["detail"]
         children = psutil.Process(server.pid).children(recursive=True)
         assert not [p for p in children if "haproxy" in p.name()]
     finally:
