@@ -49,16 +49,7 @@ def warm_up(base: Path, examples: list[dict], out: Path, steps: int = 500, lr: f
     torch.set_num_threads(1)  # small matrices: one thread does the most work per CPU-second
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, attn_implementation="sdpa")
-    # One AdamW step per example, or per group of examples sharing a "pair" key (their losses summed): two replies
-    # to one context that should stay equally likely (the neutral search warm-up's note / no note) then pull the
-    # branch toward 1/2 in every step. Stepping on them one by one, the last few steps seen decide the branch.
-    groups: dict[object, list[tuple]] = {}
-    for index, example in enumerate(examples):
-        full_ids, labels = example_ids(tokenizer, example)
-        groups.setdefault(example.get("pair", ("single", index)), []).append(
-            (torch.tensor([full_ids]), torch.tensor([labels]))
-        )
-    encoded = list(groups.values())
+    encoded = [tuple(torch.tensor([part]) for part in example_ids(tokenizer, example)) for example in examples]
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     order = random.Random(0)
     losses: list[float] = []
@@ -67,7 +58,8 @@ def warm_up(base: Path, examples: list[dict], out: Path, steps: int = 500, lr: f
     for _ in range(steps):
         if not queue:
             queue = order.sample(range(len(encoded)), len(encoded))
-        loss = sum(model(input_ids=ids, labels=labels).loss for ids, labels in encoded[queue.pop()])
+        ids, labels = encoded[queue.pop()]
+        loss = model(input_ids=ids, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
