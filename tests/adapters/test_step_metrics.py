@@ -196,6 +196,35 @@ def test_options_verl_keeps_from_custom_samplers_pass_through_sampler_kwargs(mak
         build_sampler(make_config, "++trainer.v1.sampler.sampler_kwargs.mask_check=maybe")
 
 
+def test_the_sampler_stops_a_mis_masked_training_batch_before_returning_it(make_config, monkeypatch):
+    """What stops a run whose loop trains retrieved tokens: sample() raises instead of handing the batch on."""
+    from verl_evidence.trainer import step_sampler
+
+    mis_masked = two_trajectories()
+    mis_masked[1].response_mask = [1, 0, 1, 1]  # position 2 is retrieved and trained
+    read = []
+    monkeypatch.setattr(step_sampler, "read_trajectories", lambda keys, partition: read.append(keys) or mis_masked)
+    batch = SimpleNamespace(keys=["u_0_0", "u_1_0"])
+    for check in ("true", "false"):
+        sampler = build_sampler(
+            make_config,
+            "++trainer.v1.sampler.sampler_kwargs.reward_manager=evinote",
+            f"++trainer.v1.sampler.sampler_kwargs.mask_check={check}",
+        )
+        # verl's buffer's sampling needs TransferQueue; what it returns is what this test is about
+        monkeypatch.setattr(sampler.buffer, "sample", lambda **kwargs: (batch, {"verl/own": 1.0}))
+        if check == "true":
+            with pytest.raises(MaskingError, match="(?s)u_1_0: 1 retrieved token.*nothing was trained on them"):
+                sampler.sample(global_steps=1, partition_id="train", batch_size=2)
+        else:
+            returned, metrics = sampler.sample(global_steps=1, partition_id="train", batch_size=2)
+            assert returned is batch and metrics["verl/own"] == 1.0
+            assert metrics["masking/retrieved_tokens_trained"] == 1
+    assert read == [batch.keys, batch.keys]
+    _, metrics = sampler.sample(global_steps=1, partition_id="val", batch_size=2)  # validation is never checked
+    assert metrics == {"verl/own": 1.0} and len(read) == 2
+
+
 def test_the_trainer_logs_what_sample_returns_before_it_trains_on_the_batch():
     """Pins the hook: _step_once merges sample()'s metrics into the step's, and samples before any update."""
     from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
