@@ -9,6 +9,10 @@ A test's place is a mark on the test itself (registered in pyproject.toml), so t
   measured them); the others follow in collection order.
 - `run_last`: a reader of what a long test leaves, so that it finds it done instead of waiting for it on another
   worker.
+- `mostly_waits`: a test that sleeps or polls far more than it computes (fake job steps, retry and deadline waits):
+  it starts among the long tests, right after rank :data:`MOSTLY_WAITS_AFTER_RANK`, so that its waits overlap a
+  smoke training that takes both cores instead of another test's waits at the end of the run (the timeline below
+  showed both cores ~50 % idle there, running such tests side by side).
 - `one_worker_group(name)`: tests that share a costly module-scoped fixture (an NLI actor, a 2 GiB store, adopted
   and converted indexes, Serve apps of their own) run on one worker, so that the fixture is built once; without a
   name (a module's `pytestmark`), the whole module. A module that deploys a named Serve app on the shared session
@@ -24,16 +28,22 @@ from pathlib import Path
 
 import pytest
 
-SCHEDULE_MARKS = ("longest_first", "run_last", "one_worker_group")
+SCHEDULE_MARKS = ("longest_first", "run_last", "one_worker_group", "mostly_waits")
+# The `mostly_waits` tests start after the longest_first tests of ranks up to this one: by then the first smoke
+# training (rank 0) is past its one-thread warm-up and uses both cores.
+MOSTLY_WAITS_AFTER_RANK = 1
 _SCOPES_FILE = pytest.StashKey[Path]()
 _SCOPES_INPUT = "verl_evidence_one_worker_scopes"  # key of pytest-xdist's workerinput: where workers leave the groups
 
 
-def start_rank(item: pytest.Item) -> tuple[int, int]:
-    """Sort key: the `longest_first` tests by rank, then the unmarked ones, then the `run_last` ones."""
+def start_rank(item: pytest.Item) -> tuple[int, int, int]:
+    """Sort key: the `longest_first` tests by rank (the `mostly_waits` ones after rank MOSTLY_WAITS_AFTER_RANK), then
+    the unmarked ones, then the `run_last` ones."""
     if (mark := item.get_closest_marker("longest_first")) is not None:
-        return (0, mark.args[0])
-    return (2, 0) if item.get_closest_marker("run_last") is not None else (1, 0)
+        return (0, mark.args[0], 0)
+    if item.get_closest_marker("mostly_waits") is not None:
+        return (0, MOSTLY_WAITS_AFTER_RANK, 1)
+    return (2, 0, 0) if item.get_closest_marker("run_last") is not None else (1, 0, 0)
 
 
 def one_worker_scope(item: pytest.Item) -> str:
@@ -49,7 +59,7 @@ def check_schedule_marks(items: list[pytest.Item]) -> None:
     tests; a misspelt mark's name is refused by pytest itself (`strict_markers` in pyproject.toml)."""
     wrong, modules = [], {}
     for item in items:
-        first, last, group = (item.get_closest_marker(name) for name in SCHEDULE_MARKS)
+        first, last, group, waits = (item.get_closest_marker(name) for name in SCHEDULE_MARKS)
         module = item.nodeid.split("::", 1)[0]
         if first and (first.kwargs or len(first.args) != 1 or type(first.args[0]) is not int or first.args[0] < 0):
             wrong.append(f"{item.nodeid}: longest_first takes one rank, an int >= 0")
@@ -57,6 +67,8 @@ def check_schedule_marks(items: list[pytest.Item]) -> None:
             modules.setdefault(("longest_first rank", first.args[0]), set()).add(module)
         if last and (first or last.args or last.kwargs):
             wrong.append(f"{item.nodeid}: run_last takes no arguments and excludes longest_first")
+        if waits and (first or last or waits.args or waits.kwargs):
+            wrong.append(f"{item.nodeid}: mostly_waits takes no arguments and excludes longest_first and run_last")
         if group and (group.kwargs or len(group.args) > 1 or not all(isinstance(a, str) and a for a in group.args)):
             wrong.append(f"{item.nodeid}: one_worker_group takes at most a group name")
         elif group and group.args:
@@ -121,8 +133,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         os.replace(partial, scopes_file)
 
 
-# `VERL_EVIDENCE_TEST_TIMELINE=<file>`: each test's start and end (wall clock) per worker, one JSON line per test, to
-# read beside a CPU sampler when tuning the order: where both workers wait (a lock, a sleep) the cores idle.
+# `VERL_EVIDENCE_TEST_TIMELINE=<file>`: each test's start, end (wall clock) and CPU seconds per worker, one JSON line
+# per test, to read beside a CPU sampler when tuning the order: where both workers wait (a lock, a sleep) the cores
+# idle.
 _TIMELINE = os.environ.get("VERL_EVIDENCE_TEST_TIMELINE")
 
 
@@ -130,11 +143,17 @@ if _TIMELINE:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(item: pytest.Item, nextitem):
+        import resource
         import time
 
-        start = time.time()
+        def cpu_s() -> float:  # this worker's CPU and that of the subprocesses it waited for (not Ray's daemons)
+            own, waited = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+            return own.ru_utime + own.ru_stime + waited.ru_utime + waited.ru_stime
+
+        start, cpu_start = time.time(), cpu_s()
         yield
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         with open(_TIMELINE, "a", encoding="utf-8") as timeline:  # one short append per test: lines never interleave
-            record = {"worker": worker, "test": item.nodeid, "start": start, "end": time.time()}
+            record = {"worker": worker, "test": item.nodeid, "start": start, "end": time.time(),
+                      "cpu_s": round(cpu_s() - cpu_start, 2)}  # fmt: skip
             timeline.write(json.dumps(record) + "\n")

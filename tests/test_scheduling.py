@@ -35,6 +35,21 @@ def test_the_longest_start_in_rank_order_and_the_readers_last():
     ]
 
 
+def test_tests_that_mostly_wait_start_right_after_the_first_long_ones():
+    from scheduling import MOSTLY_WAITS_AFTER_RANK
+
+    items = [
+        item("a.py::plain"),
+        item("w.py::sleeps", pytest.mark.mostly_waits),
+        item("b.py::later", pytest.mark.longest_first(MOSTLY_WAITS_AFTER_RANK + 1)),
+        item("c.py::first", pytest.mark.longest_first(MOSTLY_WAITS_AFTER_RANK)),
+        item("a.py::reader", pytest.mark.run_last),
+    ]
+    check_schedule_marks(items)
+    order = [i.nodeid for i in sorted(items, key=start_rank)]
+    assert order == ["c.py::first", "w.py::sleeps", "b.py::later", "a.py::plain", "a.py::reader"]
+
+
 def test_a_group_is_its_name_or_its_module_and_an_unmarked_test_is_its_own_unit():
     probes = [item(f"tests/x.py::t{n}", pytest.mark.one_worker_group("probes")) for n in range(2)]
     module = [item(f"tests/y.py::t{n}[p]", pytest.mark.one_worker_group) for n in range(2)]
@@ -49,6 +64,11 @@ def test_a_group_is_its_name_or_its_module_and_an_unmarked_test_is_its_own_unit(
     [
         ([item("a.py::t", pytest.mark.longest_first("3"))], "a.py::t: longest_first takes one rank"),
         ([item("a.py::t", pytest.mark.longest_first(-1))], "a.py::t: longest_first takes one rank"),
+        (
+            [item("a.py::t", pytest.mark.mostly_waits, pytest.mark.run_last)],
+            "a.py::t: mostly_waits takes no arguments and excludes longest_first and run_last",
+        ),
+        ([item("a.py::t", pytest.mark.mostly_waits(2))], "a.py::t: mostly_waits takes no arguments"),
         ([item("a.py::t", pytest.mark.longest_first)], "a.py::t: longest_first takes one rank"),
         (
             [item("a.py::t", pytest.mark.longest_first(2)), item("b.py::u", pytest.mark.longest_first(2))],

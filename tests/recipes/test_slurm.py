@@ -20,6 +20,9 @@ from pathlib import Path
 
 import pytest
 
+# ~19 s of fake job steps' sleeps and deadlines for ~4 CPU-s (tests/scheduling.py)
+pytestmark = pytest.mark.mostly_waits
+
 REPO = Path(__file__).resolve().parents[2]
 SBATCH = REPO / "recipes" / "slurm" / "train.sbatch"
 

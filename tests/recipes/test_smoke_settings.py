@@ -43,6 +43,7 @@ with locked(Path(sys.argv[1])):
 """
 
 
+@pytest.mark.mostly_waits  # tests/scheduling.py
 def test_the_cache_lock_excludes_another_process_until_it_is_released(tmp_path: Path) -> None:
     target = tmp_path / "cache" / "policy-search"
     command = [sys.executable, "-c", HOLD_THEN_MARK, str(target), "2"]

@@ -19,6 +19,9 @@ from retrieval_server.client import (
 )
 from retrieval_server.haproxy_front import free_port
 
+# retries, Retry-After and deadlines waited out: ~8 s for ~0.6 CPU-s (tests/scheduling.py)
+pytestmark = pytest.mark.mostly_waits
+
 HIT = {"document": {"id": "p1", "contents": "Title\ntext"}, "score": 0.5}
 # What Ray Serve's HAProxy front answers for a path no app is routed on (while its ingress restarts, /retrieve).
 SERVE_ROUTING_404 = "serve-404"

@@ -323,6 +323,7 @@ def _health_server_after(delay_s: float):
     return f"http://127.0.0.1:{port}", servers
 
 
+@pytest.mark.mostly_waits  # tests/scheduling.py
 def test_the_first_search_waits_for_a_server_still_loading_and_later_ones_do_not():
     from verl_evidence.tools.search_service import wait_until_ready
 
