@@ -38,17 +38,20 @@ def nli_dir(tmp_path_factory) -> Path:
     return overlap_nli_model(tmp_path_factory.mktemp("overlap_nli"))
 
 
-def compose_trainer_config(tokenizer_dir: Path, overrides: Sequence[str] = ()):
-    """verl's ``ppo_trainer.yaml`` composed by Hydra with command-line style overrides."""
+def compose_trainer_config(
+    tokenizer_dir: Path, overrides: Sequence[str] = (), config_dir: Path | None = None, config_name: str = "ppo_trainer"
+):
+    """verl's ``ppo_trainer.yaml`` (or a recipe preset: ``config_dir``/``config_name``) composed by Hydra with
+    command-line style overrides."""
     import verl
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
+    config_dir = str(config_dir or Path(verl.__file__).parent / "trainer" / "config")
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=config_dir, version_base=None):
         return compose(
-            "ppo_trainer",
+            config_name,
             overrides=[f"actor_rollout_ref.model.path={tokenizer_dir}", *overrides],
         )
 
