@@ -20,14 +20,12 @@ Deterministic (fixed batch, seeded initialisation, no sampling), so it cannot fl
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from benchmark_scripts import load_benchmark
 from conftest import compose_trainer_config, make_batch, score_with_worker
 from test_managers import EVINOTE_RESPONSES, EVIOMNI_FIELDS, EVIOMNI_RESPONSES, GOLD, GRACE_RESPONSES
 
@@ -35,16 +33,6 @@ REPO = Path(__file__).resolve().parents[2]
 PRESETS = REPO / "recipes" / "presets"
 QUESTIONS = ["Who wrote the report?", "Which body wrote the report in 1998?"]
 GROUP_SIZE = 4
-
-
-@functools.cache
-def load_learning_benchmark():
-    """benchmarks/learning.py (a script, not a package): its sign control's components, built by its own code."""
-    spec = importlib.util.spec_from_file_location("learning_benchmark_signs", REPO / "benchmarks" / "learning.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module
-    spec.loader.exec_module(module)
-    return module
 
 
 # method -> (recipe preset, the responses its rows produce, the rollout fields its reward reads)
@@ -81,7 +69,7 @@ def recipe_config(tokenizer_dir: Path, nli_dir: Path, method: str, negated: bool
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",  # the recipes set it; verl's actor config needs it
     ]
     if negated:
-        components = load_learning_benchmark().negated_components(method)
+        components = load_benchmark("learning").negated_components(method)
         overrides += ["reward_preset=composite", f"++reward.reward_kwargs.components={components}"]
     if method in {"evinote", "search_r1"} and (negated or method == "evinote"):
         overrides += [

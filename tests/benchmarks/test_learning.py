@@ -8,25 +8,16 @@ logic is checked on made-up numbers.
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_benchmark
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _load_benchmark():
-    spec = importlib.util.spec_from_file_location("learning_benchmark", REPO / "benchmarks" / "learning.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module
-    spec.loader.exec_module(module)
-    return module
-
-
-learning = _load_benchmark()
+learning = load_benchmark("learning")
 Point = learning.Point
 
 

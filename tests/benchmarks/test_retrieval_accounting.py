@@ -6,7 +6,6 @@ is counted, a process that slept is not) and that a process's threads are all su
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -15,21 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
+from benchmark_scripts import load_benchmark
 
 pytestmark = pytest.mark.skipif(not Path(f"/proc/{os.getpid()}/task").is_dir(), reason="needs Linux /proc")
 
 
-def _load_benchmark():
-    spec = importlib.util.spec_from_file_location("retrieval_benchmark", REPO / "benchmarks" / "retrieval.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-retrieval_benchmark = _load_benchmark()
+retrieval_benchmark = load_benchmark("retrieval")
 
 
 def _burn(cpu_seconds: float) -> None:
