@@ -400,6 +400,24 @@ def gpu_problem(cfg) -> str | None:
     )
 
 
+def overlong_buffer_problem(cfg) -> str | None:
+    """verl's DAPO manager penalises tokens past ``max_resp_len - overlong_buffer_cfg.len``: a buffer as long as the
+    response budget penalises every response, whatever the reward, and the run would train on the penalty alone."""
+    kwargs = cfg.reward.get("reward_kwargs") or {}
+    buffer = kwargs.get("overlong_buffer_cfg") or {}
+    if not buffer.get("enable"):
+        return None
+    length, budget = int(buffer.get("len")), kwargs.get("max_resp_len")
+    budget = int(cfg.data.max_response_length if budget is None else budget)
+    if length < budget:
+        return None
+    return (
+        f"reward.reward_kwargs.overlong_buffer_cfg.len={length} is not below the response budget max_resp_len="
+        f"{budget} (data.max_response_length), so DAPO's overlong penalty would start at {budget - length} tokens and "
+        f"hit every response; raise RESPONSE_LEN (data.max_response_length) or lower OVERLONG_LEN"
+    )
+
+
 # -- the check ------------------------------------------------------------------------------------------------------
 
 
@@ -475,7 +493,7 @@ def check(argv: list[str]) -> list[str]:
     ]
     default_loop = cfg.actor_rollout_ref.rollout.agent.default_agent_loop
     allowed_loops, reward_problems = rollout_fit(needs, rollout_loops(config_path), default_loop)
-    problems = [p for p in [gpu_problem(cfg)] if p]
+    problems = [p for p in [gpu_problem(cfg), overlong_buffer_problem(cfg)] if p]
     lengths = prompt_lengths(cfg)
     for path, keys in data_files(cfg).items():
         where = "/".join(keys)

@@ -187,6 +187,27 @@ def test_rows_that_all_exceed_the_prompt_length_are_refused(tmp_path: Path, toke
     assert problems("evinote_grpo", rows, *args, f"data.max_prompt_length={messages_only}", DECLARED_GPUS) == []
 
 
+def test_an_overlong_buffer_as_long_as_the_response_budget_is_refused(tmp_path: Path) -> None:
+    """GRACE's preset keeps DAPO's 1024-token buffer; with verl's default 512-token responses every response would
+    be penalised."""
+    rows = write_rows(tmp_path / "grace.parquet", [qa_row(0, ["The Nile flows."], answerable=True)])
+    found = problems("grace_dapo", rows, DECLARED_GPUS, "data.max_response_length=512")
+    assert any(
+        "overlong_buffer_cfg.len=1024 is not below the response budget max_resp_len=512" in p
+        and "start at -512 tokens" in p
+        for p in found
+    ), found
+    assert not any("overlong_buffer_cfg" in p for p in problems("grace_dapo", rows, DECLARED_GPUS))  # the preset: 3072
+    found = problems(
+        "grace_dapo",
+        rows,
+        DECLARED_GPUS,
+        "data.max_response_length=512",
+        "reward.reward_kwargs.overlong_buffer_cfg.len=256",
+    )
+    assert not any("overlong_buffer_cfg" in p for p in found), found
+
+
 def test_missing_or_unreadable_data_is_named(tmp_path: Path) -> None:
     missing, text = tmp_path / "nope.parquet", tmp_path / "rows.jsonl"
     text.write_text('{"prompt": "not parquet"}\n')
