@@ -2,7 +2,8 @@
 
 A family is the recipes that share a prompt format (and so a warmed-up policy):
 ``eviomni`` (EviOmni, LEAR), ``search`` (EviNote, Search-R1, composite), ``grace``;
-``search_neutral`` is a variant of ``search`` (notes on half the questions).
+``search_neutral`` is a variant of ``search`` (notes on half the questions), ``grace_neutral`` of ``grace`` (the
+wrong path on half the questions).
 """
 
 from __future__ import annotations
@@ -133,17 +134,41 @@ def _search_target(with_note: bool, tokenizer, quote_opening: bool = False) -> C
     return target
 
 
-def _grace_target(row: dict) -> list[dict] | None:
+def _grace_target(row: dict, right_path: bool = True) -> list[dict] | None:
+    """GRACE's reply: quoted evidence when the context answers the question, recall when not (``right_path``), or the
+    other path (the ``grace_neutral`` warm-up). Evidence on an unanswerable context quotes its first passage's
+    opening words: there is no gold evidence, and a quote is what the path's reply looks like."""
     truth = row["reward_model"]["ground_truth"]
     answer = _first(truth.get("target"))
     if not answer:
         return None
-    if truth.get("answerable"):
+    answerable = bool(truth.get("answerable"))
+    if answerable:
         evidence = _first(truth.get("evidence"))
         if not evidence:
             return None
-        return [{"role": "assistant", "content": f"<evidence>{_short(evidence)}</evidence>\n<answer>{answer}</answer>"}]
-    return [{"role": "assistant", "content": f"<llm>I recall it.</llm>\n<answer>{answer}</answer>"}]
+    if answerable != right_path:
+        return [{"role": "assistant", "content": f"<llm>I recall it.</llm>\n<answer>{answer}</answer>"}]
+    if not answerable:
+        evidence = _passage_opening(row)
+    return [{"role": "assistant", "content": f"<evidence>{_short(evidence)}</evidence>\n<answer>{answer}</answer>"}]
+
+
+def _passage_opening(row: dict) -> str:
+    from verl_evidence.bundled import load_corpus
+    from verl_evidence.tools.documents import split_contents
+
+    corpus = {doc["id"]: doc["contents"] for doc in load_corpus()}
+    return split_contents(corpus[row["extra_info"]["passage_ids"][0]])[1]
+
+
+def _grace_examples(rows: list[dict]) -> list[dict]:
+    """GRACE's warm-up questions: half answerable, half not, each with the right path's reply."""
+    examples = []
+    for answerable in (True, False):
+        subset = [r for r in rows if bool(r["reward_model"]["ground_truth"].get("answerable")) == answerable]
+        examples += _warmup_examples(subset, _grace_target, WARMUP_ROWS_PER_FORMAT // 2, seed=4 + answerable)
+    return examples
 
 
 def warmup_examples(family: str, tokenizer_dir: Path) -> list[dict]:
@@ -181,11 +206,18 @@ def warmup_examples(family: str, tokenizer_dir: Path) -> list[dict]:
         without_note = _warmup_examples(evinote, _search_target(False, tokenizer), n, seed=2)
         return with_note[::2] + without_note[1::2]
     if family == "grace":
+        return _grace_examples(read_rows(method_data("grace", tokenizer_dir)))
+    if family == "grace_neutral":
+        # GRACE's questions; in each class (answerable, unanswerable) every other one takes the wrong path (recall on
+        # an answerable context, a quote on an unanswerable one), so the policy's path is right about half the time
+        # and GRACE's path term (wrong: format only, 0.5; right: 1.5 or up to 6.5) can move it either way.
         rows = read_rows(method_data("grace", tokenizer_dir))
+        by_question = {r["extra_info"]["question"]: r for r in rows}
         examples = []
-        for answerable in (True, False):
-            subset = [r for r in rows if bool(r["reward_model"]["ground_truth"].get("answerable")) == answerable]
-            examples += _warmup_examples(subset, _grace_target, n // 2, seed=4 + answerable)
+        for index, example in enumerate(_grace_examples(rows)):
+            row = by_question[example["question"]]
+            reply = _grace_target(row, right_path=index % 2 == 0)
+            examples.append({"messages": list(row["prompt"]) + reply, "question": example["question"]})
         return examples
     raise ValueError(f"unknown warm-up family {family!r}")
 
