@@ -493,24 +493,23 @@ def test_the_neutral_warm_up_notes_half_its_questions_quoting_the_retrieved_pass
         assert [s["trained"] for s in example["segments"]] == [True, False, False, False, False, True]
 
 
-def test_the_neutral_grace_warm_up_takes_the_wrong_path_on_half_of_each_class(smoke_cache: Path) -> None:
+def test_the_neutral_grace_warm_up_shows_each_reply_in_both_paths_tags(smoke_cache: Path) -> None:
     from verl_evidence.local.smoke.warmup_data import warmup_examples
     from verl_evidence.rewards.grace import structure_ok
 
     grace = warmup_examples("grace", smoke_cache)
     neutral = warmup_examples("grace_neutral", smoke_cache)
-    assert [e["question"] for e in neutral] == [e["question"] for e in grace]  # the same questions, one reply each
-    paths = {}
-    for family, examples in (("grace", grace), ("grace_neutral", neutral)):
-        for example in examples:
-            reply = example["messages"][-1]["content"]
-            assert structure_ok(reply), reply
-            paths[family, example["question"]] = reply.startswith("<evidence>")
-    # the recipes' warm-up: evidence exactly on the answerable half; the neutral one: the other path on every other
-    taught = [paths["grace", e["question"]] for e in grace]
-    assert taught == [True] * 4 + [False] * 4
-    flipped = [paths["grace_neutral", e["question"]] != paths["grace", e["question"]] for e in grace]
-    assert flipped == [False, True] * 4  # two of each class's four questions take the wrong path
+    # the recipes' warm-up: evidence on its 4 answerable questions, recall on its 4 unanswerable ones
+    assert [e["messages"][-1]["content"].startswith("<evidence>") for e in grace] == [True] * 4 + [False] * 4
+    assert [e["question"] for e in neutral] == [e["question"] for e in grace for _ in range(2)]
+    for example, (right, other) in zip(grace, zip(neutral[::2], neutral[1::2])):
+        reply = example["messages"][-1]["content"]
+        assert right["messages"] == example["messages"]  # the right path's reply is the recipes' own
+        swapped = other["messages"][-1]["content"]
+        assert structure_ok(swapped) and swapped.startswith("<llm>" if reply.startswith("<evidence>") else "<evidence>")
+        # the same text inside the other path's tags: the two replies differ in the path alone
+        plain = re.sub(r"</?(evidence|llm)>", "", reply)
+        assert re.sub(r"</?(evidence|llm)>", "", swapped) == plain
 
 
 def test_a_warm_up_variant_is_cached_under_its_data_version_and_a_family_under_its_name() -> None:

@@ -2,8 +2,8 @@
 
 A family is the recipes that share a prompt format (and so a warmed-up policy):
 ``eviomni`` (EviOmni, LEAR), ``search`` (EviNote, Search-R1, composite), ``grace``;
-``search_neutral`` is a variant of ``search`` (notes on half the questions), ``grace_neutral`` of ``grace`` (the
-wrong path on half the questions).
+``search_neutral`` is a variant of ``search`` (notes on half the questions), ``grace_neutral`` of ``grace`` (each
+question's reply in either path's tags).
 """
 
 from __future__ import annotations
@@ -134,32 +134,25 @@ def _search_target(with_note: bool, tokenizer, quote_opening: bool = False) -> C
     return target
 
 
-def _grace_target(row: dict, right_path: bool = True) -> list[dict] | None:
-    """GRACE's reply: quoted evidence when the context answers the question, recall when not (``right_path``), or the
-    other path (the ``grace_neutral`` warm-up). Evidence on an unanswerable context quotes its first passage's
-    opening words: there is no gold evidence, and a quote is what the path's reply looks like."""
+def _grace_parts(row: dict) -> tuple[str, str, str] | None:
+    """The right path's tag (evidence when the context answers the question, llm when not), its text, the answer."""
     truth = row["reward_model"]["ground_truth"]
     answer = _first(truth.get("target"))
     if not answer:
         return None
-    answerable = bool(truth.get("answerable"))
-    if answerable:
+    if truth.get("answerable"):
         evidence = _first(truth.get("evidence"))
-        if not evidence:
-            return None
-    if answerable != right_path:
-        return [{"role": "assistant", "content": f"<llm>I recall it.</llm>\n<answer>{answer}</answer>"}]
-    if not answerable:
-        evidence = _passage_opening(row)
-    return [{"role": "assistant", "content": f"<evidence>{_short(evidence)}</evidence>\n<answer>{answer}</answer>"}]
+        return ("evidence", _short(evidence), answer) if evidence else None
+    return "llm", "I recall it.", answer
 
 
-def _passage_opening(row: dict) -> str:
-    from verl_evidence.bundled import load_corpus
-    from verl_evidence.tools.documents import split_contents
+def _grace_reply(path: str, text: str, answer: str) -> list[dict]:
+    return [{"role": "assistant", "content": f"<{path}>{text}</{path}>\n<answer>{answer}</answer>"}]
 
-    corpus = {doc["id"]: doc["contents"] for doc in load_corpus()}
-    return split_contents(corpus[row["extra_info"]["passage_ids"][0]])[1]
+
+def _grace_target(row: dict) -> list[dict] | None:
+    parts = _grace_parts(row)
+    return _grace_reply(*parts) if parts else None
 
 
 def _grace_examples(rows: list[dict]) -> list[dict]:
@@ -208,16 +201,28 @@ def warmup_examples(family: str, tokenizer_dir: Path) -> list[dict]:
     if family == "grace":
         return _grace_examples(read_rows(method_data("grace", tokenizer_dir)))
     if family == "grace_neutral":
-        # GRACE's questions; in each class (answerable, unanswerable) every other one takes the wrong path (recall on
-        # an answerable context, a quote on an unanswerable one), so the policy's path is right about half the time
-        # and GRACE's path term (wrong: format only, 0.5; right: 1.5 or up to 6.5) can move it either way.
+        # GRACE's questions, each twice: its reply once in the right path's tags and once in the other path's, the
+        # text inside the same (a quote on an answerable context, "I recall it." on an unanswerable one), so each
+        # question's samples take either path about half the time and GRACE's path term (wrong: format only, 0.5;
+        # right: 1.5, or up to 6.5 with the quote's and answer's ROUGE-L) has a spread to move within every group.
+        # Measured (each question's prompt sampled 8 times at temperature 1, SAMPLES_PER_QUESTION): see WARMUP_STEPS.
+        # Tried and dropped: one reply per question, the wrong path on half of each class (the policy learns each
+        # question's path by heart: in no question's 8 samples both paths, at 300-1200 steps); each question both
+        # ways with the path's own text (a quote or "I recall it."): the policy mixes the two texts (no valid
+        # evidence-path sample, 0 of 8 questions with both paths, at 500-1600 steps).
         rows = read_rows(method_data("grace", tokenizer_dir))
         by_question = {r["extra_info"]["question"]: r for r in rows}
         examples = []
-        for index, example in enumerate(_grace_examples(rows)):
+        for example in _grace_examples(rows):
             row = by_question[example["question"]]
-            reply = _grace_target(row, right_path=index % 2 == 0)
-            examples.append({"messages": list(row["prompt"]) + reply, "question": example["question"]})
+            right, text, answer = _grace_parts(row)
+            for path in (right, "llm" if right == "evidence" else "evidence"):
+                examples.append(
+                    {
+                        "messages": list(row["prompt"]) + _grace_reply(path, text, answer),
+                        "question": example["question"],
+                    }
+                )
         return examples
     raise ValueError(f"unknown warm-up family {family!r}")
 
