@@ -205,11 +205,15 @@ def warmup_examples(family: str, tokenizer_dir: Path) -> list[dict]:
         # text inside the same (a quote on an answerable context, "I recall it." on an unanswerable one), so each
         # question's samples take either path about half the time and GRACE's path term (wrong: format only, 0.5;
         # right: 1.5, or up to 6.5 with the quote's and answer's ROUGE-L) has a spread to move within every group.
-        # Measured (each question's prompt sampled 8 times at temperature 1, SAMPLES_PER_QUESTION): see WARMUP_STEPS.
-        # Tried and dropped: one reply per question, the wrong path on half of each class (the policy learns each
-        # question's path by heart: in no question's 8 samples both paths, at 300-1200 steps); each question both
-        # ways with the path's own text (a quote or "I recall it."): the policy mixes the two texts (no valid
-        # evidence-path sample, 0 of 8 questions with both paths, at 500-1600 steps).
+        # Measured: each question's prompt sampled 8 times at temperature 1 by the warmed-up policy (64 samples;
+        # benchmarks/learning.py warmup_path_rate): samples on the right path / with a valid structure, questions
+        # whose 8 samples take both paths / differ in score.
+        #   this warm-up, 500 / 1000 / 1600 / 2400 / 3200 steps: right 17/22, 11/28, 17/31, 16/30, 17/28;
+        #     both paths 1, 3, 7, 7, 5 of 8; a score spread 7, 7, 8, 8, 8 of 8   -> 1600 (settings.WARMUP_STEPS)
+        #   one reply per question, the wrong path on every other one of each class, 300 / 500 / 800 / 1200 steps:
+        #     right 7/19, 14/27, 30/62, 31/63; both paths in 0 questions (each question's path learnt by heart)
+        #   each question both ways, each path with its own text (the quote, or "I recall it."), 500 / 1000 / 1600:
+        #     right 7/24, 14/37, 21/38; both paths in 0 questions (the texts mixed: no valid evidence-path sample)
         rows = read_rows(method_data("grace", tokenizer_dir))
         by_question = {r["extra_info"]["question"]: r for r in rows}
         examples = []
