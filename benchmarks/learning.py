@@ -3,7 +3,8 @@
 Arms (each ``bash recipes/<recipe>.sh --smoke``, verl's own trainer on CPU):
 
 - ``eviomni``, ``lear``: the EviOmni-family warm-up, their own rows and rewards;
-- ``grace``: the GRACE warm-up and rows, verl's DAPO manager with the GRACE score;
+- ``grace``: the neutral GRACE warm-up (``grace_neutral``: each question's reply in the right path's tags and in the
+  wrong path's, so each question's samples take either path), GRACE's rows, verl's DAPO manager with the GRACE score;
 - ``evinote`` and ``search_r1``: ONE policy, the neutral search warm-up (``search_neutral``: a ``<summary>`` note
   quoting the retrieved passage on half the warm-up questions, none on the others, so the policy notes about half
   the time), the SAME EviNote rows and prompt; only the reward differs. ``evinote`` is EviNote's reward;
@@ -28,7 +29,11 @@ first and the last steps see the same questions. ``--fixed-batch`` is the learni
 same ``--questions`` questions every step, and beside each run its sign control, the same run with the arm's reward
 negated (the composite manager, one component at weight -1): the reward must rise in every seed of the plain runs and
 fall in every seed of the negated ones, by more than the step-to-step spread, before "the reward moved the policy"
-is shown.
+is shown. verl's seeded shuffle picks each run's questions, except GRACE's: its batch is half answerable, half
+unanswerable, the same questions in every seed (:func:`fixed_batch_rows`: in each class the first by a fixed hash of
+the question). Where a reward's most on a row is known (GRACE: 6.5 answerable, 1.5 unanswerable; Search-R1's exact
+match: 1), step 1's reward is printed as a share of the batch's ceiling, and a plain run that does not rise from 90 %
+of it or more is reported as having no headroom rather than as not rising.
 
     nice -n 5 python benchmarks/learning.py --fixed-batch --questions 2 --steps 15 --seeds 1 2 3 --out /tmp/fixed
 """
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import math
 import os
@@ -44,7 +50,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,6 +95,44 @@ NEGATED_SUFFIX = "-negated"
 ARM_PRESETS = {"eviomni": "eviomni", "lear": "lear", "grace": "grace_dapo", "evinote": "evinote"}
 
 
+# The smoke runs' response budget (recipes/_common.sh RESPONSE_LEN): a GRACE reply sampled outside the trainer
+GRACE_REPLY_TOKENS = 160
+# A run whose reward starts at this share of its batch's ceiling or above has no room to show a rise
+HEADROOM_SHARE = 0.9
+
+
+def reward_preset(arm_name: str) -> dict:
+    import yaml
+
+    return yaml.safe_load(
+        (REPO / "recipes" / "presets" / "reward_preset" / f"{ARM_PRESETS[arm_name]}.yaml").read_text()
+    )
+
+
+@functools.cache
+def grace_config():
+    """GRACE's training settings as the arm's recipe preset gives them (alpha, beta)."""
+    from verl_evidence.rewards.grace import config_from_kwargs
+
+    return config_from_kwargs(dict(reward_preset("grace")["custom_reward_function"].get("reward_kwargs") or {}))
+
+
+def grace_ceiling(values: Mapping[str, float], config=None) -> float | None:
+    """The most GRACE's score pays on a sample's row, from its ground truth: format, path and both ROUGE-L terms at 1
+    when the context answers the question (6.5), format and path when it does not (1.5: the recall path's answer is
+    not scored)."""
+    answerable = values.get("answerable")
+    if answerable is None:
+        return None
+    config = config or grace_config()
+    return config.max_score if answerable else config.format_reward + config.path_reward
+
+
+def exact_match_ceiling(values: Mapping[str, float]) -> float:
+    """Search-R1's exact match pays at most 1 a sample."""
+    return 1.0
+
+
 @dataclass(frozen=True)
 class Arm:
     recipe: str
@@ -97,18 +141,26 @@ class Arm:
     warmup: str | None = None  # a warm-up variant (verl_evidence.local.smoke.settings.WARMUP_VARIANTS)
     overrides: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    # The most the arm's reward pays on one sample, from its dumped values (its row's ground truth); None where the
+    # reward's maximum on a row is not exactly known (EviOmni's length term, EviNote's judged EQR)
+    ceiling: Callable[[Mapping[str, float]], float | None] | None = None
+    # A ground-truth field whose values share a fixed batch equally (:func:`fixed_batch_rows`); None: verl's shuffle
+    balance_key: str | None = None
 
 
 ARMS: dict[str, Arm] = {
     "eviomni": Arm("eviomni_grpo.sh", "eviomni", "eviomni"),
     "lear": Arm("lear_grpo.sh", "lear", "eviomni"),
-    "grace": Arm("grace_dapo.sh", "grace", "grace"),
+    "grace": Arm(
+        "grace_dapo.sh", "grace", "grace", warmup="grace_neutral", ceiling=grace_ceiling, balance_key="answerable"
+    ),
     "evinote": Arm("evinote_grpo.sh", "evinote", "search", warmup="search_neutral"),
     "search_r1": Arm(
         "evinote_grpo.sh",
         "evinote",
         "search",
         warmup="search_neutral",
+        ceiling=exact_match_ceiling,
         # the pre-flight check reads these components' own needs: EviNote's rows and loop fit both
         overrides=("reward_preset=composite", f"++reward.reward_kwargs.components={SEARCH_R1_COMPONENTS}"),
     ),
@@ -174,10 +226,15 @@ def grace_path_correct(values: Mapping[str, float]) -> tuple[bool, float] | None
     return bool(answerable), float(right)
 
 
-def aggregate(entries: Sequence[Mapping], kind: str) -> dict[str, float]:
-    """One step's (or one validation's) measures of an arm of ``kind`` from its dumped trajectories."""
+def aggregate(
+    entries: Sequence[Mapping], kind: str, ceiling: Callable[[Mapping[str, float]], float | None] | None = None
+) -> dict[str, float]:
+    """One step's (or one validation's) measures of an arm of ``kind`` from its dumped trajectories; with the arm's
+    ``ceiling``, the mean of its samples' ceilings (the most the reward could have paid on these rows)."""
     samples = [sample_values(e) for e in entries]
     out: dict[str, float | None] = {"samples": float(len(samples)), "score": _mean(s.get("score") for s in samples)}
+    if ceiling is not None:
+        out["ceiling"] = _mean(ceiling(s) for s in samples)
     # how often the reward paid anything (a reward that never fires teaches nothing)
     out["fired"] = _mean(float(s["score"] != 0) if "score" in s else None for s in samples)
     if kind == "search":
@@ -226,7 +283,9 @@ class Point:
     value: float
 
 
-def run_points(arm: str, seed: int, kind: str, run_dir: Path) -> list[Point]:
+def run_points(
+    arm: str, seed: int, kind: str, run_dir: Path, ceiling: Callable[[Mapping[str, float]], float | None] | None = None
+) -> list[Point]:
     """Every curve point of one finished run: verl's logged metrics (training steps) and the dumps' measures."""
     points: list[Point] = []
     metrics_file = run_dir / "metrics.jsonl"
@@ -238,7 +297,9 @@ def run_points(arm: str, seed: int, kind: str, run_dir: Path) -> list[Point]:
     for split, directory in ((TRAIN, run_dir / "rollouts"), (HELDOUT, run_dir / "validation")):
         for dump in sorted(directory.glob("*.jsonl")) if directory.is_dir() else []:
             step = int(dump.stem)
-            for metric, value in sorted(aggregate(read_dump(dump), kind).items()):
+            # the ceiling of the training reward (validation scores with its own settings: GRACE's alpha = beta = 1)
+            measures = aggregate(read_dump(dump), kind, ceiling if split == TRAIN else None)
+            for metric, value in sorted(measures.items()):
                 points.append(Point(arm, seed, step, split, metric, value))
     return points
 
@@ -506,11 +567,7 @@ def negated_components(arm_name: str) -> str:
     """
     if arm_name == "search_r1":
         return search_r1_components(-1.0, NEGATED_LABEL)
-    import yaml
-
-    preset = yaml.safe_load(
-        (REPO / "recipes" / "presets" / "reward_preset" / f"{ARM_PRESETS[arm_name]}.yaml").read_text()
-    )
+    preset = reward_preset(arm_name)
     manager = preset["reward_manager"]["name"]
     if manager in {"dapo", "naive"}:  # verl's manager calling one of our scoring functions
         function = preset["custom_reward_function"]
@@ -566,11 +623,25 @@ def trend(by_step: Mapping[int, float]) -> Trend | None:
 
 @dataclass(frozen=True)
 class SignCheck:
-    """An arm's fixed-batch verdict: its reward rises in every seed and, negated, falls in every seed."""
+    """An arm's fixed-batch verdict: its reward rises in every seed and, negated, falls in every seed.
+
+    ``start_share``: per plain seed, step 1's reward as a share of the batch's ceiling (arms whose ceiling is known).
+    A plain seed that does not rise while starting at :data:`HEADROOM_SHARE` of the ceiling or above had no room to
+    rise; one below it did, and its failure to rise stands."""
 
     arm: str
     plain: dict[int, Trend]
     negated: dict[int, Trend]
+    start_share: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def without_headroom(self) -> list[int]:
+        """The plain seeds that do not rise and started at the ceiling's :data:`HEADROOM_SHARE` or above; empty when
+        any seed that does not rise had headroom (or an unknown ceiling)."""
+        flat = [seed for seed, t in sorted(self.plain.items()) if t.margin <= 0]
+        if not flat or any(self.start_share.get(seed, 0.0) < HEADROOM_SHARE for seed in flat):
+            return []
+        return flat
 
     @property
     def rises(self) -> bool:
@@ -603,7 +674,15 @@ class SignCheck:
         if not self.plain:
             return "not measured"
         if not self.rises:
-            return "DOES NOT RISE in every seed"
+            flat = self.without_headroom
+            if not flat:
+                return "DOES NOT RISE in every seed"
+            seeds = ", ".join(str(seed) for seed in flat)
+            share = min(self.start_share[seed] for seed in flat)
+            negated = {True: "; negated, falls", False: "; negated, does not fall in every seed"}
+            return f"no headroom: starts at {share:.0%} of the batch's ceiling (seed {seeds} does not rise)" + (
+                negated[self.falls] if self.negated else ""
+            )
         if not self.negated:
             return "rises (no sign control run)"
         if not self.falls:
@@ -622,8 +701,22 @@ def sign_checks(points: Sequence[Point], arms: Sequence[str]) -> list[SignCheck]
                 if found is not None:
                     per_seed[seed] = found
             runs[label] = per_seed
-        checks.append(SignCheck(arm, runs[arm], runs[arm + NEGATED_SUFFIX]))
+        checks.append(SignCheck(arm, runs[arm], runs[arm + NEGATED_SUFFIX], start_shares(points, arm)))
     return checks
+
+
+def start_shares(points: Sequence[Point], arm: str) -> dict[int, float]:
+    """Per seed of the arm's plain runs: step 1's reward over step 1's batch ceiling (its samples' mean ceiling)."""
+    rewards = series(points, arm, TRAIN, reward_metric(arm))
+    ceilings = series(points, arm, TRAIN, "ceiling")
+    shares = {}
+    for seed, by_step in rewards.items():
+        steps = [s for s in by_step if s > 0]
+        first = min(steps) if steps else None
+        ceiling = ceilings.get(seed, {}).get(first)
+        if first is not None and ceiling:
+            shares[seed] = by_step[first] / ceiling
+    return shares
 
 
 def format_sign_checks(checks: Sequence[SignCheck]) -> str:
@@ -634,7 +727,9 @@ def format_sign_checks(checks: Sequence[SignCheck]) -> str:
         )
         for label, runs in (("reward", check.plain), ("negated", check.negated)):
             for seed, found in sorted(runs.items()):
-                lines.append(f"    {label:8} seed {seed}: last third - first third {found.describe()}")
+                share = check.start_share.get(seed) if label == "reward" else None
+                start = "" if share is None else f"; step 1 at {share:.0%} of the batch's ceiling"
+                lines.append(f"    {label:8} seed {seed}: last third - first third {found.describe()}{start}")
     return "\n".join(lines)
 
 
@@ -727,11 +822,12 @@ def branch_prefix(labels: Sequence[int]) -> int:
     return start
 
 
-def warmup_note_rate(policy: Path, samples: int = 16, seed: int = 0) -> dict[str, float]:
-    """The neutral warm-up policy's note rate, sampled where it decides: after each warm-up question's search and
-    observation (the warm-up's own context), the share of ``samples`` continuations at temperature 1 that open a
-    ``<summary>`` rather than an ``<answer>``, and the share EviNote's gate would pay (well formed, and a right
-    answer or a well-formed note)."""
+def sample_warmup_replies(
+    policy: Path, family: str, samples: int, seed: int, max_new_tokens: int
+) -> list[tuple[dict, list[str]]]:
+    """Each of ``family``'s warm-up questions (its first example of it) with ``samples`` continuations of the warmed-up
+    ``policy`` at temperature 1, sampled where the example's last reply starts: the warm-up's own context, where the
+    policy makes the choice it learnt."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -741,12 +837,11 @@ def warmup_note_rate(policy: Path, samples: int = 16, seed: int = 0) -> dict[str
     tokenizer = AutoTokenizer.from_pretrained(policy)
     model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32).eval()
     torch.manual_seed(seed)
-    from verl_evidence.rewards.evinote import compute_score
-
-    notes = answers = paid = 0
-    examples = warmup_examples("search_neutral", policy)
-    golds = gold_answers(examples, policy)
-    for example in examples:
+    sampled = []
+    first_examples = {}
+    for example in warmup_examples(family, policy):
+        first_examples.setdefault(example["question"], example)
+    for example in first_examples.values():
         ids, labels = example_ids(tokenizer, example)
         prefix = torch.tensor([ids[: branch_prefix(labels)]])
         with torch.no_grad():
@@ -756,16 +851,31 @@ def warmup_note_rate(policy: Path, samples: int = 16, seed: int = 0) -> dict[str
                 do_sample=True,
                 temperature=1.0,
                 top_k=0,
-                max_new_tokens=64,
+                max_new_tokens=max_new_tokens,
                 num_return_sequences=samples,
                 pad_token_id=tokenizer.pad_token_id,
             )
-        for row in out[:, prefix.shape[1] :]:
-            text = tokenizer.decode(row, skip_special_tokens=True)
+        texts = [tokenizer.decode(row, skip_special_tokens=True) for row in out[:, prefix.shape[1] :]]
+        sampled.append((example, texts))
+    return sampled
+
+
+def warmup_note_rate(policy: Path, samples: int = 16, seed: int = 0) -> dict[str, float]:
+    """The neutral warm-up policy's note rate, sampled where it decides: after each warm-up question's search and
+    observation (the warm-up's own context), the share of ``samples`` continuations at temperature 1 that open a
+    ``<summary>`` rather than an ``<answer>``, and the share EviNote's gate would pay (well formed, and a right
+    answer or a well-formed note)."""
+    from verl_evidence.rewards.evinote import compute_score
+
+    notes = answers = paid = 0
+    sampled = sample_warmup_replies(policy, "search_neutral", samples, seed, max_new_tokens=64)
+    golds = gold_truths([example for example, _ in sampled], policy, "evinote")
+    for example, texts in sampled:
+        for text in texts:
             notes += text.startswith("<summary>")
             answers += text.startswith("<answer>")
             paid += compute_score(None, text, golds[example["question"]])["score"] > 0
-    total = samples * len(examples)
+    total = samples * len(sampled)
     return {
         "note_rate": notes / total,
         "answer_rate": answers / total,
@@ -774,16 +884,100 @@ def warmup_note_rate(policy: Path, samples: int = 16, seed: int = 0) -> dict[str
     }
 
 
-def gold_answers(examples: Sequence[Mapping], policy: Path) -> dict[str, dict]:
-    """The ground truth (EviNote's rows) of each warm-up example's question."""
+def warmup_path_rate(policy: Path, samples: int = 8, seed: int = 0) -> dict[str, object]:
+    """The neutral GRACE warm-up policy, sampled in its own context (each warm-up question's prompt, ``samples``
+    replies at temperature 1): how often the path is right (a valid structure, evidence on an answerable context,
+    recall on an unanswerable one), how many questions' groups have a spread in GRACE's score (a group whose
+    samples all score alike has no advantage to learn from) and in the path, and the score's share of the ceiling."""
+    from verl_evidence.rewards.grace import score
+
+    config = grace_config()
+    sampled = sample_warmup_replies(policy, "grace_neutral", samples, seed, max_new_tokens=GRACE_REPLY_TOKENS)
+    golds = gold_truths([example for example, _ in sampled], policy, "grace")
+    per_question = []
+    scores, ceilings = [], []
+    for example, texts in sampled:
+        truth = golds[example["question"]]
+        results = [score(text, truth["target"], truth["evidence"], truth["answerable"], config) for text in texts]
+        valid = [r for r in results if r["format"] > 0]
+        per_question.append(
+            {
+                "question": example["question"],
+                "answerable": bool(truth["answerable"]),
+                "path_right": sum(bool(r["chose_evidence"]) == bool(truth["answerable"]) for r in valid),
+                "valid": len(valid),
+                "score_spread": len({r["score"] for r in results}) > 1,
+                "both_paths": len({r["chose_evidence"] for r in valid}) > 1,
+            }
+        )
+        scores += [r["score"] for r in results]
+        ceilings += [grace_ceiling({"answerable": float(truth["answerable"])}, config)] * len(results)
+    total = samples * len(sampled)
+    return {
+        "path_right": sum(q["path_right"] for q in per_question) / total,
+        "valid": sum(q["valid"] for q in per_question) / total,
+        "questions": len(per_question),
+        "questions_with_score_spread": sum(q["score_spread"] for q in per_question),
+        "questions_with_both_paths": sum(q["both_paths"] for q in per_question),
+        "share_of_ceiling": sum(scores) / sum(ceilings),
+        "samples": total,
+        "per_question": per_question,
+    }
+
+
+def format_path_rate(paths: Mapping) -> str:
+    """:func:`warmup_path_rate`'s summary and, per question, its right paths of the valid samples."""
+    head = (
+        f"path right {paths['path_right']:.2f}, valid {paths['valid']:.2f} of {paths['samples']} samples; "
+        f"{paths['questions_with_score_spread']} of {paths['questions']} questions with a spread in the score, "
+        f"{paths['questions_with_both_paths']} with both paths; score {paths['share_of_ceiling']:.0%} of the ceiling"
+    )
+    rows = [
+        f"    {'answerable' if q['answerable'] else 'unanswerable':12} "
+        f"right path {q['path_right']} of {q['valid']} valid  {q['question'][:60]}"
+        for q in paths["per_question"]
+    ]
+    return "\n".join([head, *rows])
+
+
+def gold_truths(examples: Sequence[Mapping], policy: Path, data: str) -> dict[str, dict]:
+    """The ground truth (the ``data`` preparation's rows) of each warm-up example's question."""
     from verl_evidence.local.smoke.data import method_data, read_rows
 
     questions = {e["question"] for e in examples}
     return {
         row["extra_info"]["question"]: row["reward_model"]["ground_truth"]
-        for row in read_rows(method_data("evinote", policy))
+        for row in read_rows(method_data(data, policy))
         if row["extra_info"]["question"] in questions
     }
+
+
+def fixed_batch_rows(rows: Sequence[dict], count: int, key: str) -> list[dict]:
+    """A fixed batch of ``count`` training rows, the values of the ground-truth field ``key`` (GRACE's
+    ``answerable``) sharing it equally: in each class the first questions by :func:`question_hash`, whatever the
+    seed. verl's seeded shuffle drew GRACE's 2 questions from one class in two seeds of three (both unanswerable:
+    a batch already at its ceiling)."""
+    from verl_evidence.local.smoke.warmup_data import heldout_split
+
+    classes = {str(row["reward_model"]["ground_truth"].get(key)) for row in rows}
+    if count % max(1, len(classes)):
+        raise ValueError(f"a batch of {count} questions cannot be shared equally between {key} {sorted(classes)}")
+    chosen = heldout_split(list(rows), [], count, balance_key=key)  # nothing held out: the hash order, balanced
+    if len(chosen) != count:
+        raise ValueError(f"{count} questions asked, {len(chosen)} found balanced by {key} in the training rows")
+    return chosen
+
+
+def write_fixed_batch(train_files: str, count: int, key: str, run_dir: Path) -> Path:
+    """:func:`fixed_batch_rows` of the arm's training rows, as the run's own training file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from verl_evidence.local.smoke.data import read_rows
+
+    out = run_dir / "fixed_batch.parquet"
+    pq.write_table(pa.Table.from_pylist(fixed_batch_rows(read_rows(Path(train_files)), count, key)), out)
+    return out
 
 
 def training_questions(variables: Mapping[str, str]) -> int:
@@ -809,6 +1003,8 @@ def run_arm(
     arm = ARMS[name]
     run_dir.mkdir(parents=True, exist_ok=True)
     variables = prepare(arm, heldout)
+    if questions and arm.balance_key:
+        variables["TRAIN_FILES"] = str(write_fixed_batch(variables["TRAIN_FILES"], questions, arm.balance_key, run_dir))
     batch = questions or training_questions(variables)
     env = {
         **os.environ,
@@ -897,7 +1093,7 @@ def analyse(
         label, _, seed = run_dir.name.rpartition("-seed")
         arm = label.removesuffix(NEGATED_SUFFIX)
         if arm in arms and (run_dir / "metrics.jsonl").exists():
-            points += run_points(label, int(seed), ARMS[arm].kind, run_dir)
+            points += run_points(label, int(seed), ARMS[arm].kind, run_dir, ARMS[arm].ceiling)
             if (run_dir / "run.json").exists():
                 wall = json.loads((run_dir / "run.json").read_text())["wall_s"]
                 cost = run_cost(read_metrics(run_dir / "metrics.jsonl"), wall)
@@ -915,7 +1111,14 @@ def analyse(
                 "table": rows,
                 "directions": [d.__dict__ for d in found],
                 "sign_checks": [
-                    {"arm": c.arm, "verdict": c.verdict, "rises": c.rises, "falls": c.falls, "short_of": c.short_of}
+                    {
+                        "arm": c.arm,
+                        "verdict": c.verdict,
+                        "rises": c.rises,
+                        "falls": c.falls,
+                        "short_of": c.short_of,
+                        "step_1_share_of_ceiling": c.start_share,
+                    }
                     for c in checks
                 ],
                 "fired_at_step_1": fire_rates(points, labels),
@@ -979,6 +1182,11 @@ def main() -> None:
             print(
                 f"neutral search warm-up, its final turn sampled in its own context: {json.dumps(sampled)}", flush=True
             )
+        grace = next((v["MODEL_PATH"] for a, v in prepared.items() if ARMS[a].warmup == "grace_neutral"), None)
+        if grace:
+            paths = warmup_path_rate(Path(grace))
+            (out / "warmup_path_rate.json").write_text(json.dumps(paths, indent=1))
+            print(f"neutral GRACE warm-up, sampled in its own context: {format_path_rate(paths)}", flush=True)
         runs = [  # seed by seed: a stopped benchmark still has every arm of the first seed
             (
                 arm,

@@ -267,6 +267,58 @@ def test_sign_check_needs_a_rise_in_every_seed_and_a_fall_in_every_negated_seed(
     assert learning.sign_checks([p for curve in full for p in curve], ["grace"])[0].short_of == ""
 
 
+def _headroom_points(label: str, seed: int, rewards: list[float], step_1_ceiling: float) -> list:
+    return _reward_curve(label, seed, rewards) + _curve(label, seed, "ceiling", {1: step_1_ceiling})
+
+
+def test_a_run_that_starts_at_its_ceiling_has_no_headroom_and_one_below_it_does_not_rise() -> None:
+    flat_high = [3.8, 3.9, 3.7, 3.6, 3.8, 3.7]  # step 1 at 3.8 of 4.0: 95 %, margin < 0
+    falling = [0.3, 0.3, 0.2, 0.2, 0.1, 0.1]
+    negated = "grace" + learning.NEGATED_SUFFIX
+    points = _headroom_points("grace", 1, flat_high, 4.0) + _reward_curve(negated, 1, falling)
+    check = learning.sign_checks(points, ["grace"])[0]
+    assert check.start_share == {1: pytest.approx(0.95)} and not check.rises
+    assert check.verdict == "no headroom: starts at 95% of the batch's ceiling (seed 1 does not rise); negated, falls"
+    assert "step 1 at 95% of the batch's ceiling" in learning.format_sign_checks([check])
+    # the same curve with room above it (step 1 at 3.8 of 6.5: 58 %): its failure to rise stands
+    roomy = learning.sign_checks(_headroom_points("grace", 1, flat_high, 6.5), ["grace"])[0]
+    assert roomy.verdict == "DOES NOT RISE in every seed"
+    # one seed without headroom never hides another that falls with room to rise
+    mixed = _headroom_points("grace", 1, flat_high, 4.0) + _headroom_points("grace", 2, flat_high, 6.5)
+    assert learning.sign_checks(mixed, ["grace"])[0].verdict == "DOES NOT RISE in every seed"
+    # an arm without a known ceiling keeps the plain verdict
+    unknown = learning.sign_checks(_reward_curve("eviomni", 1, flat_high), ["eviomni"])[0]
+    assert unknown.start_share == {} and unknown.verdict == "DOES NOT RISE in every seed"
+    # a rising run is judged as before, with its start printed
+    rising = learning.sign_checks(_headroom_points("grace", 1, flat_high[::-1], 4.0), ["grace"])[0]
+    assert rising.rises and rising.verdict == "rises (no sign control run)"
+
+
+def test_graces_ceiling_is_its_rows_most_and_a_steps_ceiling_is_its_samples_mean() -> None:
+    assert learning.grace_ceiling({"answerable": 1.0}) == pytest.approx(6.5)  # 0.5 + 1 + alpha 2 + beta 3
+    assert learning.grace_ceiling({"answerable": 0.0}) == pytest.approx(1.5)  # the recall path's answer is unscored
+    assert learning.grace_ceiling({}) is None
+    entries = [{"score": 5.0, "reward_extra_info": {"answerable": True}}] * 3 + [
+        {"score": 1.5, "reward_extra_info": {"answerable": False}}
+    ]
+    measures = learning.aggregate(entries, "grace", learning.ARMS["grace"].ceiling)
+    assert measures["ceiling"] == pytest.approx((3 * 6.5 + 1.5) / 4)
+    assert "ceiling" not in learning.aggregate(entries, "grace")
+
+
+def test_a_fixed_batch_shares_its_questions_equally_between_the_classes_whatever_the_order() -> None:
+    rows = [_row(f"a{i}?", True) for i in range(4)] + [_row(f"u{i}?", False) for i in range(4)]
+    batch = learning.fixed_batch_rows(rows, 2, "answerable")
+    assert sorted(r["reward_model"]["ground_truth"]["answerable"] for r in batch) == [False, True]
+    assert learning.fixed_batch_rows(list(reversed(rows)), 2, "answerable") == batch  # the same for every run
+    four = learning.fixed_batch_rows(rows, 4, "answerable")
+    assert [r for r in batch if r in four] == batch  # a larger batch keeps the smaller one's questions
+    with pytest.raises(ValueError, match="cannot be shared equally"):
+        learning.fixed_batch_rows(rows, 3, "answerable")
+    with pytest.raises(ValueError, match="10 questions asked, 8 found"):
+        learning.fixed_batch_rows(rows, 10, "answerable")
+
+
 def test_the_negated_reward_reads_its_own_logged_score_not_the_trained_total() -> None:
     assert learning.reward_metric("grace") == "critic/score/mean"
     assert learning.reward_metric("grace-negated") == "reward/composite/negated.score/mean"
@@ -432,6 +484,25 @@ def test_the_neutral_warm_up_notes_half_its_questions_quoting_the_retrieved_pass
         assert [s["trained"] for s in example["segments"]] == [True, False, False, False, False, True]
 
 
+def test_the_neutral_grace_warm_up_shows_each_reply_in_both_paths_tags(smoke_cache: Path) -> None:
+    from verl_evidence.local.smoke.warmup_data import warmup_examples
+    from verl_evidence.rewards.grace import structure_ok
+
+    grace = warmup_examples("grace", smoke_cache)
+    neutral = warmup_examples("grace_neutral", smoke_cache)
+    # the recipes' warm-up: evidence on its 4 answerable questions, recall on its 4 unanswerable ones
+    assert [e["messages"][-1]["content"].startswith("<evidence>") for e in grace] == [True] * 4 + [False] * 4
+    assert [e["question"] for e in neutral] == [e["question"] for e in grace for _ in range(2)]
+    for example, (right, other) in zip(grace, zip(neutral[::2], neutral[1::2])):
+        reply = example["messages"][-1]["content"]
+        assert right["messages"] == example["messages"]  # the right path's reply is the recipes' own
+        swapped = other["messages"][-1]["content"]
+        assert structure_ok(swapped) and swapped.startswith("<llm>" if reply.startswith("<evidence>") else "<evidence>")
+        # the same text inside the other path's tags: the two replies differ in the path alone
+        plain = re.sub(r"</?(evidence|llm)>", "", reply)
+        assert re.sub(r"</?(evidence|llm)>", "", swapped) == plain
+
+
 def test_a_warm_up_variant_is_cached_under_its_data_version_and_a_family_under_its_name() -> None:
     from verl_evidence.local.smoke.settings import FAMILIES, VARIANT_VERSIONS, WARMUP_VARIANTS, warmup_cache_name
 
@@ -448,7 +519,12 @@ def test_held_out_rows_share_no_question_with_any_warm_up_or_training_rows(smoke
     trained = {
         e["question"] for family in WARMUP_STEPS for e in warmup_examples(family, smoke_cache) if "question" in e
     }
-    for method, warmup in (("evinote", "search_neutral"), ("eviomni", None), ("grace", None)):
+    for method, warmup in (
+        ("evinote", "search_neutral"),
+        ("eviomni", None),
+        ("grace", None),
+        ("grace", "grace_neutral"),
+    ):
         held = read_rows(heldout_rows(method, smoke_cache, 8))
         train = read_rows(warmed_up_rows(method, smoke_cache, warmup=warmup))
         held_questions = {r["extra_info"]["question"] for r in held}
@@ -464,6 +540,9 @@ def test_a_warm_up_variant_must_share_the_methods_format() -> None:
 
     assert warmup_family("evinote", "search_neutral") == "search_neutral"
     assert warmup_family("search_r1", None) == "search"
+    assert warmup_family("grace", "grace_neutral") == "grace_neutral"
+    with pytest.raises(ValueError, match="trains the 'search' family's format"):
+        warmup_family("evinote", "grace_neutral")
     with pytest.raises(ValueError, match="trains the 'eviomni' family's format"):
         warmup_family("eviomni", "search_neutral")
     with pytest.raises(ValueError, match="unknown warm-up 'nope'"):

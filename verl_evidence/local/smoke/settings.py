@@ -17,7 +17,8 @@ WARMUP_ROWS_PER_FORMAT = 8
 # Single-example AdamW steps per warm-up family (~0.09 CPU-s each for a ~950-token example). The search format
 # (query, observation, note, answer) takes longer to pick up than the other two.
 # search_neutral: its notes are well formed in 26 of 64 samples after 1600 steps, 8 of 64 after 800 (warmup_data).
-WARMUP_STEPS = {"eviomni": 500, "search": 800, "grace": 500, "search_neutral": 1600}
+# grace_neutral: both paths in 7 of its 8 questions' groups of 8 after 1600 steps, 1 after 500, no better after 3200.
+WARMUP_STEPS = {"eviomni": 500, "search": 800, "grace": 500, "search_neutral": 1600, "grace_neutral": 1600}
 # The recipes' own families: each SMOKE_METHODS entry warms up on one, and evipath_sft trains on all three.
 FAMILIES = ("eviomni", "search", "grace")
 # Warm-ups a smoke run may choose instead of its method's family (``VERL_EVIDENCE_SMOKE_WARMUP``, or
@@ -25,10 +26,13 @@ FAMILIES = ("eviomni", "search", "grace")
 # notes on half the warm-up questions, none on the other half, so the policy writes a note about half the time and a
 # reward can move the note rate either way (the ``search`` warm-up notes in nearly every sample). Used by
 # benchmarks/learning.py to compare EviNote's reward with Search-R1's from one policy.
-WARMUP_VARIANTS = {"search_neutral": "search"}
+# ``grace_neutral``: each of GRACE's warm-up questions answered in both paths' tags, the same text inside, so a group
+# of samples takes either path and GRACE's path term has a spread to move (the ``grace`` warm-up's path is right in
+# every sample: nothing for the reward to teach there).
+WARMUP_VARIANTS = {"search_neutral": "search", "grace_neutral": "grace"}
 # A variant's own data version, in its policy's cache name: a changed variant is warmed up again while the recipes'
 # families (what the test suite's smoke runs use) keep their caches. Bump a variant's entry when its examples change.
-VARIANT_VERSIONS = {"search_neutral": 2}
+VARIANT_VERSIONS = {"search_neutral": 2, "grace_neutral": 1}
 WARMUP_ENV = "VERL_EVIDENCE_SMOKE_WARMUP"
 WARMUP_LR = 3e-3
 SMOKE_TOPK = 2  # passages per EviOmni prompt: ~900 tokens with the byte-level tokenizer

@@ -2,7 +2,8 @@
 
 A family is the recipes that share a prompt format (and so a warmed-up policy):
 ``eviomni`` (EviOmni, LEAR), ``search`` (EviNote, Search-R1, composite), ``grace``;
-``search_neutral`` is a variant of ``search`` (notes on half the questions).
+``search_neutral`` is a variant of ``search`` (notes on half the questions), ``grace_neutral`` of ``grace`` (each
+question's reply in either path's tags).
 """
 
 from __future__ import annotations
@@ -133,17 +134,34 @@ def _search_target(with_note: bool, tokenizer, quote_opening: bool = False) -> C
     return target
 
 
-def _grace_target(row: dict) -> list[dict] | None:
+def _grace_parts(row: dict) -> tuple[str, str, str] | None:
+    """The right path's tag (evidence when the context answers the question, llm when not), its text, the answer."""
     truth = row["reward_model"]["ground_truth"]
     answer = _first(truth.get("target"))
     if not answer:
         return None
     if truth.get("answerable"):
         evidence = _first(truth.get("evidence"))
-        if not evidence:
-            return None
-        return [{"role": "assistant", "content": f"<evidence>{_short(evidence)}</evidence>\n<answer>{answer}</answer>"}]
-    return [{"role": "assistant", "content": f"<llm>I recall it.</llm>\n<answer>{answer}</answer>"}]
+        return ("evidence", _short(evidence), answer) if evidence else None
+    return "llm", "I recall it.", answer
+
+
+def _grace_reply(path: str, text: str, answer: str) -> list[dict]:
+    return [{"role": "assistant", "content": f"<{path}>{text}</{path}>\n<answer>{answer}</answer>"}]
+
+
+def _grace_target(row: dict) -> list[dict] | None:
+    parts = _grace_parts(row)
+    return _grace_reply(*parts) if parts else None
+
+
+def _grace_examples(rows: list[dict]) -> list[dict]:
+    """GRACE's warm-up questions: half answerable, half not, each with the right path's reply."""
+    examples = []
+    for answerable in (True, False):
+        subset = [r for r in rows if bool(r["reward_model"]["ground_truth"].get("answerable")) == answerable]
+        examples += _warmup_examples(subset, _grace_target, WARMUP_ROWS_PER_FORMAT // 2, seed=4 + answerable)
+    return examples
 
 
 def warmup_examples(family: str, tokenizer_dir: Path) -> list[dict]:
@@ -181,11 +199,34 @@ def warmup_examples(family: str, tokenizer_dir: Path) -> list[dict]:
         without_note = _warmup_examples(evinote, _search_target(False, tokenizer), n, seed=2)
         return with_note[::2] + without_note[1::2]
     if family == "grace":
+        return _grace_examples(read_rows(method_data("grace", tokenizer_dir)))
+    if family == "grace_neutral":
+        # GRACE's questions, each twice: its reply once in the right path's tags and once in the other path's, the
+        # text inside the same (a quote on an answerable context, "I recall it." on an unanswerable one), so each
+        # question's samples take either path about half the time and GRACE's path term (wrong: format only, 0.5;
+        # right: 1.5, or up to 6.5 with the quote's and answer's ROUGE-L) has a spread to move within every group.
+        # Measured: each question's prompt sampled 8 times at temperature 1 by the warmed-up policy (64 samples;
+        # benchmarks/learning.py warmup_path_rate): samples on the right path / with a valid structure, questions
+        # whose 8 samples take both paths / differ in score.
+        #   this warm-up, 500 / 1000 / 1600 / 2400 / 3200 steps: right 17/22, 11/28, 17/31, 16/30, 17/28;
+        #     both paths 1, 3, 7, 7, 5 of 8; a score spread 7, 7, 8, 8, 8 of 8   -> 1600 (settings.WARMUP_STEPS)
+        #   one reply per question, the wrong path on every other one of each class, 300 / 500 / 800 / 1200 steps:
+        #     right 7/19, 14/27, 30/62, 31/63; both paths in 0 questions (each question's path learnt by heart)
+        #   each question both ways, each path with its own text (the quote, or "I recall it."), 500 / 1000 / 1600:
+        #     right 7/24, 14/37, 21/38; both paths in 0 questions (the texts mixed: no valid evidence-path sample)
         rows = read_rows(method_data("grace", tokenizer_dir))
+        by_question = {r["extra_info"]["question"]: r for r in rows}
         examples = []
-        for answerable in (True, False):
-            subset = [r for r in rows if bool(r["reward_model"]["ground_truth"].get("answerable")) == answerable]
-            examples += _warmup_examples(subset, _grace_target, n // 2, seed=4 + answerable)
+        for example in _grace_examples(rows):
+            row = by_question[example["question"]]
+            right, text, answer = _grace_parts(row)
+            for path in (right, "llm" if right == "evidence" else "evidence"):
+                examples.append(
+                    {
+                        "messages": list(row["prompt"]) + _grace_reply(path, text, answer),
+                        "question": example["question"],
+                    }
+                )
         return examples
     raise ValueError(f"unknown warm-up family {family!r}")
 
