@@ -57,7 +57,7 @@ def register(root) -> None:
             "--warmup",
             envvar=WARMUP_ENV,
             help="a warm-up variant of the method's family instead of its own (search_neutral: notes in half the "
-            "warm-up examples)",
+            "warm-up examples; grace_neutral: each GRACE question answered in both paths' tags)",
         ),
     ) -> None:
         """Build (or reuse) the smoke policy, data and judge; print them as shell assignments for the recipes."""
