@@ -32,7 +32,7 @@ SCHEDULE_MARKS = ("longest_first", "run_last", "one_worker_group", "mostly_waits
 # The `mostly_waits` tests are queued after the longest_first tests of ranks up to this one. pytest-xdist keeps two
 # units queued per worker, so they start early, on the worker whose first long test ends first (the judge tests'),
 # beside the shared EviOmni run's start-up. Measured: the whole run 11:49 with 1 here, 11:40 with 2 (within this
-# machine's ~20 s noise), against 12:44 with these tests at the end (the mis-masking run's removal counts in both).
+# machine's ~20 s noise), against 12:44 with these tests at the end (a helper's light analysis ran beside that run).
 MOSTLY_WAITS_AFTER_RANK = 2
 _SCOPES_FILE = pytest.StashKey[Path]()
 _SCOPES_INPUT = "verl_evidence_one_worker_scopes"  # key of pytest-xdist's workerinput: where workers leave the groups
