@@ -1,4 +1,4 @@
-"""What each reward teaches in a few steps: every method's smoke recipe trained N steps from one warm-up, two seeds.
+"""What each reward teaches in a few steps: every method's smoke recipe trained N steps from one warm-up, three seeds.
 
 Arms (each ``bash recipes/<recipe>.sh --smoke``, verl's own trainer on CPU):
 
@@ -21,7 +21,7 @@ rollout and validation dumps for what needs samples (compression ratio, GRACE's 
 and EQR on held-out questions). Written to ``--out``: ``curves.csv`` (arm, seed, step, split, metric, value),
 ``curves.png``, ``summary.json``; printed: the first-steps vs last-steps table and the papers' directions.
 
-    nice -n 5 python benchmarks/learning.py --steps 20 --seeds 1 2 3 --out /tmp/learning
+    nice -n 5 python benchmarks/learning.py --steps 20 --lr 5e-4 --group-size 4 --parallel 2 --out /tmp/learning
     python benchmarks/learning.py --analyse /tmp/learning     # re-read finished runs, train nothing
 
 The comparison run trains every arm on ALL its family's warm-up questions in every step (``--questions all``), so the
