@@ -665,8 +665,8 @@ class SignCheck:
         lacks = []
         if runs and min(t.steps for t in runs) < CHECK_STEPS:
             lacks.append(f"{min(t.steps for t in runs)} steps of the {CHECK_STEPS} asked")
-        if min(len(self.plain), len(self.negated)) < CHECK_SEEDS:
-            lacks.append(f"{min(len(self.plain), len(self.negated))} seed(s) of the {CHECK_SEEDS} asked")
+        if min(len(self.plain), len(self.negated)) < CHECK_SEEDS:  # each sign named: "0 seeds" alone misleads
+            lacks.append(f"{len(self.plain)} plain and {len(self.negated)} negated seed(s) of the {CHECK_SEEDS} asked")
         return "; ".join(lacks)
 
     @property
@@ -1215,7 +1215,12 @@ def main() -> None:
     print("\nfirst vs last (train: mean of the first and last third of the steps; held-out: step 0 and step N)")
     print(format_table(rows))
     if checks:
-        print("\nfixed-batch check (the reward's last third minus its first third, against the step-to-step spread):")
+        # the comparison's runs are fixed batches too (every question, every step): their plain half of the check
+        half = "" if any(c.negated for c in checks) else "; no negated runs: the sign control runs with --fixed-batch"
+        print(
+            "\nfixed-batch check (the reward's last third minus its first third, against the step-to-step spread"
+            f"{half}):"
+        )
         print(format_sign_checks(checks))
     print("\nshare of step-1 samples the reward paid (mean over seeds):")
     for label, rate in fire_rates(points, sorted({p.arm for p in points})).items():

@@ -257,7 +257,8 @@ def test_sign_check_needs_a_rise_in_every_seed_and_a_fall_in_every_negated_seed(
     assert learning.sign_checks(flagged, ["grace"])[0].verdict.endswith("(within the step-to-step spread)")
     assert "negated  seed 1" in learning.format_sign_checks(learning.sign_checks(flagged, ["grace"]))
     # six steps and two seeds: the verdict is printed with what the runs lack of the protocol (15 steps, 3 seeds)
-    assert check.short_of == "6 steps of the 15 asked; 2 seed(s) of the 3 asked"
+    assert check.short_of == "6 steps of the 15 asked; 2 plain and 2 negated seed(s) of the 3 asked"
+    assert only_plain.short_of.endswith("2 plain and 0 negated seed(s) of the 3 asked")  # the comparison's runs
     assert "[short of the protocol: 6 steps" in learning.format_sign_checks([check])
     long = [0.1 * i for i in range(15)]
     full = [
