@@ -104,6 +104,63 @@ def test_hf_backend_generates_concurrent_requests_in_one_batch_as_it_would_one_b
         assert out.log_probs == pytest.approx(one.log_probs[: len(ids)], abs=1e-5)
 
 
+def test_cpu_generation_shares_key_value_heads_and_samples_exactly_as_transformers_sdpa(model_dir, monkeypatch):
+    """The CPU backend's attention for grouped-query models (the smoke policy: 4 query, 2 key/value heads): a
+    left-padded sampled batch gives bit-identical tokens and logits to transformers' own sdpa; MHA is left alone."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    from verl_evidence.local.backends import SHARED_KV_SDPA, share_key_value_heads
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+    assert model.config.num_key_value_heads < model.config.num_attention_heads
+    ids = torch.randint(10, 300, (4, 40), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, :7] = 0  # left padding, of two lengths: the mask must reach the shared-heads kernel
+    mask[3, :25] = 0
+
+    def sample():
+        torch.manual_seed(1)
+        with torch.no_grad():
+            return model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=12,
+                do_sample=True,
+                pad_token_id=0,
+                return_dict_in_generate=True,
+                output_logits=True,
+            )
+
+    plain = sample()
+    assert share_key_value_heads(model) and model.config._attn_implementation == SHARED_KV_SDPA
+
+    def copies_heads(*args):
+        raise AssertionError("transformers copied the key/value heads")
+
+    monkeypatch.setattr("transformers.integrations.sdpa_attention.repeat_kv", copies_heads)
+    shared = sample()
+    assert torch.equal(plain.sequences, shared.sequences)
+    assert torch.equal(torch.stack(plain.logits), torch.stack(shared.logits))
+    # the padded rows really are masked: row 3 alone, unpadded, gets the logits it got in the batch
+    with torch.no_grad():
+        alone = model(input_ids=ids[3:4, 25:]).logits[0, -1]
+    assert torch.allclose(alone, shared.logits[0][3], atol=1e-5)
+
+    mha = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+        )
+    )
+    mha.set_attn_implementation("sdpa")
+    assert not share_key_value_heads(mha) and mha.config._attn_implementation == "sdpa"
+
+
 def test_hf_backend_keeps_requests_with_other_sampling_settings_apart(hf_backend, tokenizer):
     prompt = chat_prompt(tokenizer, "Who wrote the report?")
     greedy = generate(hf_backend, prompt, temperature=0, max_tokens=12, ignore_eos=True).token_ids
