@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
 from pathlib import Path
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
@@ -39,13 +40,53 @@ Paris is the capital of France. Mount Everest is the highest mountain above sea 
 """
 
 
-@functools.lru_cache(maxsize=4)
+# Opt-in (measurement prototype): a vocab size N here makes :func:`tiny_tokenizer` a byte-level BPE of N tokens
+# trained on the texts the smoke runs see (bundled corpus and questions, the prompt templates, the fixed text), so
+# prompts are several times fewer tokens. Unset: the fixed-text BPE of 600 tokens (nearly bytes).
+CORPUS_TOKENIZER_ENV = "VERL_EVIDENCE_TINY_TOKENIZER"
+
+
+def corpus_vocab_size() -> int | None:
+    """The corpus-trained tokenizer's vocab size asked for in ``$VERL_EVIDENCE_TINY_TOKENIZER``, or None."""
+    value = os.environ.get(CORPUS_TOKENIZER_ENV, "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 300:
+        raise ValueError(f"{CORPUS_TOKENIZER_ENV}={value!r}: a vocab size (an integer >= 300) or unset")
+    return int(value)
+
+
 def tiny_tokenizer(vocab_size: int = 600):
     """A byte-level BPE ``PreTrainedTokenizerFast`` with a ChatML template.
 
     Lossless: ``decode(encode(s)) == s`` for any string, which the reward and
-    rollout tests rely on when they decode responses.
+    rollout tests rely on when they decode responses. With
+    ``$VERL_EVIDENCE_TINY_TOKENIZER`` set, the corpus-trained one of that size.
     """
+    corpus_vocab = corpus_vocab_size()
+    if corpus_vocab is not None:
+        return _byte_level_bpe(corpus_vocab, corpus=True)
+    return _byte_level_bpe(vocab_size, corpus=False)
+
+
+def _smoke_texts() -> list[str]:
+    """What the smoke runs' prompts and replies are made of: the fixed text, every packaged prompt template, the
+    bundled passages, questions, answers and evidence (file order: the training is deterministic)."""
+    from verl_evidence.bundled import load_corpus, load_qa
+    from verl_evidence.prompts import PROMPT_DIR
+
+    texts = [_TRAINING_TEXT]
+    texts += [path.read_text(encoding="utf-8") for path in sorted(PROMPT_DIR.glob("*.txt"))]
+    texts += [doc["contents"] for doc in load_corpus()]
+    for record in load_qa():
+        texts.append(record["question"])
+        texts += [str(answer) for answer in record.get("golden_answers") or []]
+        texts += [str(evidence) for evidence in record.get("gold_evidence") or []]
+    return texts
+
+
+@functools.lru_cache(maxsize=4)
+def _byte_level_bpe(vocab_size: int, corpus: bool):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -58,7 +99,7 @@ def tiny_tokenizer(vocab_size: int = 600):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    core.train_from_iterator([_TRAINING_TEXT] * 4, trainer=trainer)
+    core.train_from_iterator(_smoke_texts() if corpus else [_TRAINING_TEXT] * 4, trainer=trainer)
     tok = PreTrainedTokenizerFast(
         tokenizer_object=core,
         eos_token="<|im_end|>",

@@ -130,8 +130,11 @@ def smoke_dir() -> Path:
     included. Keyed by the format version and the prompts' digest."""
     from retrieval_server.config import cache_dir
 
+    from verl_evidence.local.tiny_models import corpus_vocab_size
+
     root = os.environ.get("VERL_EVIDENCE_SMOKE_DIR") or cache_dir() / "smoke"
-    return Path(root) / f"v{FORMAT_VERSION}-{prompts_digest()}"
+    vocab = corpus_vocab_size()  # the opt-in corpus-trained tokenizer: its own policies, rows and warm-ups
+    return Path(root) / (f"v{FORMAT_VERSION}-{prompts_digest()}" + ("" if vocab is None else f"-tok{vocab}"))
 
 
 def locked(path: Path) -> FileLock:
