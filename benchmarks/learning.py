@@ -64,6 +64,7 @@ sys.path.insert(0, str(REPO))
 from retrieval_server.haproxy_front import free_port  # noqa: E402
 from verl_evidence.local.smoke.logs import read_metrics  # noqa: E402
 from verl_evidence.local.smoke.settings import WARMUP_ENV  # noqa: E402
+from verl_evidence.local.tiny_models import CORPUS_TOKENIZER_ENV  # noqa: E402
 
 TRAIN, HELDOUT = "train", "heldout"
 
@@ -99,6 +100,12 @@ ARM_PRESETS = {"eviomni": "eviomni", "lear": "lear", "grace": "grace_dapo", "evi
 GRACE_REPLY_TOKENS = 160
 # A run whose reward starts at this share of its batch's ceiling or above has no room to show a rise
 HEADROOM_SHARE = 0.9
+# The benchmark's policies: a tokenizer of this many entries trained on the smoke texts (prompts 2.2-2.3x fewer tokens
+# than the recipes' byte-like one, so every step and warm-up costs about half; --tokenizer-vocab 0: the recipes' own)
+TOKENIZER_VOCAB = 4000
+# Micro-batch packs for those shorter sequences (the recipes' 2048 is for theirs): without flash-attention's varlen
+# kernels a pack's attention costs the square of its length (recipes/_common.sh); every smoke sequence here is < 1024
+PACK_TOKENS = 1024
 
 
 def reward_preset(arm_name: str) -> dict:
@@ -1026,6 +1033,8 @@ def run_arm(
     }
     if arm.warmup:
         env[WARMUP_ENV] = arm.warmup
+    if env.get(CORPUS_TOKENIZER_ENV):
+        env["MAX_TOKENS_PER_GPU"] = str(PACK_TOKENS)
     if lr:
         env["LR"] = lr
     if group_size:
@@ -1165,8 +1174,19 @@ def main() -> None:
         default=1,
         help="runs at a time, each its own trainer (worth it while one run leaves cores idle; measure first)",
     )
+    parser.add_argument(
+        "--tokenizer-vocab",
+        type=int,
+        default=TOKENIZER_VOCAB,
+        help="the policies' tokenizer: a BPE of this many entries trained on the smoke texts (0: the recipes' own "
+        "byte-like one, as the suite's smoke runs); each has its own warm-ups in the smoke cache",
+    )
     parser.add_argument("--analyse", type=Path, help="read the runs already in this directory; train nothing")
     args = parser.parse_args()
+    if args.tokenizer_vocab:
+        os.environ[CORPUS_TOKENIZER_ENV] = str(args.tokenizer_vocab)  # this process's warm-ups and every run's
+    else:
+        os.environ.pop(CORPUS_TOKENIZER_ENV, None)
     questions = None if args.questions == "all" else int(args.questions)
     signs = [False, True] if args.fixed_batch and not args.no_sign_control else [False]
 
@@ -1176,7 +1196,7 @@ def main() -> None:
         load = [round(x, 2) for x in os.getloadavg()]
         print(
             f"load average at start: {load}; N={args.steps}, seeds {args.seeds}, arms {args.arms}, lr {args.lr}, "
-            f"questions {args.questions}, sign control {len(signs) > 1}",
+            f"questions {args.questions}, sign control {len(signs) > 1}, tokenizer {args.tokenizer_vocab or 'recipes'}",
             flush=True,
         )
         started = time.perf_counter()

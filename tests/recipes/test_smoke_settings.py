@@ -59,3 +59,39 @@ def test_the_cache_lock_excludes_another_process_until_it_is_released(tmp_path: 
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_the_corpus_tokenizer_is_lossless_deterministic_shorter_and_cached_apart(monkeypatch) -> None:
+    """$VERL_EVIDENCE_TINY_TOKENIZER=N (the learning benchmark's 4000): a BPE trained on the smoke texts, lossless on
+    any string, the same special tokens and ids, prompts about half as many tokens, its own smoke cache directory."""
+    from verl_evidence.bundled import load_corpus
+    from verl_evidence.local.tiny_models import CORPUS_TOKENIZER_ENV, tiny_tokenizer
+
+    monkeypatch.delenv(CORPUS_TOKENIZER_ENV, raising=False)
+    recipes_tokenizer, recipes_dir = tiny_tokenizer(), settings.smoke_dir()
+    monkeypatch.setenv(CORPUS_TOKENIZER_ENV, "4000")
+    corpus_tokenizer = tiny_tokenizer()
+    assert 3000 < len(corpus_tokenizer) <= 4000 and len(recipes_tokenizer) < 600
+    for name in ("eos_token_id", "pad_token_id"):
+        assert getattr(corpus_tokenizer, name) == getattr(recipes_tokenizer, name)
+    odd = "Ünïcode ✓ 🚀\ttabs  and\nnewlines <answer> x </answer> <|im_end|>"
+    assert corpus_tokenizer.decode(corpus_tokenizer.encode(odd)) == odd
+    assert len(corpus_tokenizer.encode("<|im_start|>")) == 1
+    passage = load_corpus()[0]["contents"]
+    assert len(recipes_tokenizer.encode(passage)) > 1.8 * len(corpus_tokenizer.encode(passage))
+    rebuilt = subprocess.run(  # another interpreter (another hash seed) trains the same tokenizer
+        [
+            sys.executable,
+            "-c",
+            f"from verl_evidence.local.tiny_models import tiny_tokenizer as t; print(t().encode({passage!r}))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**__import__("os").environ, "PYTHONHASHSEED": "7"},
+    )
+    assert rebuilt.stdout.strip() == str(corpus_tokenizer.encode(passage))
+    assert settings.smoke_dir() == recipes_dir.with_name(recipes_dir.name + "-tok4000")
+    monkeypatch.setenv(CORPUS_TOKENIZER_ENV, "many")
+    with pytest.raises(ValueError, match="VERL_EVIDENCE_TINY_TOKENIZER='many': a vocab size"):
+        tiny_tokenizer()

@@ -40,9 +40,10 @@ Paris is the capital of France. Mount Everest is the highest mountain above sea 
 """
 
 
-# Opt-in (measurement prototype): a vocab size N here makes :func:`tiny_tokenizer` a byte-level BPE of N tokens
-# trained on the texts the smoke runs see (bundled corpus and questions, the prompt templates, the fixed text), so
-# prompts are several times fewer tokens. Unset: the fixed-text BPE of 600 tokens (nearly bytes).
+# A vocab size N here makes :func:`tiny_tokenizer` a byte-level BPE of N tokens trained on the texts the smoke runs
+# see (bundled corpus and questions, the prompt templates, the fixed text): at 4000, prompts are 2.2-2.3x fewer tokens
+# (EviOmni's 1268 -> 541), which the learning benchmark uses (benchmarks/learning.py). Unset: the fixed-text BPE (496
+# entries, nearly bytes) that the recipes' smoke runs and the tests use. The smoke cache keys its policies by it.
 CORPUS_TOKENIZER_ENV = "VERL_EVIDENCE_TINY_TOKENIZER"
 
 
