@@ -36,6 +36,15 @@ match: 1), step 1's reward is printed as a share of the batch's ceiling, and a p
 of it or more is reported as having no headroom rather than as not rising.
 
     nice -n 5 python benchmarks/learning.py --fixed-batch --questions 2 --steps 15 --seeds 1 2 3 --out /tmp/fixed
+
+The whole protocol in one command: the comparison's plain runs (every question in every step) are fixed batches, so
+``--fixed-batch --questions all`` gives both the comparison and the sign control (30 runs):
+
+    python benchmarks/learning.py --fixed-batch --questions all --steps 20 --seeds 1 2 3 --group-size 4 --lr 5e-4 \
+        --parallel 2 --out /tmp/learning
+
+The policies use a tokenizer trained on the smoke texts (``--tokenizer-vocab``, 4000; 0: the recipes' own), so
+prompts are about half as many tokens as in the recipes' smoke runs, with warm-ups of their own.
 """
 
 from __future__ import annotations
@@ -808,12 +817,22 @@ def format_costs(costs: Mapping[str, RunCost]) -> str:
 # Running the arms
 
 
+def warmup_of(arm: Arm) -> str | None:
+    """The arm's warm-up for the tokenizer in use: the neutral search world is ``search_neutral`` (half the questions
+    always noted) on the recipes' byte-like tokenizer, whose policy mixes a question's two replies when shown both,
+    and ``search_both_ways`` (every question with and without a note) on the corpus tokenizer, whose policy learns
+    ``search_neutral``'s split by heart (each group all noted or none: nothing for a reward to move)."""
+    if arm.warmup == "search_neutral" and os.environ.get(CORPUS_TOKENIZER_ENV):
+        return "search_both_ways"
+    return arm.warmup
+
+
 def prepare(arm: Arm, heldout: int) -> dict[str, str]:
     """The arm's smoke policy, rows and judge (cached), and its held-out rows."""
     from verl_evidence.local.smoke.cli import prepare as smoke_prepare
     from verl_evidence.local.smoke.warmup_data import heldout_rows
 
-    variables = smoke_prepare(arm.method, arm.warmup)
+    variables = smoke_prepare(arm.method, warmup_of(arm))
     variables["VAL_FILES"] = str(heldout_rows(arm.method, Path(variables["MODEL_PATH"]), heldout))
     return variables
 
@@ -869,27 +888,37 @@ def sample_warmup_replies(
     return sampled
 
 
-def warmup_note_rate(policy: Path, samples: int = 16, seed: int = 0) -> dict[str, float]:
+def warmup_note_rate(
+    policy: Path, samples: int = 16, seed: int = 0, family: str = "search_neutral"
+) -> dict[str, float]:
     """The neutral warm-up policy's note rate, sampled where it decides: after each warm-up question's search and
     observation (the warm-up's own context), the share of ``samples`` continuations at temperature 1 that open a
-    ``<summary>`` rather than an ``<answer>``, and the share EviNote's gate would pay (well formed, and a right
-    answer or a well-formed note)."""
+    ``<summary>`` rather than an ``<answer>``, the share EviNote's gate would pay (well formed, and a right answer or a
+    well-formed note), and in how many questions' samples both happen (a note and none; paid and not): where a group
+    is all one way, GRPO has no advantage to give."""
     from verl_evidence.rewards.evinote import compute_score
 
     notes = answers = paid = 0
-    sampled = sample_warmup_replies(policy, "search_neutral", samples, seed, max_new_tokens=64)
+    both_replies = paid_spread = 0
+    sampled = sample_warmup_replies(policy, family, samples, seed, max_new_tokens=64)
     golds = gold_truths([example for example, _ in sampled], policy, "evinote")
     for example, texts in sampled:
-        for text in texts:
-            notes += text.startswith("<summary>")
-            answers += text.startswith("<answer>")
-            paid += compute_score(None, text, golds[example["question"]])["score"] > 0
+        noted = [text.startswith("<summary>") for text in texts]
+        paying = [compute_score(None, text, golds[example["question"]])["score"] > 0 for text in texts]
+        notes += sum(noted)
+        answers += sum(text.startswith("<answer>") for text in texts)
+        paid += sum(paying)
+        both_replies += 0 < sum(noted) < len(texts)
+        paid_spread += 0 < sum(paying) < len(texts)
     total = samples * len(sampled)
     return {
         "note_rate": notes / total,
         "answer_rate": answers / total,
         "evinote_paid": paid / total,
         "samples": float(total),
+        "questions": float(len(sampled)),
+        "questions_noted_both_ways": float(both_replies),
+        "questions_paid_both_ways": float(paid_spread),
     }
 
 
@@ -1031,8 +1060,8 @@ def run_arm(
         "TEST_FREQ": str(steps),
         "RETRIEVAL_PORT": str(free_port()),  # never another run's (or another user's) server
     }
-    if arm.warmup:
-        env[WARMUP_ENV] = arm.warmup
+    if warmup_of(arm):
+        env[WARMUP_ENV] = warmup_of(arm)
     if env.get(CORPUS_TOKENIZER_ENV):
         env["MAX_TOKENS_PER_GPU"] = str(PACK_TOKENS)
     if lr:
@@ -1202,9 +1231,12 @@ def main() -> None:
         started = time.perf_counter()
         prepared = {arm: prepare(ARMS[arm], args.heldout) for arm in args.arms}  # warm-ups and data, once
         print(f"prepared in {time.perf_counter() - started:.0f} s", flush=True)
-        neutral = next((v["MODEL_PATH"] for a, v in prepared.items() if ARMS[a].warmup == "search_neutral"), None)
+        neutral = next(
+            ((v["MODEL_PATH"], warmup_of(ARMS[a])) for a, v in prepared.items() if ARMS[a].warmup == "search_neutral"),
+            None,
+        )
         if neutral:
-            sampled = warmup_note_rate(Path(neutral))
+            sampled = warmup_note_rate(Path(neutral[0]), family=neutral[1])
             (out / "warmup_note_rate.json").write_text(json.dumps(sampled))
             print(
                 f"neutral search warm-up, its final turn sampled in its own context: {json.dumps(sampled)}", flush=True

@@ -485,6 +485,42 @@ def test_the_neutral_warm_up_notes_half_its_questions_quoting_the_retrieved_pass
         assert [s["trained"] for s in example["segments"]] == [True, False, False, False, False, True]
 
 
+def test_the_both_ways_search_warm_up_shows_every_question_with_a_note_and_without(smoke_cache: Path) -> None:
+    from verl_evidence.local.smoke.warmup_data import warmup_examples
+    from verl_evidence.rewards.evinote import format_ok, last_summary, notes_ok
+
+    neutral = warmup_examples("search_neutral", smoke_cache)
+    both = warmup_examples("search_both_ways", smoke_cache)
+    questions = [e["question"] for e in neutral]
+    assert sorted(e["question"] for e in both) == sorted(questions * 2)
+    for question in questions:
+        replies = [e["segments"][-1]["text"] for e in both if e["question"] == question]
+        assert sorted("<summary>" in reply for reply in replies) == [False, True], replies
+        noted = next(reply for reply in replies if "<summary>" in reply)
+        assert format_ok(noted) and notes_ok(last_summary(noted))  # EviNote's gate pays the noted reply
+        contexts = {tuple(s["text"] for s in e["segments"][:-1]) for e in both if e["question"] == question}
+        assert len(contexts) == 1  # the same search and observation: the replies differ only in the note
+
+
+def test_the_search_arms_warm_up_both_ways_on_the_corpus_tokenizer(monkeypatch) -> None:
+    from verl_evidence.local.tiny_models import CORPUS_TOKENIZER_ENV
+
+    monkeypatch.delenv(CORPUS_TOKENIZER_ENV, raising=False)
+    assert [learning.warmup_of(learning.ARMS[a]) for a in ("evinote", "search_r1", "grace", "eviomni")] == [
+        "search_neutral",
+        "search_neutral",
+        "grace_neutral",
+        None,
+    ]
+    monkeypatch.setenv(CORPUS_TOKENIZER_ENV, "4000")
+    assert [learning.warmup_of(learning.ARMS[a]) for a in ("evinote", "search_r1", "grace", "eviomni")] == [
+        "search_both_ways",
+        "search_both_ways",
+        "grace_neutral",
+        None,
+    ]
+
+
 def test_the_neutral_grace_warm_up_shows_each_reply_in_both_paths_tags(smoke_cache: Path) -> None:
     from verl_evidence.local.smoke.warmup_data import warmup_examples
     from verl_evidence.rewards.grace import structure_ok
@@ -522,6 +558,7 @@ def test_held_out_rows_share_no_question_with_any_warm_up_or_training_rows(smoke
     }
     for method, warmup in (
         ("evinote", "search_neutral"),
+        ("evinote", "search_both_ways"),
         ("eviomni", None),
         ("grace", None),
         ("grace", "grace_neutral"),

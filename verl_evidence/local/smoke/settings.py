@@ -18,7 +18,15 @@ WARMUP_ROWS_PER_FORMAT = 8
 # (query, observation, note, answer) takes longer to pick up than the other two.
 # search_neutral: its notes are well formed in 26 of 64 samples after 1600 steps, 8 of 64 after 800 (warmup_data).
 # grace_neutral: both paths in 7 of its 8 questions' groups of 8 after 1600 steps, 1 after 500, no better after 3200.
-WARMUP_STEPS = {"eviomni": 500, "search": 800, "grace": 500, "search_neutral": 1600, "grace_neutral": 1600}
+# search_both_ways (the corpus tokenizer's neutral search world): both replies in all 8 questions' groups after 800.
+WARMUP_STEPS = {
+    "eviomni": 500,
+    "search": 800,
+    "grace": 500,
+    "search_neutral": 1600,
+    "grace_neutral": 1600,
+    "search_both_ways": 800,
+}
 # The recipes' own families: each SMOKE_METHODS entry warms up on one, and evipath_sft trains on all three.
 FAMILIES = ("eviomni", "search", "grace")
 # Warm-ups a smoke run may choose instead of its method's family (``VERL_EVIDENCE_SMOKE_WARMUP``, or
@@ -28,11 +36,13 @@ FAMILIES = ("eviomni", "search", "grace")
 # benchmarks/learning.py to compare EviNote's reward with Search-R1's from one policy.
 # ``grace_neutral``: each of GRACE's warm-up questions answered in both paths' tags, the same text inside, so a group
 # of samples takes either path and GRACE's path term has a spread to move (the ``grace`` warm-up's path is right in
-# every sample: nothing for the reward to teach there).
-WARMUP_VARIANTS = {"search_neutral": "search", "grace_neutral": "grace"}
+# every sample: nothing for the reward to teach there). ``search_both_ways``: each search question once with a note
+# and once without, for policies on the corpus-trained tokenizer (``$VERL_EVIDENCE_TINY_TOKENIZER``), which learn
+# ``search_neutral``'s "these questions always noted" by heart: no spread within a group, nothing for a reward to move.
+WARMUP_VARIANTS = {"search_neutral": "search", "grace_neutral": "grace", "search_both_ways": "search"}
 # A variant's own data version, in its policy's cache name: a changed variant is warmed up again while the recipes'
 # families (what the test suite's smoke runs use) keep their caches. Bump a variant's entry when its examples change.
-VARIANT_VERSIONS = {"search_neutral": 2, "grace_neutral": 1}
+VARIANT_VERSIONS = {"search_neutral": 2, "grace_neutral": 1, "search_both_ways": 1}
 WARMUP_ENV = "VERL_EVIDENCE_SMOKE_WARMUP"
 WARMUP_LR = 3e-3
 SMOKE_TOPK = 2  # passages per EviOmni prompt: ~900 tokens with the byte-level tokenizer
@@ -129,7 +139,6 @@ def smoke_dir() -> Path:
     ``~/.cache/verl-evidence``): a fresh ``VERL_EVIDENCE_CACHE`` is a first run's empty cache, smoke policies
     included. Keyed by the format version and the prompts' digest."""
     from retrieval_server.config import cache_dir
-
     from verl_evidence.local.tiny_models import corpus_vocab_size
 
     root = os.environ.get("VERL_EVIDENCE_SMOKE_DIR") or cache_dir() / "smoke"

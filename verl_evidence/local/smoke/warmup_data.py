@@ -2,8 +2,8 @@
 
 A family is the recipes that share a prompt format (and so a warmed-up policy):
 ``eviomni`` (EviOmni, LEAR), ``search`` (EviNote, Search-R1, composite), ``grace``;
-``search_neutral`` is a variant of ``search`` (notes on half the questions), ``grace_neutral`` of ``grace`` (each
-question's reply in either path's tags).
+``search_neutral`` is a variant of ``search`` (notes on half the questions), ``search_both_ways`` another (each
+question with a note and without), ``grace_neutral`` of ``grace`` (each question's reply in either path's tags).
 """
 
 from __future__ import annotations
@@ -198,6 +198,19 @@ def warmup_examples(family: str, tokenizer_dir: Path) -> list[dict]:
         with_note = _warmup_examples(evinote, _search_target(True, tokenizer, quote_opening=True), n, seed=2)
         without_note = _warmup_examples(evinote, _search_target(False, tokenizer), n, seed=2)
         return with_note[::2] + without_note[1::2]
+    if family == "search_both_ways":
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        evinote = read_rows(method_data("evinote", tokenizer_dir))
+        # search_neutral's examples, but every question both ways: a note quoting the passage's opening, and none.
+        # For the corpus-trained tokenizer, whose policy keeps a question's two replies apart where the byte-like
+        # one's mixes them. Measured there (each question's final turn sampled 8 times at temperature 1 in its
+        # warm-up context): 800 steps, both replies in 8 of 8 questions' samples, a note in 0.61 and EviNote's gate
+        # paid in 0.59 of 64; search_neutral's design, 400 steps: 0 of 8 questions with both (each question's reply
+        # learnt by heart, noted or not), at 1600 steps the benchmark's EviNote reward stood still for 20 steps.
+        with_note = _warmup_examples(evinote, _search_target(True, tokenizer, quote_opening=True), n, seed=2)
+        return with_note + _warmup_examples(evinote, _search_target(False, tokenizer), n, seed=2)
     if family == "grace":
         return _grace_examples(read_rows(method_data("grace", tokenizer_dir)))
     if family == "grace_neutral":
