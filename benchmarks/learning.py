@@ -242,6 +242,17 @@ def grace_path_correct(values: Mapping[str, float]) -> tuple[bool, float] | None
     return bool(answerable), float(right)
 
 
+def groups_with_spread(entries: Sequence[Mapping]) -> float | None:
+    """The share of a step's groups (the samples of one prompt) whose rewards differ. GRPO gives every sample of a
+    group whose rewards are all equal an advantage of 0: a step where no group differs teaches nothing, whatever
+    the reward's mean."""
+    groups: dict[str, set[float]] = {}
+    for entry in entries:
+        if "input" in entry and isinstance(entry.get("score"), int | float):
+            groups.setdefault(str(entry["input"]), set()).add(round(float(entry["score"]), 9))
+    return sum(len(scores) > 1 for scores in groups.values()) / len(groups) if groups else None
+
+
 def aggregate(
     entries: Sequence[Mapping], kind: str, ceiling: Callable[[Mapping[str, float]], float | None] | None = None
 ) -> dict[str, float]:
@@ -253,6 +264,7 @@ def aggregate(
         out["ceiling"] = _mean(ceiling(s) for s in samples)
     # how often the reward paid anything (a reward that never fires teaches nothing)
     out["fired"] = _mean(float(s["score"] != 0) if "score" in s else None for s in samples)
+    out["groups_with_spread"] = groups_with_spread(entries)
     if kind == "search":
         out["note_rate"] = _mean(note_taken(s) for s in samples)
         out["eqr"] = _mean(_first_of(s, "eqr", "evinote.eqr") for s in samples)
@@ -749,11 +761,12 @@ def format_sign_checks(checks: Sequence[SignCheck]) -> str:
     return "\n".join(lines)
 
 
-def fire_rates(points: Sequence[Point], labels: Sequence[str]) -> dict[str, float]:
-    """Per run label: the share of step-1 samples whose reward paid anything, averaged over seeds."""
+def fire_rates(points: Sequence[Point], labels: Sequence[str], metric: str = "fired") -> dict[str, float]:
+    """Per run label: the share of step-1 samples whose reward paid anything (``metric="groups_with_spread"``: of
+    step-1 groups whose samples' rewards differ), averaged over seeds."""
     rates = {}
     for label in labels:
-        by_seed = series(points, label, TRAIN, "fired")
+        by_seed = series(points, label, TRAIN, metric)
         first = [values[min(values)] for values in by_seed.values() if values]
         if first:
             rates[label] = fmean(first)
@@ -1167,6 +1180,7 @@ def analyse(
                     for c in checks
                 ],
                 "fired_at_step_1": fire_rates(points, labels),
+                "groups_with_spread_at_step_1": fire_rates(points, labels, "groups_with_spread"),
                 "costs": {name: {**cost.__dict__, "start_s": round(cost.start_s, 1)} for name, cost in costs.items()},
             },
             indent=2,
@@ -1281,9 +1295,11 @@ def main() -> None:
             f"{half}):"
         )
         print(format_sign_checks(checks))
-    print("\nshare of step-1 samples the reward paid (mean over seeds):")
-    for label, rate in fire_rates(points, sorted({p.arm for p in points})).items():
-        print(f"    {label:20} {rate:.2f}")
+    print("\nshare of step-1 samples the reward paid, and of step-1 groups whose rewards differ (mean over seeds):")
+    labels = sorted({p.arm for p in points})
+    spreads = fire_rates(points, labels, "groups_with_spread")
+    for label, rate in fire_rates(points, labels).items():
+        print(f"    {label:20} paid {rate:.2f}   groups with a spread {spreads.get(label, float('nan')):.2f}")
     print(
         "\ndirections the papers claim (counted only when every seed agrees and the change exceeds the seeds' spread):"
     )

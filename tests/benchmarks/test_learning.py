@@ -376,6 +376,25 @@ def test_fire_rate_is_the_share_of_step_1_samples_the_reward_paid() -> None:
     assert learning.fire_rates(points, ["evinote", "grace"]) == {"evinote": 0.5}
 
 
+def test_groups_with_a_spread_are_the_prompts_whose_samples_rewards_differ() -> None:
+    # two prompts all paid alike (GRPO's advantage 0 for all four samples), one whose samples differ
+    entries = [
+        {"input": "q1", "score": 1.0},
+        {"input": "q1", "score": 1.0},
+        {"input": "q2", "score": 0.0},
+        {"input": "q2", "score": 0.0},
+        {"input": "q3", "score": 0.5},
+        {"input": "q3", "score": 0.0},
+    ]
+    assert learning.groups_with_spread(entries) == pytest.approx(1 / 3)
+    assert learning.aggregate(entries, "search")["groups_with_spread"] == pytest.approx(1 / 3)
+    assert learning.groups_with_spread([{"score": 1.0}]) is None  # no prompt to group by: not measured
+    points = _curve("evinote", 1, "groups_with_spread", {1: 0.0, 2: 1.0}) + _curve(
+        "evinote", 2, "groups_with_spread", {1: 0.5}
+    )
+    assert learning.fire_rates(points, ["evinote"], "groups_with_spread") == {"evinote": 0.25}
+
+
 def test_a_runs_cost_splits_its_wall_time_into_start_steps_and_validations() -> None:
     step = {"timing_s/step": 10.0, "timing_s/gen": 6.0, "timing_s/update_actor": 2.0, "timing_s/ref": 1.0}
     metrics = {0: {"val-core/x": 1.0}, 1: dict(step), 2: {**step, "timing_s/step": 12.0, "timing_s/testing": 3.0}}
