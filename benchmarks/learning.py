@@ -1253,7 +1253,9 @@ def main() -> None:
             sampled = warmup_note_rate(Path(neutral[0]), family=neutral[1])
             (out / "warmup_note_rate.json").write_text(json.dumps(sampled))
             print(
-                f"neutral search warm-up, its final turn sampled in its own context: {json.dumps(sampled)}", flush=True
+                f"neutral search warm-up ({neutral[1]}), its final turn sampled in its own context: "
+                f"{json.dumps(sampled)}",
+                flush=True,
             )
         grace = next((v["MODEL_PATH"] for a, v in prepared.items() if ARMS[a].warmup == "grace_neutral"), None)
         if grace:
