@@ -1073,8 +1073,9 @@ def run_arm(
         "TEST_FREQ": str(steps),
         "RETRIEVAL_PORT": str(free_port()),  # never another run's (or another user's) server
     }
-    if warmup_of(arm):
-        env[WARMUP_ENV] = warmup_of(arm)
+    warmup = warmup_of(arm)
+    if warmup:
+        env[WARMUP_ENV] = warmup
     if env.get(CORPUS_TOKENIZER_ENV):
         env["MAX_TOKENS_PER_GPU"] = str(PACK_TOKENS)
     if lr:
