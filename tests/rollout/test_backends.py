@@ -104,6 +104,44 @@ def test_hf_backend_generates_concurrent_requests_in_one_batch_as_it_would_one_b
         assert out.log_probs == pytest.approx(one.log_probs[: len(ids)], abs=1e-5)
 
 
+def test_cpu_sampling_drops_finished_rows_and_reports_the_policys_own_log_probs(model_dir):
+    """A left-padded sampled batch whose rows end at different lengths: each ended row leaves the batch (the model
+    is called on fewer rows), and every row's tokens are scored exactly as the model scores them in one full
+    forward pass over its prompt and reply (so the cache rows kept, the mask and the positions stay right)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from verl_evidence.local.backends import sample_until_stopped, share_key_value_heads
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+    share_key_value_heads(model)
+    ids = torch.randint(10, 300, (4, 30), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, :9] = 0
+    mask[3, :20] = 0
+    limits = [3, 16, 0, 9]  # a row with nothing to generate never enters the batch
+    batch_sizes = []
+    hook = model.register_forward_pre_hook(
+        lambda _, args, kwargs: batch_sizes.append(len(kwargs["input_ids"])), with_kwargs=True
+    )
+    torch.manual_seed(3)
+    with torch.no_grad():
+        generated, scores = sample_until_stopped(
+            model, ids, mask, limits, temperature=1.0, stopped=lambda row: False, logprobs=True
+        )
+    hook.remove()
+    assert [len(row) for row in generated] == limits
+    assert batch_sizes == [3, 3, 3] + [2] * 6 + [1] * 7  # prefill, then rows 0 and 3 leave after 3 and 9 tokens
+    for row in (0, 1, 3):
+        prompt = ids[row][mask[row].bool()]
+        full = torch.cat([prompt, torch.tensor(generated[row])])[None]
+        with torch.no_grad():
+            log_probs = torch.log_softmax(model(input_ids=full).logits[0].float(), dim=-1)
+        expected = [log_probs[len(prompt) - 1 + i, token].item() for i, token in enumerate(generated[row])]
+        assert scores[row] == pytest.approx(expected, abs=1e-4)
+    assert generated[2] == [] and scores[2] == []
+
+
 def test_cpu_generation_shares_key_value_heads_and_samples_exactly_as_transformers_sdpa(model_dir, monkeypatch):
     """The CPU backend's attention for grouped-query models (the smoke policy: 4 query, 2 key/value heads): a
     left-padded sampled batch gives bit-identical tokens and logits to transformers' own sdpa; MHA is left alone."""

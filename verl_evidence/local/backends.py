@@ -24,6 +24,7 @@ a stop string, and the EOS token when generation ended on it.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import threading
 from collections import Counter
@@ -31,7 +32,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from transformers import StoppingCriteria
 from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
@@ -142,23 +142,101 @@ class ScriptedBackend(_OwnRoutingClient):
         )
 
 
-class _GeneratedTextStop(StoppingCriteria):
-    """A transformers stopping criterion: a row stops once its generated text contains a stop string."""
+def _stop_rule(tokenizer, stops: list[str], stop_ids: set[int]) -> Callable[[list[int]], bool]:
+    """Whether a row's generated ids end generation: its last token is a stop token, or its generated text (not the
+    prompt: vLLM's rule, which the loops expect) now contains a stop string."""
+    window = max((len(s) for s in stops), default=0) + 1
 
-    def __init__(self, tokenizer, stops: list[str], prompt_length: int) -> None:
-        self.tokenizer = tokenizer
-        self.stops = stops
-        self.prompt_length = prompt_length
-        self.window = max(len(s) for s in stops) + 1
+    def stopped(generated: list[int]) -> bool:
+        if generated[-1] in stop_ids:
+            return True
+        if not stops:
+            return False
+        tail = tokenizer.decode(generated[-window:], skip_special_tokens=False)
+        return any(s in tail for s in stops)
 
-    def __call__(self, input_ids, scores, **kwargs):
-        import torch
+    return stopped
 
-        done = []
-        for generated in input_ids[:, self.prompt_length :].tolist():
-            tail = self.tokenizer.decode(generated[-self.window :], skip_special_tokens=False)
-            done.append(any(s in tail for s in self.stops))
-        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+def sample_until_stopped(
+    model,
+    input_ids,
+    attention_mask,
+    limits: Sequence[int],
+    *,
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    stopped: Callable[[list[int]], bool],
+    logprobs: bool = False,
+) -> tuple[list[list[int]], list[list[float] | None]]:
+    """Decode a left-padded batch token by token, each row until ``stopped`` says so or it has ``limits[row]``
+    tokens; a row that ends leaves the batch (its KV cache rows are dropped).
+
+    transformers' ``generate`` keeps finished rows in the batch until the last one ends, so one long reply makes
+    every short one pay for its length (the smoke EviOmni rollout: most answers end within ~20 tokens of a
+    batch that runs to ~140). Sampling is ``generate``'s: temperature, then top-k, then top-p warpers on the
+    float32 logits, a multinomial draw (argmax when ``temperature`` is 0); ``logprobs`` are the log-softmax of
+    the warped scores at the drawn tokens (``generate``'s ``output_scores``). Returns, per row, its generated
+    ids and (with ``logprobs``) their log-probs.
+    """
+    import torch
+    from transformers import DynamicCache, LogitsProcessorList
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    warpers = LogitsProcessorList()
+    if temperature > 0:
+        if temperature != 1.0:
+            warpers.append(TemperatureLogitsWarper(temperature))
+        if top_k > 0:
+            warpers.append(TopKLogitsWarper(top_k))
+        if top_p < 1.0:
+            warpers.append(TopPLogitsWarper(top_p))
+    batch = input_ids.shape[0]
+    generated: list[list[int]] = [[] for _ in range(batch)]
+    scores: list[list[float] | None] = [[] if logprobs else None for _ in range(batch)]
+    rows = [row for row in range(batch) if limits[row] > 0]  # the batch row each cache row belongs to
+    if not rows:
+        return generated, scores
+    if len(rows) < batch:
+        input_ids, attention_mask = input_ids[rows], attention_mask[rows]
+    cache = DynamicCache(config=model.config)
+    # Left padding: positions count real tokens only (as generate's prepare_inputs_for_generation)
+    positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
+    last_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, past_key_values=cache, **last_only
+    ).logits[:, -1, :]
+    next_position = positions[:, -1:] + 1
+    while rows:
+        warped = warpers(None, logits.float())
+        if temperature > 0:
+            tokens = torch.multinomial(torch.softmax(warped, dim=-1), num_samples=1).squeeze(1)
+        else:
+            tokens = warped.argmax(dim=-1)
+        token_scores = (
+            torch.log_softmax(warped, dim=-1).gather(1, tokens[:, None]).squeeze(1).tolist() if logprobs else None
+        )
+        keep = []
+        for index, (row, token) in enumerate(zip(rows, tokens.tolist())):
+            generated[row].append(token)
+            if token_scores is not None:
+                scores[row].append(token_scores[index])
+            if len(generated[row]) < limits[row] and not stopped(generated[row]):
+                keep.append(index)
+        if not keep:
+            break
+        if len(keep) < len(rows):
+            kept = torch.tensor(keep, device=input_ids.device)
+            cache.batch_select_indices(kept)
+            tokens, attention_mask, next_position = tokens[kept], attention_mask[kept], next_position[kept]
+            rows = [rows[i] for i in keep]
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(rows), 1))], dim=-1)
+        logits = model(
+            input_ids=tokens[:, None], attention_mask=attention_mask, position_ids=next_position, past_key_values=cache
+        ).logits[:, -1, :]
+        next_position = next_position + 1
+    return generated, scores
 
 
 # The attention the CPU generation uses for grouped-query models (see share_key_value_heads)
@@ -286,16 +364,6 @@ class HFGenerationBackend(_OwnRoutingClient):
         top_p = float(sampling_params.get("top_p", 1.0) or 1.0)
         limits = [max_tokens_of(params, self.default_max_tokens) for _, params in requests]
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos
-        generate_kwargs: dict[str, Any] = {
-            "max_new_tokens": max(limits),
-            "do_sample": temperature > 0,
-            "eos_token_id": sorted(stop_ids) if stop_ids else None,
-            "pad_token_id": pad,
-            "return_dict_in_generate": True,
-            "output_scores": bool(sampling_params.get("logprobs")),
-        }
-        if temperature > 0:
-            generate_kwargs.update(temperature=temperature, top_p=top_p, top_k=int(top_k) if top_k and top_k > 0 else 0)
         device = next(self.model.parameters()).device
         # Left-padded: every row's generated tokens start at the same column.
         width = max(len(prompt_ids) for prompt_ids, _ in requests)
@@ -305,27 +373,28 @@ class HFGenerationBackend(_OwnRoutingClient):
         attention_mask = torch.tensor(
             [[0] * (width - len(ids)) + [1] * len(ids) for ids, _ in requests], dtype=torch.long, device=device
         )
-        if stops:
-            # HF's own stop_strings also match across the prompt boundary; vLLM (whose behaviour the
-            # loops expect) only looks at generated text, hence a criterion on the generated part.
-            generate_kwargs["stopping_criteria"] = [_GeneratedTextStop(self.tokenizer, stops, width)]
         with self._lock, torch.no_grad():
-            out = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, **generate_kwargs)
+            generated, scores = sample_until_stopped(
+                self.model,
+                input_ids,
+                attention_mask,
+                limits,
+                temperature=temperature,
+                top_k=int(top_k) if top_k and top_k > 0 else 0,
+                top_p=top_p,
+                stopped=_stop_rule(self.tokenizer, stops, stop_ids),
+                logprobs=bool(sampling_params.get("logprobs")),
+            )
             self.batch_sizes[len(requests)] += 1
         outputs = []
-        for row, limit in enumerate(limits):
-            new_ids = out.sequences[row, width : width + limit].tolist()
-            # HF pads a finished row and runs to the longest limit: cut at this request's own stop rule.
+        for new_ids, row_scores in zip(generated, scores):
             kept, _ = cut_at_stop(new_ids, self.tokenizer, stops, stop_ids)
-            log_probs = None
-            if sampling_params.get("logprobs") and out.scores:
-                log_probs = [
-                    float(torch.log_softmax(score[row].float(), dim=-1)[token_id])
-                    for score, token_id in zip(out.scores, kept, strict=False)
-                ]
             outputs.append(
                 TokenOutput(
-                    token_ids=kept, log_probs=log_probs, stop_reason="completed", extra_fields=self._engine_fields()
+                    token_ids=kept,
+                    log_probs=row_scores[: len(kept)] if row_scores is not None else None,
+                    stop_reason="completed",
+                    extra_fields=self._engine_fields(),
                 )
             )
         return outputs
