@@ -47,6 +47,48 @@ def test_verl_fsdp_engine_still_pins_the_reference_policy_offload():
     assert getattr(policy, "_verl_evidence_cpu", False) or policy.__module__.startswith("torch.")
 
 
+def test_verl_fsdp_engine_still_takes_token_log_probs_from_the_per_row_loop():
+    """The log-prob patch replaces the engine's ``logprobs_from_logits`` name; verl must still import it there and
+    still fall back, without flash-attn, to the one-``logsumexp``-per-row loop the patch batches."""
+    from verl.utils import torch_functional
+    from verl.workers.engine.fsdp import transformer_impl
+
+    used = getattr(transformer_impl.logprobs_from_logits, "__wrapped__", transformer_impl.logprobs_from_logits)
+    assert used is torch_functional.logprobs_from_logits
+    assert "logprobs_from_logits(" in inspect.getsource(transformer_impl.FSDPEngineWithLMHead.prepare_model_outputs)
+    assert "for logit in logits" in inspect.getsource(torch_functional.logprobs_from_logits_v2)
+
+
+def test_cpu_log_probs_equal_verls_in_value_and_gradient(monkeypatch):
+    import types
+
+    import torch
+    from verl.utils import torch_functional
+
+    engine = types.SimpleNamespace(logprobs_from_logits=torch_functional.logprobs_from_logits)
+    verl_patches.patch_log_probs(engine)
+    verl_patches.patch_log_probs(engine)  # idempotent
+    assert engine.logprobs_from_logits.__wrapped__ is torch_functional.logprobs_from_logits
+    monkeypatch.setattr(verl_patches, "LOG_PROB_CHUNK_ELEMENTS", 3 * 50)  # chunks of 3 rows: 37 rows, uneven split
+    generator = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 50, (37,), generator=generator)
+    for shape in ((37, 50), (1, 37, 50)):  # padding removed (a row a token), and a batch of sequences
+        logits = torch.randn(37, 50, generator=generator).reshape(shape)
+        ours_in, verls_in = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+        ours = engine.logprobs_from_logits(ours_in, labels.reshape(shape[:-1]))
+        verls = torch_functional.logprobs_from_logits(verls_in, labels.reshape(shape[:-1]))
+        assert ours.shape == verls.shape
+        assert torch.allclose(ours, verls, atol=1e-6)
+        weights = torch.randn(ours.shape, generator=generator)
+        (ours * weights).sum().backward()
+        (verls * weights).sum().backward()
+        assert torch.allclose(ours_in.grad, verls_in.grad, atol=1e-6)
+    half = torch.randn(5, 50, generator=generator).bfloat16()
+    assert torch.equal(  # bfloat16 stays on verl's own path
+        engine.logprobs_from_logits(half, labels[:5]), torch_functional.logprobs_from_logits(half, labels[:5])
+    )
+
+
 def test_verl_replay_buffer_still_sleeps_its_default_poll_interval_between_checks():
     from verl.trainer.ppo.v1 import replay_buffer, trainer_base
 
@@ -89,6 +131,8 @@ if out["hf_replica"]:
         engine=EngineRegistry.get_engine_cls("language_model", "fsdp2") is FSDPEngineWithLMHead,
         replica=RolloutReplicaRegistry.get("hf").__name__,
     )
+    from verl.workers.engine.fsdp import transformer_impl
+    out["chunked_log_probs"] = getattr(transformer_impl.logprobs_from_logits, "_verl_evidence_cpu", False)
     import os, torch.distributed
     os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PROBE_PORT"])
     distributed.initialize_global_process_group_ray()
@@ -139,6 +183,7 @@ def test_selected_mode_registers_platform_engine_rollout_and_a_working_process_g
         "engine": True,
         "replica": "HFRolloutReplica",
         "process_group_backend": "gloo",
+        "chunked_log_probs": True,
     }
 
 

@@ -19,7 +19,7 @@ What the mode changes, and through which of verl's extension points:
   server client and load balancer, and that receives the actor's weights after
   every step.
 
-Four things verl 0.9 offers no public hook for are patched, only in
+Five things verl 0.9 offers no public hook for are patched, only in
 :mod:`.verl_patches` and only for the verl versions it supports (tests/cpu_mode
 fails loudly when verl changes under them).
 """
@@ -47,6 +47,7 @@ def register_engine() -> None:
             transformer_impl.FSDPEngineWithLMHead
         )
     verl_patches.patch_offload_policy(transformer_impl)
+    verl_patches.patch_log_probs(transformer_impl)
 
 
 def activate() -> None:
