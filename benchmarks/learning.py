@@ -833,10 +833,12 @@ def format_costs(costs: Mapping[str, RunCost]) -> str:
 def warmup_of(arm: Arm) -> str | None:
     """The arm's warm-up for the tokenizer in use: the neutral search world is ``search_neutral`` (half the questions
     always noted) on the recipes' byte-like tokenizer, whose policy mixes a question's two replies when shown both,
-    and ``search_both_ways`` (every question with and without a note) on the corpus tokenizer, whose policy learns
-    ``search_neutral``'s split by heart (each group all noted or none: nothing for a reward to move)."""
+    and ``search_both_answers`` (every question with and without a note, answered right and wrong) on the corpus
+    tokenizer, whose policy learns ``search_neutral``'s split by heart (each group all noted or none: nothing for a
+    reward to move), and on ``search_both_ways`` each question's answer (right in every sample or in none: Search-R1's
+    exact match had a spread in 0.08 of its groups)."""
     if arm.warmup == "search_neutral" and os.environ.get(CORPUS_TOKENIZER_ENV):
-        return "search_both_ways"
+        return "search_both_answers"
     return arm.warmup
 
 
@@ -909,29 +911,35 @@ def warmup_note_rate(
     ``<summary>`` rather than an ``<answer>``, the share EviNote's gate would pay (well formed, and a right answer or a
     well-formed note), and in how many questions' samples both happen (a note and none; paid and not): where a group
     is all one way, GRPO has no advantage to give."""
+    from verl_evidence.rewards.answer import compute_score as exact_match
     from verl_evidence.rewards.evinote import compute_score
 
-    notes = answers = paid = 0
-    both_replies = paid_spread = 0
+    notes = answers = paid = right = 0
+    both_replies = paid_spread = right_spread = 0
     sampled = sample_warmup_replies(policy, family, samples, seed, max_new_tokens=64)
     golds = gold_truths([example for example, _ in sampled], policy, "evinote")
     for example, texts in sampled:
         noted = [text.startswith("<summary>") for text in texts]
         paying = [compute_score(None, text, golds[example["question"]])["score"] > 0 for text in texts]
+        matching = [exact_match(None, text, golds[example["question"]])["em"] > 0 for text in texts]
         notes += sum(noted)
         answers += sum(text.startswith("<answer>") for text in texts)
         paid += sum(paying)
+        right += sum(matching)
         both_replies += 0 < sum(noted) < len(texts)
         paid_spread += 0 < sum(paying) < len(texts)
+        right_spread += 0 < sum(matching) < len(texts)
     total = samples * len(sampled)
     return {
         "note_rate": notes / total,
         "answer_rate": answers / total,
         "evinote_paid": paid / total,
+        "exact_match": right / total,
         "samples": float(total),
         "questions": float(len(sampled)),
         "questions_noted_both_ways": float(both_replies),
         "questions_paid_both_ways": float(paid_spread),
+        "questions_right_and_wrong": float(right_spread),
     }
 
 

@@ -521,6 +521,31 @@ def test_the_both_ways_search_warm_up_shows_every_question_with_a_note_and_witho
         assert len(contexts) == 1  # the same search and observation: the replies differ only in the note
 
 
+def test_the_both_answers_search_warm_up_answers_every_question_right_and_wrong_with_a_note_and_without(
+    smoke_cache: Path,
+) -> None:
+    from verl_evidence.local.smoke.data import method_data, read_rows
+    from verl_evidence.local.smoke.warmup_data import warmup_examples
+    from verl_evidence.rewards.answer import compute_score as exact_match
+
+    both_ways = warmup_examples("search_both_ways", smoke_cache)
+    both_answers = warmup_examples("search_both_answers", smoke_cache)
+    assert both_answers[: len(both_ways)] == both_ways  # search_both_ways' examples, then each answered wrong
+    gold = {
+        r["extra_info"]["question"]: r["reward_model"]["ground_truth"]
+        for r in read_rows(method_data("evinote", smoke_cache))
+    }
+    questions = {e["question"] for e in both_ways}
+    assert len(questions) == 8 and sorted(e["question"] for e in both_answers) == sorted(list(questions) * 4)
+    for question in questions:
+        examples = [e for e in both_answers if e["question"] == question]
+        replies = [e["segments"][-1]["text"] for e in examples]
+        outcome = sorted(("<summary>" in r, exact_match(None, r, gold[question])["em"]) for r in replies)
+        assert outcome == [(False, 0.0), (False, 1.0), (True, 0.0), (True, 1.0)], (question, replies)
+        contexts = {tuple(s["text"] for s in e["segments"][:-1]) for e in examples}
+        assert len(contexts) == 1  # the same search and observation: the replies differ in the note and the answer
+
+
 def test_the_search_arms_warm_up_both_ways_on_the_corpus_tokenizer(monkeypatch) -> None:
     from verl_evidence.local.tiny_models import CORPUS_TOKENIZER_ENV
 
@@ -533,8 +558,8 @@ def test_the_search_arms_warm_up_both_ways_on_the_corpus_tokenizer(monkeypatch) 
     ]
     monkeypatch.setenv(CORPUS_TOKENIZER_ENV, "4000")
     assert [learning.warmup_of(learning.ARMS[a]) for a in ("evinote", "search_r1", "grace", "eviomni")] == [
-        "search_both_ways",
-        "search_both_ways",
+        "search_both_answers",
+        "search_both_answers",
         "grace_neutral",
         None,
     ]
@@ -578,6 +603,7 @@ def test_held_out_rows_share_no_question_with_any_warm_up_or_training_rows(smoke
     for method, warmup in (
         ("evinote", "search_neutral"),
         ("evinote", "search_both_ways"),
+        ("evinote", "search_both_answers"),
         ("eviomni", None),
         ("grace", None),
         ("grace", "grace_neutral"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from verl_evidence.local.smoke.data import method_data, read_rows
@@ -91,11 +91,14 @@ def _eviomni_masked_answers(rows: list[dict], count: int) -> list[dict]:
     return examples
 
 
-def _search_target(with_note: bool, tokenizer, quote_opening: bool = False) -> Callable[[dict], list[dict] | None]:
+def _search_target(
+    with_note: bool, tokenizer, quote_opening: bool = False, answers: Mapping[str, str] | None = None
+) -> Callable[[dict], list[dict] | None]:
     """One search, its observation, (a note,) the answer: laid out token for token as the search loop builds it.
 
     The note quotes the evidence's first words, or with ``quote_opening`` the first words of the passage's text
     (right after its title in the observation): text the policy sees whichever passage its search returns.
+    ``answers``: the answer each question is given instead of its gold one.
 
     The policy's turns are encoded on their own and the context between them is the
     loop's own pieces (``INFORMATION_OPEN``, the document tokens cut at the smoke
@@ -115,6 +118,8 @@ def _search_target(with_note: bool, tokenizer, quote_opening: bool = False) -> C
         truth = row["reward_model"]["ground_truth"]
         evidence, answer = _first(truth.get("evidence")), _first(truth.get("target"))
         question = row["extra_info"]["question"]
+        if answers is not None:
+            answer = answers.get(question, "")
         passage = next((text for text in corpus.values() if evidence and evidence in text), None)
         if not answer or passage is None:
             return None
@@ -211,6 +216,30 @@ def warmup_examples(family: str, tokenizer_dir: Path) -> list[dict]:
         # learnt by heart, noted or not), at 1600 steps the benchmark's EviNote reward stood still for 20 steps.
         with_note = _warmup_examples(evinote, _search_target(True, tokenizer, quote_opening=True), n, seed=2)
         return with_note + _warmup_examples(evinote, _search_target(False, tokenizer), n, seed=2)
+    if family == "search_both_answers":
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        evinote = read_rows(method_data("evinote", tokenizer_dir))
+        # search_both_ways' examples, and each of them again with another warm-up question's answer: the policy
+        # then answers a question right in some samples and wrong in others, so exact match has a spread within a
+        # group (on search_both_ways each question's answer is learnt by heart: right in every sample or in none,
+        # and Search-R1's reward had nothing to move in 0.92 of the groups). Measured (each question's final turn
+        # sampled 16 times at temperature 1 in its warm-up context, 2400 steps): right in 0.47 of 128 samples, a note
+        # in 0.29, EviNote's gate paid in 0.27; all 8 questions' samples both right and wrong, noted and not.
+        both_ways = warmup_examples("search_both_ways", tokenizer_dir)
+        questions = list(dict.fromkeys(example["question"] for example in both_ways))
+        gold = {r["extra_info"]["question"]: _first(r["reward_model"]["ground_truth"].get("target")) for r in evinote}
+        wrong = {question: gold[questions[(i + 1) % len(questions)]] for i, question in enumerate(questions)}
+        chosen = [r for r in evinote if r["extra_info"]["question"] in wrong]
+        wrong_answered = [
+            example
+            for with_note in (True, False)
+            for example in _warmup_examples(
+                chosen, _search_target(with_note, tokenizer, quote_opening=with_note, answers=wrong), n, seed=2
+            )
+        ]
+        return both_ways + wrong_answered
     if family == "grace":
         return _grace_examples(read_rows(method_data("grace", tokenizer_dir)))
     if family == "grace_neutral":
