@@ -322,7 +322,7 @@ class HFGenerationBackend(_OwnRoutingClient):
         self.default_max_tokens = default_max_tokens
         self._lock = threading.Lock()
         self._batcher = BacklogBatcher(self._generate_batch, max_batch_size=max_batch_size)
-        self.batch_sizes: Counter[int] = Counter()  # how many requests each model.generate call held
+        self.batch_sizes: Counter[int] = Counter()  # how many requests each generated batch held
         if seed is not None:
             import torch
 
@@ -352,7 +352,8 @@ class HFGenerationBackend(_OwnRoutingClient):
         return outputs
 
     def _generate_sync(self, requests: list[tuple[list[int], dict[str, Any]]]) -> list[TokenOutput]:
-        """One ``model.generate`` for requests that share their sampling settings (not their length limits)."""
+        """One batch (:func:`sample_until_stopped`) for requests that share their sampling settings (not their length
+        limits)."""
         import torch
 
         sampling_params = requests[0][1]

@@ -14,7 +14,7 @@ What the mode changes, and through which of verl's extension points:
 - the FSDP engine for that platform (``EngineRegistry.register(device="cpu")``);
   FSDP2 only (FSDP1 cannot sync CPU parameters), sdpa attention, fp32;
 - rollout ``hf`` (``RolloutReplicaRegistry.register``; :mod:`.cpu_rollout`): a Ray
-  actor per replica that generates with Hugging Face ``generate`` through our
+  actor per replica that generates with a Hugging Face causal LM through our
   :class:`~verl_evidence.local.backends.HFGenerationBackend`, behind verl's own
   server client and load balancer, and that receives the actor's weights after
   every step.

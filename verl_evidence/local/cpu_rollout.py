@@ -2,7 +2,7 @@
 
 Registered with ``RolloutReplicaRegistry.register`` by
 :func:`verl_evidence.local.cpu_mode.activate`: a Ray actor per replica
-(:class:`HFRolloutServer`) that generates with Hugging Face ``generate``
+(:class:`HFRolloutServer`) that generates with a Hugging Face causal LM
 through :class:`~verl_evidence.local.backends.HFGenerationBackend`, behind
 verl's own server client and load balancer, and that receives the actor's
 weights after every step from :class:`HFRolloutAdapter` in each trainer worker.
