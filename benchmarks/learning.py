@@ -50,6 +50,7 @@ prompts are about half as many tokens as in the recipes' smoke runs, with warm-u
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import functools
 import json
@@ -59,7 +60,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1045,6 +1046,59 @@ def training_questions(variables: Mapping[str, str]) -> int:
     return pq.read_metadata(variables["TRAIN_FILES"]).num_rows
 
 
+def validation_env(steps: int, negate: bool) -> dict[str, str]:
+    """Held-out validation before the first step and after the last for a plain run (the comparison's held-out
+    measures); none for a sign-control run, whose verdict reads its training reward alone."""
+    if negate:
+        return {"VAL_BEFORE_TRAIN": "false", "TEST_FREQ": "-1"}
+    return {"VAL_BEFORE_TRAIN": "true", "TEST_FREQ": str(steps)}
+
+
+def retrieval_env(arm: Arm, retrieval_url: str | None) -> dict[str, str]:
+    """Where a run's searches go: the benchmark's shared server for a search arm when there is one (the recipe uses
+    a server that answers at ``RETRIEVAL_URL`` instead of starting its own), else a port no other run's server holds."""
+    if retrieval_url and arm.kind == "search":
+        return {"RETRIEVAL_URL": retrieval_url}
+    return {"RETRIEVAL_PORT": str(free_port())}
+
+
+@contextlib.contextmanager
+def shared_retrieval_server(arms: Sequence[str], log: Path) -> Iterator[str | None]:
+    """One retrieval server for every search run, as a cluster's jobs share one: the smoke recipes' own (``verl-evidence
+    serve``, the bundled corpus and MiniLM), started once instead of in each of the search runs (~10 CPU-s and ~20 s of
+    a run's start with two trainers on the machine). None when no arm searches."""
+    if not any(ARMS[arm].kind == "search" for arm in arms):
+        yield None
+        return
+    import httpx
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    serve = [str(Path(sys.executable).with_name("verl-evidence")), "serve", "--port", str(port)]
+    with log.open("w") as out:
+        server = subprocess.Popen(serve, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            if server.poll() is not None:
+                raise RuntimeError(f"the shared retrieval server exited ({server.returncode}): see {log}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the shared retrieval server did not answer at {url} within 600 s: see {log}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        if server.poll() is None:
+            server.send_signal(2)  # SIGINT: `serve` shuts its Ray down itself
+            try:
+                server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, 9)
+                server.wait(timeout=30)
+
+
 def run_arm(
     name: str,
     seed: int,
@@ -1056,9 +1110,11 @@ def run_arm(
     questions: int | None = None,
     negate: bool = False,
     group_size: int | None = None,
+    retrieval_url: str | None = None,
 ) -> dict:
     """One training run of an arm. ``questions``: train on the first N training questions, all of them in every step
-    (None: every training question of the arm in every step); ``negate``: the sign control (the reward times -1)."""
+    (None: every training question of the arm in every step); ``negate``: the sign control (the reward times -1);
+    ``retrieval_url``: a running server for a search arm's searches (None: the recipe starts its own)."""
     arm = ARMS[name]
     run_dir.mkdir(parents=True, exist_ok=True)
     variables = prepare(arm, heldout)
@@ -1077,9 +1133,8 @@ def run_arm(
         "BATCH": str(batch),
         "MINI_BATCH": str(batch),
         "EPOCHS": str(steps),
-        "VAL_BEFORE_TRAIN": "true",
-        "TEST_FREQ": str(steps),
-        "RETRIEVAL_PORT": str(free_port()),  # never another run's (or another user's) server
+        **validation_env(steps, negate),
+        **retrieval_env(arm, retrieval_url),  # the shared server, or a port never another run's (or user's)
     }
     warmup = warmup_of(arm)
     if warmup:
@@ -1091,6 +1146,8 @@ def run_arm(
     if group_size:
         env["GROUP_SIZE"] = str(group_size)
     env.pop("RAY_ADDRESS", None)
+    if "RETRIEVAL_PORT" in env:
+        env.pop("RETRIEVAL_URL", None)  # the run's own server, on its own port
     overrides = [
         f"trainer.rollout_data_dir={run_dir / 'rollouts'}",
         f"trainer.validation_data_dir={run_dir / 'validation'}",
@@ -1215,6 +1272,12 @@ def main() -> None:
         help="the learning check: each arm's reward must rise on the same questions and fall when negated",
     )
     parser.add_argument("--no-sign-control", action="store_true", help="with --fixed-batch: skip the negated runs")
+    parser.add_argument(
+        "--sign-control-steps",
+        type=int,
+        help=f"training steps of each negated run (default: the check's {CHECK_STEPS}, or --steps if fewer); the plain "
+        "runs take --steps, as they are the comparison's runs too",
+    )
     parser.add_argument("--heldout", type=int, default=8, help="held-out questions per arm")
     parser.add_argument("--val-n", type=int, default=4, help="samples per held-out question per validation")
     parser.add_argument("--lr", help="the actor's learning rate in every arm (default: the smoke runs' 1e-4)")
@@ -1241,6 +1304,7 @@ def main() -> None:
         os.environ.pop(CORPUS_TOKENIZER_ENV, None)
     questions = None if args.questions == "all" else int(args.questions)
     signs = [False, True] if args.fixed_batch and not args.no_sign_control else [False]
+    sign_steps = args.sign_control_steps or min(args.steps, CHECK_STEPS)
 
     out = args.analyse or args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -1248,7 +1312,8 @@ def main() -> None:
         load = [round(x, 2) for x in os.getloadavg()]
         print(
             f"load average at start: {load}; N={args.steps}, seeds {args.seeds}, arms {args.arms}, lr {args.lr}, "
-            f"questions {args.questions}, sign control {len(signs) > 1}, tokenizer {args.tokenizer_vocab or 'recipes'}",
+            f"questions {args.questions}, sign control {f'{sign_steps} steps' if len(signs) > 1 else False}, "
+            f"tokenizer {args.tokenizer_vocab or 'recipes'}",
             flush=True,
         )
         started = time.perf_counter()
@@ -1271,11 +1336,13 @@ def main() -> None:
             paths = warmup_path_rate(Path(grace))
             (out / "warmup_path_rate.json").write_text(json.dumps(paths, indent=1))
             print(f"neutral GRACE warm-up, sampled in its own context: {format_path_rate(paths)}", flush=True)
+        server = contextlib.ExitStack()
+        retrieval_url = server.enter_context(shared_retrieval_server(args.arms, out / "retrieval_server.log"))
         runs = [  # seed by seed: a stopped benchmark still has every arm of the first seed
             (
                 arm,
                 seed,
-                args.steps,
+                sign_steps if n else args.steps,
                 args.heldout,
                 args.val_n,
                 out / f"{arm}{NEGATED_SUFFIX if n else ''}-seed{seed}",
@@ -1283,12 +1350,13 @@ def main() -> None:
                 questions,
                 n,
                 args.group_size,
+                retrieval_url,
             )
             for seed in args.seeds
             for arm in args.arms
             for n in signs
         ]
-        with ThreadPoolExecutor(max_workers=args.parallel) as pool:  # each run is its own trainer process
+        with server, ThreadPoolExecutor(max_workers=args.parallel) as pool:  # each run is its own trainer process
             for record, run_dir in pool.map(run_with_retry, runs):
                 print(json.dumps(record), flush=True)
                 if record["returncode"]:

@@ -630,3 +630,23 @@ def test_a_warm_up_variant_must_share_the_methods_format() -> None:
         warmup_family("eviomni", "search_neutral")
     with pytest.raises(ValueError, match="unknown warm-up 'nope'"):
         warmup_family("evinote", "nope")
+
+
+def test_search_runs_share_the_benchmarks_retrieval_server_and_other_runs_get_a_port_of_their_own() -> None:
+    url = "http://127.0.0.1:8123"
+    assert learning.retrieval_env(learning.ARMS["evinote"], url) == {"RETRIEVAL_URL": url}
+    assert learning.retrieval_env(learning.ARMS["search_r1"], url) == {"RETRIEVAL_URL": url}
+    for arm, shared in (("eviomni", url), ("grace", url), ("evinote", None)):
+        env = learning.retrieval_env(learning.ARMS[arm], shared)
+        assert list(env) == ["RETRIEVAL_PORT"] and int(env["RETRIEVAL_PORT"]) > 0
+
+
+def test_no_retrieval_server_is_started_when_no_arm_searches(tmp_path: Path) -> None:
+    with learning.shared_retrieval_server(["eviomni", "lear", "grace"], tmp_path / "server.log") as url:
+        assert url is None
+    assert not (tmp_path / "server.log").exists()
+
+
+def test_plain_runs_validate_before_and_after_training_and_sign_control_runs_do_not() -> None:
+    assert learning.validation_env(20, negate=False) == {"VAL_BEFORE_TRAIN": "true", "TEST_FREQ": "20"}
+    assert learning.validation_env(15, negate=True) == {"VAL_BEFORE_TRAIN": "false", "TEST_FREQ": "-1"}
