@@ -44,7 +44,9 @@ The whole protocol in one command: the comparison's plain runs (every question i
         --parallel 2 --out /tmp/learning
 
 The policies use a tokenizer trained on the smoke texts (``--tokenizer-vocab``, 4000; 0: the recipes' own), so
-prompts are about half as many tokens as in the recipes' smoke runs, with warm-ups of their own.
+prompts are about half as many tokens as in the recipes' smoke runs, with warm-ups of their own; on it the search arms
+warm up on ``search_both_answers`` (:func:`warmup_of`). The search runs share one retrieval server, started by the
+benchmark; the negated runs take ``--sign-control-steps`` (the check's 15) and skip the held-out validation.
 """
 
 from __future__ import annotations
