@@ -42,7 +42,7 @@ from verl_evidence.agent_loops.openai_endpoint import (
     sampling_body,
     stop_strings_of,
 )
-from verl_evidence.text.stops import cut_at_stop
+from verl_evidence.text.stops import cut_at_stop, ends_at_stop
 
 logger = logging.getLogger(__name__)
 
@@ -140,22 +140,6 @@ class ScriptedBackend(_OwnRoutingClient):
         return TokenOutput(
             token_ids=token_ids, log_probs=log_probs, stop_reason="completed", extra_fields=self._engine_fields()
         )
-
-
-def _stop_rule(tokenizer, stops: list[str], stop_ids: set[int]) -> Callable[[list[int]], bool]:
-    """Whether a row's generated ids end generation: its last token is a stop token, or its generated text (not the
-    prompt: vLLM's rule, which the loops expect) now contains a stop string."""
-    window = max((len(s) for s in stops), default=0) + 1
-
-    def stopped(generated: list[int]) -> bool:
-        if generated[-1] in stop_ids:
-            return True
-        if not stops:
-            return False
-        tail = tokenizer.decode(generated[-window:], skip_special_tokens=False)
-        return any(s in tail for s in stops)
-
-    return stopped
 
 
 def sample_until_stopped(
@@ -383,7 +367,7 @@ class HFGenerationBackend(_OwnRoutingClient):
                 temperature=temperature,
                 top_k=int(top_k) if top_k and top_k > 0 else 0,
                 top_p=top_p,
-                stopped=_stop_rule(self.tokenizer, stops, stop_ids),
+                stopped=lambda generated: ends_at_stop(generated, self.tokenizer, stops, stop_ids),
                 logprobs=bool(sampling_params.get("logprobs")),
             )
             self.batch_sizes[len(requests)] += 1

@@ -5,24 +5,31 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["cut_at_stop"]
+__all__ = ["cut_at_stop", "ends_at_stop"]
+
+
+def ends_at_stop(token_ids: Sequence[int], tokenizer, stops: Sequence[str], stop_ids: set[int]) -> bool:
+    """Whether the last of ``token_ids`` is a stop token or completes a stop string.
+
+    Every token decodes to at least one character, so a stop string that the last token completes lies within the
+    last len(stop) tokens: decoding that window keeps a scan linear.
+    """
+    if token_ids[-1] in stop_ids:
+        return True
+    if not stops:
+        return False
+    window = max(len(s) for s in stops) + 1
+    tail = tokenizer.decode(list(token_ids[-window:]), skip_special_tokens=False)
+    return any(s in tail for s in stops)
 
 
 def cut_at_stop(token_ids: list[int], tokenizer, stops: Sequence[str], stop_ids: set[int]) -> tuple[list[int], str]:
-    """Cut ``token_ids`` after the first token that ends a stop string or is a stop token.
+    """Cut ``token_ids`` after the first token that ends a stop string or is a stop token (:func:`ends_at_stop`).
 
     Returns the kept ids and why generation ended: ``"stop"`` (stop string or
     stop token) or ``"length"`` (no stop seen).
     """
-    # Every token decodes to at least one character, so a stop string that the
-    # current token completes lies within the last len(stop) tokens: decoding
-    # that window keeps the scan linear.
-    window = max((len(s) for s in stops), default=0) + 1
-    for index, token_id in enumerate(token_ids):
-        if token_id in stop_ids:
+    for index in range(len(token_ids)):
+        if ends_at_stop(token_ids[: index + 1], tokenizer, stops, stop_ids):
             return token_ids[: index + 1], "stop"
-        if stops:
-            tail = tokenizer.decode(token_ids[max(0, index + 1 - window) : index + 1], skip_special_tokens=False)
-            if any(s in tail for s in stops):
-                return token_ids[: index + 1], "stop"
     return list(token_ids), "length"
