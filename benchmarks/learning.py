@@ -165,21 +165,31 @@ class Arm:
     ceiling: Callable[[Mapping[str, float]], float | None] | None = None
     # A ground-truth field whose values share a fixed batch equally (:func:`fixed_batch_rows`); None: verl's shuffle
     balance_key: str | None = None
+    # Optimizer updates a step makes: the recipe's own BATCH / MINI_BATCH (checked against the recipe by a test), so
+    # a step learns as much as the method's recipe lets one step learn
+    updates_per_step: int = 1
 
 
 ARMS: dict[str, Arm] = {
-    "eviomni": Arm("eviomni_grpo.sh", "eviomni", "eviomni"),
-    "lear": Arm("lear_grpo.sh", "lear", "eviomni"),
+    "eviomni": Arm("eviomni_grpo.sh", "eviomni", "eviomni", updates_per_step=2),
+    "lear": Arm("lear_grpo.sh", "lear", "eviomni", updates_per_step=2),
     "grace": Arm(
-        "grace_dapo.sh", "grace", "grace", warmup="grace_neutral", ceiling=grace_ceiling, balance_key="answerable"
+        "grace_dapo.sh",
+        "grace",
+        "grace",
+        warmup="grace_neutral",
+        ceiling=grace_ceiling,
+        balance_key="answerable",
+        updates_per_step=4,
     ),
-    "evinote": Arm("evinote_grpo.sh", "evinote", "search", warmup="search_neutral"),
+    "evinote": Arm("evinote_grpo.sh", "evinote", "search", warmup="search_neutral", updates_per_step=2),
     "search_r1": Arm(
         "evinote_grpo.sh",
         "evinote",
         "search",
         warmup="search_neutral",
         ceiling=exact_match_ceiling,
+        updates_per_step=2,
         # the pre-flight check reads these components' own needs: EviNote's rows and loop fit both
         overrides=("reward_preset=composite", f"++reward.reward_kwargs.components={SEARCH_R1_COMPONENTS}"),
     ),
@@ -1048,6 +1058,19 @@ def training_questions(variables: Mapping[str, str]) -> int:
     return pq.read_metadata(variables["TRAIN_FILES"]).num_rows
 
 
+def mini_batch_size(batch: int, updates_per_step: int) -> int:
+    """Questions per optimizer update so that a step of ``batch`` questions makes ``updates_per_step`` updates (fewer
+    when the batch is smaller: every update needs one question at least). verl asks for a batch the mini-batch
+    divides; a batch that does not split evenly is an error here, before any run starts."""
+    updates = max(1, min(updates_per_step, batch))
+    if batch % updates:
+        raise ValueError(
+            f"a batch of {batch} questions does not split into {updates} equal updates; pick --questions "
+            f"as a multiple of {updates}"
+        )
+    return batch // updates
+
+
 def validation_env(steps: int, negate: bool) -> dict[str, str]:
     """Held-out validation before the first step and after the last for a plain run (the comparison's held-out
     measures); none for a sign-control run, whose verdict reads its training reward alone."""
@@ -1123,6 +1146,7 @@ def run_arm(
     if questions and arm.balance_key:
         variables["TRAIN_FILES"] = str(write_fixed_batch(variables["TRAIN_FILES"], questions, arm.balance_key, run_dir))
     batch = questions or training_questions(variables)
+    mini_batch = mini_batch_size(batch, arm.updates_per_step)
     env = {
         **os.environ,
         **variables,
@@ -1131,9 +1155,9 @@ def run_arm(
         "VERL_FILE_LOGGER_PATH": str(run_dir / "metrics.jsonl"),
         "CHECKPOINT_DIR": str(run_dir / "checkpoints"),
         "SMOKE_STEPS": str(steps),
-        # every step sees the same questions (one step an epoch) and makes one update
+        # every step sees the same questions (one step an epoch) and makes the recipe's number of updates
         "BATCH": str(batch),
-        "MINI_BATCH": str(batch),
+        "MINI_BATCH": str(mini_batch),
         "EPOCHS": str(steps),
         **validation_env(steps, negate),
         **retrieval_env(arm, retrieval_url),  # the shared server, or a port never another run's (or user's)
@@ -1321,6 +1345,10 @@ def main() -> None:
         started = time.perf_counter()
         prepared = {arm: prepare(ARMS[arm], args.heldout) for arm in args.arms}  # warm-ups and data, once
         print(f"prepared in {time.perf_counter() - started:.0f} s", flush=True)
+        for arm, variables in prepared.items():  # a batch the recipe's updates do not split stops here, not mid-run
+            batch = questions or training_questions(variables)
+            updates = batch // mini_batch_size(batch, ARMS[arm].updates_per_step)
+            print(f"{arm}: {batch} questions a step, {updates} update(s) a step", flush=True)
         neutral = next(
             ((v["MODEL_PATH"], warmup_of(ARMS[a])) for a, v in prepared.items() if ARMS[a].warmup == "search_neutral"),
             None,
