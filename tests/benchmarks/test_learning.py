@@ -650,3 +650,40 @@ def test_no_retrieval_server_is_started_when_no_arm_searches(tmp_path: Path) -> 
 def test_plain_runs_validate_before_and_after_training_and_sign_control_runs_do_not() -> None:
     assert learning.validation_env(20, negate=False) == {"VAL_BEFORE_TRAIN": "true", "TEST_FREQ": "20"}
     assert learning.validation_env(15, negate=True) == {"VAL_BEFORE_TRAIN": "false", "TEST_FREQ": "-1"}
+
+
+# --- updates a step -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arm", sorted(learning.ARMS))
+def test_each_arm_makes_its_recipes_number_of_updates_a_step(arm: str) -> None:
+    """The arm's ``updates_per_step`` is what its recipe's own command makes: prompts a step / prompts an update."""
+    import os
+    import shlex
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RETRIEVAL_URL", "SERVER_ARGS", "RAY_ADDRESS")}
+    result = subprocess.run(
+        ["bash", str(REPO / "recipes" / learning.ARMS[arm].recipe), "--dry-run"],
+        capture_output=True,
+        text=True,
+        env={**env, "PYTHON": "python"},
+        cwd=REPO,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    command = shlex.split(result.stdout.split("# trainer:\n", 1)[1].replace("\\\n", " "))
+    values = dict(a.lstrip("+").split("=", 1) for a in command if "=" in a and not a.startswith("--"))
+    prompts = int(values["data.train_batch_size"])
+    per_update = int(values["actor_rollout_ref.actor.ppo_mini_batch_size"])
+    assert prompts % per_update == 0
+    assert learning.ARMS[arm].updates_per_step == prompts // per_update
+
+
+def test_mini_batch_splits_the_step_into_the_recipes_updates() -> None:
+    assert learning.mini_batch_size(8, 4) == 2
+    assert learning.mini_batch_size(8, 2) == 4
+    assert learning.mini_batch_size(8, 1) == 8
+    assert learning.mini_batch_size(2, 4) == 1  # a batch smaller than the updates: one question an update
+    with pytest.raises(ValueError, match="does not split into 4 equal updates"):
+        learning.mini_batch_size(6, 4)
