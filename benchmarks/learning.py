@@ -46,7 +46,9 @@ The whole protocol in one command: the comparison's plain runs (every question i
 The policies use a tokenizer trained on the smoke texts (``--tokenizer-vocab``, 4000; 0: the recipes' own), so
 prompts are about half as many tokens as in the recipes' smoke runs, with warm-ups of their own; on it the search arms
 warm up on ``search_both_answers`` (:func:`warmup_of`). The search runs share one retrieval server, started by the
-benchmark; the negated runs take ``--sign-control-steps`` (the check's 15) and skip the held-out validation.
+benchmark; the negated runs take ``--sign-control-steps`` (the check's 15) and skip the held-out validation. A step
+makes as many optimizer updates as the arm's recipe makes from one batch (its BATCH / MINI_BATCH: GRACE 4, the others
+2; ``Arm.updates_per_step``).
 """
 
 from __future__ import annotations
@@ -1185,10 +1187,11 @@ def run_arm(
         "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
         "actor_rollout_ref.rollout.val_kwargs.top_p=1.0",
         f"data.train_max_samples={batch if questions else -1}",
-        # One update a step (the mini-batch is the batch): the update's "old" policy is the one that sampled, so
-        # verl's bypass mode takes the rollout's own log-probs instead of recomputing them (~2 s a step here). Same
-        # fp32 weights: without bypass the two agreed to 6e-5 or better (training/rollout_probs_diff_max, every run
-        # of the comparison).
+        # A step's "old" policy is the one that sampled (verl computes it once a step, before the step's first
+        # update; later mini-batches' ratios then move away from 1 and PPO clips them), so verl's bypass mode takes
+        # the rollout's own log-probs instead of recomputing them (~2 s a step here), with the same PPO-clip loss.
+        # Same fp32 weights: without bypass the two agreed to 6e-5 or better (training/rollout_probs_diff_max,
+        # every run of the comparison).
         "algorithm.rollout_correction.bypass_mode=true",
         *(negated_overrides(name) if negate else arm.overrides),
     ]
