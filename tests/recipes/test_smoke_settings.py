@@ -61,6 +61,81 @@ def test_the_cache_lock_excludes_another_process_until_it_is_released(tmp_path: 
         holder.wait()
 
 
+# A process preparing METHOD whose warm-up waits (inside its build) for ``release`` in the flag directory. Only the
+# warm-up's training and the rows are doubles: what is tested is which locks ``smoke prepare`` holds while it builds.
+PREPARE_WITH_A_HELD_WARM_UP = """
+import shutil, sys, time
+from pathlib import Path
+from verl_evidence.local.smoke import cli, training, warmup_data
+flags = Path(sys.argv[1])
+def warm_up(base, examples, out, steps):
+    (flags / "building").touch()
+    while not (flags / "release").exists():
+        time.sleep(0.05)
+    shutil.copytree(base, out)
+    return [1.0]
+training.warm_up = warm_up
+warmup_data.warmup_examples = lambda family, base: []
+warmup_data.warmed_up_rows = lambda method, policy, warmup=None: policy / "rows.parquet"
+print(cli.prepare(sys.argv[2])["MODEL_PATH"], flush=True)
+"""
+
+
+@pytest.mark.mostly_waits  # tests/scheduling.py
+def test_a_warm_up_being_built_holds_up_neither_another_warm_up_nor_its_data(tmp_path: Path, monkeypatch) -> None:
+    """Two benchmark processes (or recipes) preparing different methods build their warm-ups at the same time: the
+    warm-up trains on one thread, so on two cores that halves an empty cache's wait. Same warm-up: built once."""
+    import os
+    import shutil
+    import threading
+
+    from verl_evidence.local.smoke import cli, training, warmup_data
+    from verl_evidence.local.tiny_models import CORPUS_TOKENIZER_ENV
+
+    monkeypatch.setenv("VERL_EVIDENCE_SMOKE_DIR", str(tmp_path / "smoke"))
+    monkeypatch.delenv(CORPUS_TOKENIZER_ENV, raising=False)
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    command = [sys.executable, "-c", PREPARE_WITH_A_HELD_WARM_UP, str(flags), "eviomni"]
+    other = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+    try:
+        for _ in range(1200):  # up to 60 s for the other process to be inside its warm-up
+            if (flags / "building").exists() or other.poll() is not None:
+                break
+            threading.Event().wait(0.05)
+        assert (flags / "building").exists(), "the other process never started its warm-up"
+
+        builds: list[str] = []
+
+        def quick_warm_up(base, examples, out, steps):
+            builds.append(out.name)
+            shutil.copytree(base, out)
+            return [1.0]
+
+        monkeypatch.setattr(training, "warm_up", quick_warm_up)
+        monkeypatch.setattr(warmup_data, "warmup_examples", lambda family, base: [])
+        monkeypatch.setattr(warmup_data, "warmed_up_rows", lambda method, policy, warmup=None: policy / "rows.parquet")
+        prepared: dict = {}
+        grace = threading.Thread(target=lambda: prepared.update(cli.prepare("grace")))
+        grace.start()
+        grace.join(timeout=60)
+        assert not grace.is_alive(), "preparing GRACE waited for EviOmni's warm-up"
+        assert other.poll() is None  # EviOmni's warm-up is still being built
+        assert Path(prepared["MODEL_PATH"]).name == builds[0] and builds[0].startswith("policy-grace")
+
+        (flags / "release").touch()
+        assert other.wait(timeout=60) == 0
+        eviomni = Path(other.stdout.read().strip())
+        assert (eviomni / "model.safetensors").exists() and eviomni.name.startswith("policy-eviomni")
+        # the same warm-up again, in this process: found built, not built twice
+        monkeypatch.setattr(training, "warm_up", lambda *a, **k: pytest.fail("a built warm-up was built again"))
+        assert cli.prepare("lear")["MODEL_PATH"] == str(eviomni)
+    finally:
+        (flags / "release").touch()
+        other.kill()
+        other.wait()
+
+
 def test_the_corpus_tokenizer_is_lossless_deterministic_shorter_and_cached_apart(monkeypatch) -> None:
     """$VERL_EVIDENCE_TINY_TOKENIZER=N (the learning benchmark's 4000): a BPE trained on the smoke texts, lossless on
     any string, the same special tokens and ids, prompts about half as many tokens, its own smoke cache directory."""

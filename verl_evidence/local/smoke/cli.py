@@ -17,22 +17,23 @@ def prepare(method: str, warmup: str | None = None) -> dict[str, str]:
     """
     spec = smoke_method(method)
     family = warmup_family(method, warmup)
-    from verl_evidence.local.smoke.models import nli_judge, random_policy, warmed_up_policy
+    from verl_evidence.local.smoke.models import base_policy, nli_judge, warmed_up_policy
     from verl_evidence.local.smoke.warmup_data import warmed_up_rows, warmup_data
 
-    root = smoke_dir()
-    with locked(root / "prepare"):
-        base = root / "random_policy"
-        if not (base / "model.safetensors").exists():
-            random_policy(base)
-        if spec.family is None:  # verl's SFT trainer from the random policy on every family's format
+    # Each artifact has its own lock, so processes preparing different warm-ups build them at the same time (a
+    # warm-up trains on one thread) and two preparing the same one build it once.
+    data_lock = locked(smoke_dir() / "data")  # the rows: seconds to build, written by several methods
+    base = base_policy()
+    if spec.family is None:  # verl's SFT trainer from the random policy on every family's format
+        with data_lock:
             return {"MODEL_PATH": str(base), "TRAIN_FILES": str(warmup_data(base)), **spec.settings}
-        policy = warmed_up_policy(family)
+    policy = warmed_up_policy(family)
+    with data_lock:
         data = warmed_up_rows(method, policy, warmup=family)
-        variables = {"MODEL_PATH": str(policy), "TRAIN_FILES": str(data), "VAL_FILES": str(data), **spec.settings}
-        if spec.nli_judge:
-            variables["NLI_MODEL"] = str(nli_judge())
-        return variables
+    variables = {"MODEL_PATH": str(policy), "TRAIN_FILES": str(data), "VAL_FILES": str(data), **spec.settings}
+    if spec.nli_judge:
+        variables["NLI_MODEL"] = str(nli_judge())
+    return variables
 
 
 def shell_assignments(method: str, warmup: str | None = None) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 
 from verl_evidence.local.smoke.settings import POLICY_HIDDEN, POLICY_LAYERS, WARMUP_STEPS, locked, smoke_dir
@@ -39,6 +40,25 @@ def random_policy(directory: Path) -> Path:
     return directory
 
 
+def built_once(out: Path, marker: str, build) -> Path:
+    """``out``, built by ``build(directory)`` once per machine: under ``out``'s lock, into a directory beside it that
+    is moved in whole, so a reader who sees ``out/marker`` (taking no lock) sees every file."""
+    if not (out / marker).exists():
+        with locked(out):
+            if not (out / marker).exists():
+                tmp = out.with_name(out.name + ".tmp")
+                shutil.rmtree(tmp, ignore_errors=True)
+                build(tmp)
+                shutil.rmtree(out, ignore_errors=True)  # an interrupted build's leftovers, never a finished one
+                tmp.replace(out)
+    return out
+
+
+def base_policy() -> Path:
+    """The randomly initialised policy every warm-up starts from (``random_policy``), built once per machine."""
+    return built_once(smoke_dir() / "random_policy", "model.safetensors", random_policy)
+
+
 def warmed_up_policy(family: str) -> Path:
     """The tiny policy warmed up on one family's format (HF directory), built once per machine."""
     from verl_evidence.local.smoke.training import warm_up
@@ -54,9 +74,7 @@ def warmed_up_policy(family: str) -> Path:
         return policy
     with locked(policy):
         if not (policy / "model.safetensors").exists():
-            base = root / "random_policy"
-            if not (base / "model.safetensors").exists():
-                random_policy(base)
+            base = base_policy()
             losses = warm_up(base, warmup_examples(family, base), policy, steps=WARMUP_STEPS[family])
             (root / f"warmup-{family}.json").write_text(json.dumps({"steps": len(losses), "loss": losses}))
             logger.info("smoke policy %s: warm-up loss %.3f -> %.3f", family, losses[0], sum(losses[-20:]) / 20)
@@ -66,9 +84,4 @@ def warmed_up_policy(family: str) -> Path:
 def nli_judge() -> Path:
     from verl_evidence.local.tiny_models import overlap_nli_model
 
-    out = smoke_dir() / "nli"
-    if not (out / "config.json").exists():
-        with locked(out):
-            if not (out / "config.json").exists():
-                overlap_nli_model(out)
-    return out
+    return built_once(smoke_dir() / "nli", "config.json", overlap_nli_model)
