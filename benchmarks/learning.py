@@ -857,6 +857,27 @@ def warmup_of(arm: Arm) -> str | None:
     return arm.warmup
 
 
+def build_warmups(arms: Sequence[str], parallel: int) -> None:
+    """Each distinct warm-up of ``arms`` built (or found cached) by its own ``smoke prepare`` process, ``parallel`` at
+    a time: a warm-up trains on one thread, so on an empty cache two build in the time of one."""
+    from verl_evidence.local.smoke.settings import warmup_family
+
+    jobs: dict[str, Arm] = {}
+    for name in arms:
+        arm = ARMS[name]
+        jobs.setdefault(warmup_family(arm.method, warmup_of(arm)), arm)
+
+    def build(arm: Arm) -> None:
+        env = {**os.environ, WARMUP_ENV: warmup_of(arm) or ""}
+        command = [sys.executable, "-m", "verl_evidence.local.smoke", "prepare", arm.method]
+        result = subprocess.run(command, env=env, capture_output=True, text=True)
+        if result.returncode:
+            raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")
+
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        list(pool.map(build, jobs.values()))
+
+
 def prepare(arm: Arm, heldout: int) -> dict[str, str]:
     """The arm's smoke policy, rows and judge (cached), and its held-out rows."""
     from verl_evidence.local.smoke.cli import prepare as smoke_prepare
@@ -1346,7 +1367,8 @@ def main() -> None:
             flush=True,
         )
         started = time.perf_counter()
-        prepared = {arm: prepare(ARMS[arm], args.heldout) for arm in args.arms}  # warm-ups and data, once
+        build_warmups(args.arms, args.parallel)
+        prepared = {arm: prepare(ARMS[arm], args.heldout) for arm in args.arms}  # data and held-out rows, once
         print(f"prepared in {time.perf_counter() - started:.0f} s", flush=True)
         for arm, variables in prepared.items():  # a batch the recipe's updates do not split stops here, not mid-run
             batch = questions or training_questions(variables)
