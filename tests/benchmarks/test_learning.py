@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from benchmark_scripts import load_benchmark
+from recipe_commands import dry_run, overrides, trainer_argv
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -658,22 +659,9 @@ def test_plain_runs_validate_before_and_after_training_and_sign_control_runs_do_
 @pytest.mark.parametrize("arm", sorted(learning.ARMS))
 def test_each_arm_makes_its_recipes_number_of_updates_a_step(arm: str) -> None:
     """The arm's ``updates_per_step`` is what its recipe's own command makes: prompts a step / prompts an update."""
-    import os
-    import shlex
-    import subprocess
-
-    env = {k: v for k, v in os.environ.items() if k not in ("RETRIEVAL_URL", "SERVER_ARGS", "RAY_ADDRESS")}
-    result = subprocess.run(
-        ["bash", str(REPO / "recipes" / learning.ARMS[arm].recipe), "--dry-run"],
-        capture_output=True,
-        text=True,
-        env={**env, "PYTHON": "python"},
-        cwd=REPO,
-        timeout=60,
-    )
+    result = dry_run(learning.ARMS[arm].recipe)
     assert result.returncode == 0, result.stderr
-    command = shlex.split(result.stdout.split("# trainer:\n", 1)[1].replace("\\\n", " "))
-    values = dict(a.lstrip("+").split("=", 1) for a in command if "=" in a and not a.startswith("--"))
+    values = overrides(trainer_argv(result.stdout))
     prompts = int(values["data.train_batch_size"])
     per_update = int(values["actor_rollout_ref.actor.ppo_mini_batch_size"])
     assert prompts % per_update == 0

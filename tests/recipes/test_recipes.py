@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from recipe_commands import dry_run, overrides, recipe_env, trainer_argv
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes"
@@ -29,40 +30,6 @@ EXPECTED = {
     "grace_dapo.sh": ("DAPORewardManager", "compute_grpo_outcome_advantage", "single_turn_agent"),
     "search_r1_baseline.sh": ("NaiveRewardManager", "compute_grpo_outcome_advantage", "evidence_search"),
 }
-
-
-# What decides whether a searching recipe would retrieve from the bundled demo corpus; cleared for every test run.
-RETRIEVAL_CHOICE = ("RETRIEVAL_URL", "SERVER_ARGS", "ALLOW_DEMO_CORPUS")
-
-
-def recipe_env(**env: str) -> dict[str, str]:
-    # (RAY_ADDRESS too: a test session's Ray must not make a --smoke run join its cluster)
-    base = {key: value for key, value in os.environ.items() if key not in (*RETRIEVAL_CHOICE, "RAY_ADDRESS")}
-    return {**base, "PYTHON": "python", **env}
-
-
-def dry_run(script: str, *args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["bash", str(RECIPES / script), "--dry-run", *args],
-        capture_output=True,
-        text=True,
-        env=recipe_env(**env),
-        cwd=REPO,
-        timeout=60,
-    )
-
-
-def trainer_argv(stdout: str) -> list[str]:
-    """The printed trainer command, parsed back exactly as a shell would."""
-    assert stdout.count("# trainer:\n") == 1, stdout
-    tokens = shlex.split(stdout.split("# trainer:\n", 1)[1].replace("\\\n", " "))
-    assert tokens[:3] == ["python", "-m", "verl.trainer.main_ppo"], tokens[:3]
-    return tokens[3:]
-
-
-def overrides(argv: list[str]) -> dict[str, str]:
-    pairs = [a.lstrip("+").split("=", 1) for a in argv if "=" in a and not a.startswith("--")]
-    return dict(pairs)
 
 
 def compose(jobs: list[list[str]], samples: dict[int, list[dict]] | None = None, **env: str) -> list[dict]:
