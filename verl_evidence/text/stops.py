@@ -29,7 +29,8 @@ def cut_at_stop(token_ids: list[int], tokenizer, stops: Sequence[str], stop_ids:
     Returns the kept ids and why generation ended: ``"stop"`` (stop string or
     stop token) or ``"length"`` (no stop seen).
     """
+    window = max((len(s) for s in stops), default=0) + 1  # what ends_at_stop reads: no longer slices, a linear scan
     for index in range(len(token_ids)):
-        if ends_at_stop(token_ids[: index + 1], tokenizer, stops, stop_ids):
+        if ends_at_stop(token_ids[max(0, index + 1 - window) : index + 1], tokenizer, stops, stop_ids):
             return token_ids[: index + 1], "stop"
     return list(token_ids), "length"
