@@ -45,7 +45,7 @@ The whole protocol in one command: the comparison's plain runs (every question i
 
 The policies use a tokenizer trained on the smoke texts (``--tokenizer-vocab``, 4000; 0: the recipes' own), so
 prompts are about half as many tokens as in the recipes' smoke runs, with warm-ups of their own; on it the search arms
-warm up on ``search_both_answers`` (:func:`warmup_of`). The search runs share one retrieval server, started by the
+warm up on ``search_mostly_noted`` (:func:`warmup_of`). The search runs share one retrieval server, started by the
 benchmark; the negated runs take ``--sign-control-steps`` (the check's 15) and skip the held-out validation. A step
 makes as many optimizer updates as the arm's recipe makes from one batch (its BATCH / MINI_BATCH: GRACE 4, the others
 2; ``Arm.updates_per_step``).
@@ -848,24 +848,28 @@ def format_costs(costs: Mapping[str, RunCost]) -> str:
 def warmup_of(arm: Arm) -> str | None:
     """The arm's warm-up for the tokenizer in use: the neutral search world is ``search_neutral`` (half the questions
     always noted) on the recipes' byte-like tokenizer, whose policy mixes a question's two replies when shown both,
-    and ``search_both_answers`` (every question with and without a note, answered right and wrong) on the corpus
-    tokenizer, whose policy learns ``search_neutral``'s split by heart (each group all noted or none: nothing for a
-    reward to move), and on ``search_both_ways`` each question's answer (right in every sample or in none: Search-R1's
-    exact match had a spread in 0.08 of its groups)."""
+    and ``search_mostly_noted`` (every question with and without a note, answered right and wrong, the noted replies
+    twice) on the corpus tokenizer, whose policy learns ``search_neutral``'s split by heart (each group all noted or
+    none: nothing for a reward to move), and on ``search_both_ways`` each question's answer (right in every sample or
+    in none: Search-R1's exact match had a spread in 0.08 of its groups). Noted twice because on
+    ``search_both_answers`` (noted once) EviNote's reward paid in under a fifth of step 1's samples in 7 of 24 runs."""
     if arm.warmup == "search_neutral" and os.environ.get(CORPUS_TOKENIZER_ENV):
-        return "search_both_answers"
+        return "search_mostly_noted"
     return arm.warmup
 
 
 def build_warmups(arms: Sequence[str], parallel: int) -> None:
     """Each distinct warm-up of ``arms`` built (or found cached) by its own ``smoke prepare`` process, ``parallel`` at
     a time: a warm-up trains on one thread, so on an empty cache two build in the time of one."""
-    from verl_evidence.local.smoke.settings import warmup_family
+    from verl_evidence.local.smoke.settings import WARMUP_STEPS, warmup_family
 
     jobs: dict[str, Arm] = {}
     for name in arms:
         arm = ARMS[name]
         jobs.setdefault(warmup_family(arm.method, warmup_of(arm)), arm)
+    # Longest first (by warm-up steps), so the short ones fill the other core at the end instead of the longest one
+    # training alone: on an empty cache 2400 (search), 1600 (GRACE) and 500 (EviOmni) steps took ~120, 91 and 26 s.
+    order = sorted(jobs, key=lambda family: -WARMUP_STEPS.get(family, 0))
 
     def build(arm: Arm) -> None:
         env = {**os.environ, WARMUP_ENV: warmup_of(arm) or ""}
@@ -875,7 +879,7 @@ def build_warmups(arms: Sequence[str], parallel: int) -> None:
             raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")
 
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        list(pool.map(build, jobs.values()))
+        list(pool.map(build, [jobs[family] for family in order]))
 
 
 def prepare(arm: Arm, heldout: int) -> dict[str, str]:
@@ -1110,13 +1114,21 @@ def retrieval_env(arm: Arm, retrieval_url: str | None) -> dict[str, str]:
     return {"RETRIEVAL_PORT": str(free_port())}
 
 
+# The shared server's Serve controller checks its deployments every second, not every 0.1 s (Ray's default): idle
+# between search runs it used ~5 CPU-s a minute with the default and ~2 with this (measured), on a machine whose two
+# cores the trainers keep busy. Its one deployment never scales, so a slower control loop changes nothing else.
+SHARED_SERVER_ENV = {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "1"}
+
+
 @contextlib.contextmanager
-def shared_retrieval_server(arms: Sequence[str], log: Path) -> Iterator[str | None]:
+def shared_retrieval_server(arms: Sequence[str], log: Path) -> Iterator[Callable[[], str | None]]:
     """One retrieval server for every search run, as a cluster's jobs share one: the smoke recipes' own (``verl-evidence
     serve``, the bundled corpus and MiniLM), started once instead of in each of the search runs (~10 CPU-s and ~20 s of
-    a run's start with two trainers on the machine). None when no arm searches."""
+    a run's start with two trainers on the machine). Yields ``ready``, which waits until the server answers and gives
+    its URL: the server starts while the warm-ups train, on the core they leave idle at their end. ``ready`` gives
+    None when no arm searches."""
     if not any(ARMS[arm].kind == "search" for arm in arms):
-        yield None
+        yield lambda: None
         return
     import httpx
 
@@ -1124,19 +1136,24 @@ def shared_retrieval_server(arms: Sequence[str], log: Path) -> Iterator[str | No
     url = f"http://127.0.0.1:{port}"
     serve = [str(Path(sys.executable).with_name("verl-evidence")), "serve", "--port", str(port)]
     with log.open("w") as out:
-        server = subprocess.Popen(serve, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
+        server = subprocess.Popen(
+            serve, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **SHARED_SERVER_ENV}
+        )
+
+    def ready() -> str:
         deadline = time.monotonic() + 600
         while True:
             if server.poll() is not None:
                 raise RuntimeError(f"the shared retrieval server exited ({server.returncode}): see {log}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                    break
+                    return url
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the shared retrieval server did not answer at {url} within 600 s: see {log}")
             time.sleep(0.5)
-        yield url
+
+    try:
+        yield ready
     finally:
         if server.poll() is None:
             server.send_signal(2)  # SIGINT: `serve` shuts its Ray down itself
@@ -1306,6 +1323,70 @@ def analyse(
     return points, rows, found, checks, costs
 
 
+def train_all(args: argparse.Namespace, out: Path, questions: int | None, signs: list[bool], sign_steps: int) -> None:
+    """Every run of the benchmark, into ``out``: the warm-ups (and the shared retrieval server, starting meanwhile),
+    the arms' data, then each arm x seed x sign, ``args.parallel`` at a time."""
+    load = [round(x, 2) for x in os.getloadavg()]
+    print(
+        f"load average at start: {load}; N={args.steps}, seeds {args.seeds}, arms {args.arms}, lr {args.lr}, "
+        f"questions {args.questions}, sign control {f'{sign_steps} steps' if len(signs) > 1 else False}, "
+        f"tokenizer {args.tokenizer_vocab or 'recipes'}",
+        flush=True,
+    )
+    started = time.perf_counter()
+    with shared_retrieval_server(args.arms, out / "retrieval_server.log") as server_ready:
+        build_warmups(args.arms, args.parallel)
+        prepared = {arm: prepare(ARMS[arm], args.heldout) for arm in args.arms}  # data and held-out rows, once
+        print(f"prepared in {time.perf_counter() - started:.0f} s", flush=True)
+        for arm, variables in prepared.items():  # a batch the recipe's updates do not split stops here, not mid-run
+            batch = questions or training_questions(variables)
+            updates = batch // mini_batch_size(batch, ARMS[arm].updates_per_step)
+            print(f"{arm}: {batch} questions a step, {updates} update(s) a step", flush=True)
+        neutral = next(
+            ((v["MODEL_PATH"], warmup_of(ARMS[a])) for a, v in prepared.items() if ARMS[a].warmup == "search_neutral"),
+            None,
+        )
+        if neutral:
+            sampled = warmup_note_rate(Path(neutral[0]), family=neutral[1])
+            (out / "warmup_note_rate.json").write_text(json.dumps(sampled))
+            print(
+                f"neutral search warm-up ({neutral[1]}), its final turn sampled in its own context: "
+                f"{json.dumps(sampled)}",
+                flush=True,
+            )
+        grace = next((v["MODEL_PATH"] for a, v in prepared.items() if ARMS[a].warmup == "grace_neutral"), None)
+        if grace:
+            paths = warmup_path_rate(Path(grace))
+            (out / "warmup_path_rate.json").write_text(json.dumps(paths, indent=1))
+            print(f"neutral GRACE warm-up, sampled in its own context: {format_path_rate(paths)}", flush=True)
+        retrieval_url = server_ready()
+        runs = [  # seed by seed: a stopped benchmark still has every arm of the first seed
+            (
+                arm,
+                seed,
+                sign_steps if n else args.steps,
+                args.heldout,
+                args.val_n,
+                out / f"{arm}{NEGATED_SUFFIX if n else ''}-seed{seed}",
+                args.lr,
+                questions,
+                n,
+                args.group_size,
+                retrieval_url,
+            )
+            for seed in args.seeds
+            for arm in args.arms
+            for n in signs
+        ]
+        with ThreadPoolExecutor(max_workers=args.parallel) as pool:  # each run is its own trainer process
+            for record, run_dir in pool.map(run_with_retry, runs):
+                print(json.dumps(record), flush=True)
+                if record["returncode"]:
+                    print((run_dir / "training.log").read_text()[-3000:], file=sys.stderr)
+    wall = time.perf_counter() - started
+    print(f"wall time {wall / 60:.1f} min; load average at end: {[round(x, 2) for x in os.getloadavg()]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20, help="training steps per run (N)")
@@ -1359,65 +1440,7 @@ def main() -> None:
     out = args.analyse or args.out
     out.mkdir(parents=True, exist_ok=True)
     if not args.analyse:
-        load = [round(x, 2) for x in os.getloadavg()]
-        print(
-            f"load average at start: {load}; N={args.steps}, seeds {args.seeds}, arms {args.arms}, lr {args.lr}, "
-            f"questions {args.questions}, sign control {f'{sign_steps} steps' if len(signs) > 1 else False}, "
-            f"tokenizer {args.tokenizer_vocab or 'recipes'}",
-            flush=True,
-        )
-        started = time.perf_counter()
-        build_warmups(args.arms, args.parallel)
-        prepared = {arm: prepare(ARMS[arm], args.heldout) for arm in args.arms}  # data and held-out rows, once
-        print(f"prepared in {time.perf_counter() - started:.0f} s", flush=True)
-        for arm, variables in prepared.items():  # a batch the recipe's updates do not split stops here, not mid-run
-            batch = questions or training_questions(variables)
-            updates = batch // mini_batch_size(batch, ARMS[arm].updates_per_step)
-            print(f"{arm}: {batch} questions a step, {updates} update(s) a step", flush=True)
-        neutral = next(
-            ((v["MODEL_PATH"], warmup_of(ARMS[a])) for a, v in prepared.items() if ARMS[a].warmup == "search_neutral"),
-            None,
-        )
-        if neutral:
-            sampled = warmup_note_rate(Path(neutral[0]), family=neutral[1])
-            (out / "warmup_note_rate.json").write_text(json.dumps(sampled))
-            print(
-                f"neutral search warm-up ({neutral[1]}), its final turn sampled in its own context: "
-                f"{json.dumps(sampled)}",
-                flush=True,
-            )
-        grace = next((v["MODEL_PATH"] for a, v in prepared.items() if ARMS[a].warmup == "grace_neutral"), None)
-        if grace:
-            paths = warmup_path_rate(Path(grace))
-            (out / "warmup_path_rate.json").write_text(json.dumps(paths, indent=1))
-            print(f"neutral GRACE warm-up, sampled in its own context: {format_path_rate(paths)}", flush=True)
-        server = contextlib.ExitStack()
-        retrieval_url = server.enter_context(shared_retrieval_server(args.arms, out / "retrieval_server.log"))
-        runs = [  # seed by seed: a stopped benchmark still has every arm of the first seed
-            (
-                arm,
-                seed,
-                sign_steps if n else args.steps,
-                args.heldout,
-                args.val_n,
-                out / f"{arm}{NEGATED_SUFFIX if n else ''}-seed{seed}",
-                args.lr,
-                questions,
-                n,
-                args.group_size,
-                retrieval_url,
-            )
-            for seed in args.seeds
-            for arm in args.arms
-            for n in signs
-        ]
-        with server, ThreadPoolExecutor(max_workers=args.parallel) as pool:  # each run is its own trainer process
-            for record, run_dir in pool.map(run_with_retry, runs):
-                print(json.dumps(record), flush=True)
-                if record["returncode"]:
-                    print((run_dir / "training.log").read_text()[-3000:], file=sys.stderr)
-        wall = time.perf_counter() - started
-        print(f"wall time {wall / 60:.1f} min; load average at end: {[round(x, 2) for x in os.getloadavg()]}")
+        train_all(args, out, questions, signs, sign_steps)
     points, rows, found, checks, costs = analyse(out, args.arms)
     print("\nfirst vs last (train: mean of the first and last third of the steps; held-out: step 0 and step N)")
     print(format_table(rows))

@@ -9,6 +9,7 @@ logic is checked on made-up numbers.
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -547,6 +548,32 @@ def test_the_both_answers_search_warm_up_answers_every_question_right_and_wrong_
         assert len(contexts) == 1  # the same search and observation: the replies differ in the note and the answer
 
 
+def test_the_mostly_noted_search_warm_up_repeats_each_noted_example_and_nothing_else(smoke_cache: Path) -> None:
+    from verl_evidence.local.smoke.data import method_data, read_rows
+    from verl_evidence.local.smoke.warmup_data import warmup_examples
+    from verl_evidence.rewards.answer import compute_score as exact_match
+    from verl_evidence.rewards.evinote import format_ok, last_summary, notes_ok
+
+    both_answers = warmup_examples("search_both_answers", smoke_cache)
+    mostly_noted = warmup_examples("search_mostly_noted", smoke_cache)
+    assert mostly_noted[: len(both_answers)] == both_answers
+    repeated = mostly_noted[len(both_answers) :]
+    noted = [e for e in both_answers if "<summary>" in e["segments"][-1]["text"]]
+    assert repeated == noted and len(noted) * 2 == len(both_answers)  # two thirds of the examples noted
+    gold = {
+        r["extra_info"]["question"]: r["reward_model"]["ground_truth"]
+        for r in read_rows(method_data("evinote", smoke_cache))
+    }
+    for question in {e["question"] for e in both_answers}:
+        replies = [e["segments"][-1]["text"] for e in mostly_noted if e["question"] == question]
+        outcome = sorted(("<summary>" in r, exact_match(None, r, gold[question])["em"]) for r in replies)
+        # each question still right and wrong, noted and not: a spread for EviNote's gate and for exact match
+        assert outcome == [(False, 0.0), (False, 1.0), (True, 0.0), (True, 0.0), (True, 1.0), (True, 1.0)], question
+        for reply in replies:
+            if "<summary>" in reply:
+                assert format_ok(reply) and notes_ok(last_summary(reply))  # every noted reply passes the note check
+
+
 def test_the_search_arms_warm_up_both_ways_on_the_corpus_tokenizer(monkeypatch) -> None:
     from verl_evidence.local.tiny_models import CORPUS_TOKENIZER_ENV
 
@@ -559,8 +586,8 @@ def test_the_search_arms_warm_up_both_ways_on_the_corpus_tokenizer(monkeypatch) 
     ]
     monkeypatch.setenv(CORPUS_TOKENIZER_ENV, "4000")
     assert [learning.warmup_of(learning.ARMS[a]) for a in ("evinote", "search_r1", "grace", "eviomni")] == [
-        "search_both_answers",
-        "search_both_answers",
+        "search_mostly_noted",
+        "search_mostly_noted",
         "grace_neutral",
         None,
     ]
@@ -605,6 +632,7 @@ def test_held_out_rows_share_no_question_with_any_warm_up_or_training_rows(smoke
         ("evinote", "search_neutral"),
         ("evinote", "search_both_ways"),
         ("evinote", "search_both_answers"),
+        ("evinote", "search_mostly_noted"),
         ("eviomni", None),
         ("grace", None),
         ("grace", "grace_neutral"),
@@ -643,8 +671,8 @@ def test_search_runs_share_the_benchmarks_retrieval_server_and_other_runs_get_a_
 
 
 def test_no_retrieval_server_is_started_when_no_arm_searches(tmp_path: Path) -> None:
-    with learning.shared_retrieval_server(["eviomni", "lear", "grace"], tmp_path / "server.log") as url:
-        assert url is None
+    with learning.shared_retrieval_server(["eviomni", "lear", "grace"], tmp_path / "server.log") as ready:
+        assert ready() is None
     assert not (tmp_path / "server.log").exists()
 
 
@@ -675,3 +703,19 @@ def test_mini_batch_splits_the_step_into_the_recipes_updates() -> None:
     assert learning.mini_batch_size(2, 4) == 1  # a batch smaller than the updates: one question an update
     with pytest.raises(ValueError, match="does not split into 4 equal updates"):
         learning.mini_batch_size(6, 4)
+
+
+def test_the_warm_ups_build_longest_first_one_process_each(monkeypatch) -> None:
+    from verl_evidence.local.tiny_models import CORPUS_TOKENIZER_ENV
+
+    monkeypatch.setenv(CORPUS_TOKENIZER_ENV, "4000")
+    built = []
+
+    def run(command, env, **kwargs):
+        built.append((command[-1], env[learning.WARMUP_ENV]))
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(learning.subprocess, "run", run)
+    learning.build_warmups(list(learning.ARMS), parallel=1)
+    # one process per distinct warm-up (LEAR shares EviOmni's, Search-R1 EviNote's), the 2400-step one first
+    assert built == [("evinote", "search_mostly_noted"), ("grace", "grace_neutral"), ("eviomni", "")]

@@ -20,7 +20,7 @@ WARMUP_ROWS_PER_FORMAT = 8
 # grace_neutral: both paths in 7 of its 8 questions' groups of 8 after 1600 steps, 1 after 500, no better after 3200.
 # search_both_ways (the corpus tokenizer's neutral search world): both replies in all 8 questions' groups after 800.
 # search_both_answers: notes 0.17 / 0.16 / 0.29 and EviNote paid 0.11 / 0.10 / 0.27 of 128 samples after 800 / 1600 /
-# 2400 steps; every question's 16 samples both right and wrong at each.
+# 2400 steps; every question's 16 samples both right and wrong at each. search_mostly_noted, 2400: notes 0.66, paid 0.66.
 WARMUP_STEPS = {
     "eviomni": 500,
     "search": 800,
@@ -29,6 +29,7 @@ WARMUP_STEPS = {
     "grace_neutral": 1600,
     "search_both_ways": 800,
     "search_both_answers": 2400,
+    "search_mostly_noted": 2400,
 }
 # The recipes' own families: each SMOKE_METHODS entry warms up on one, and evipath_sft trains on all three.
 FAMILIES = ("eviomni", "search", "grace")
@@ -44,15 +45,24 @@ FAMILIES = ("eviomni", "search", "grace")
 # ``search_neutral``'s "these questions always noted" by heart: no spread within a group, nothing for a reward to move.
 # ``search_both_answers``: search_both_ways, and each example again with another question's answer, so exact match
 # too has a spread within a group (search_both_ways' answers are learnt by heart: right in every sample or in none).
+# ``search_mostly_noted``: search_both_answers with its noted examples twice, so EviNote's reward pays in about two
+# thirds of step 1's samples (search_both_answers: about a quarter, and under a fifth in 7 of 24 runs).
 WARMUP_VARIANTS = {
     "search_neutral": "search",
     "grace_neutral": "grace",
     "search_both_ways": "search",
     "search_both_answers": "search",
+    "search_mostly_noted": "search",
 }
 # A variant's own data version, in its policy's cache name: a changed variant is warmed up again while the recipes'
 # families (what the test suite's smoke runs use) keep their caches. Bump a variant's entry when its examples change.
-VARIANT_VERSIONS = {"search_neutral": 2, "grace_neutral": 1, "search_both_ways": 1, "search_both_answers": 1}
+VARIANT_VERSIONS = {
+    "search_neutral": 2,
+    "grace_neutral": 1,
+    "search_both_ways": 1,
+    "search_both_answers": 1,
+    "search_mostly_noted": 1,
+}
 WARMUP_ENV = "VERL_EVIDENCE_SMOKE_WARMUP"
 WARMUP_LR = 3e-3
 SMOKE_TOPK = 2  # passages per EviOmni prompt: ~900 tokens with the byte-level tokenizer

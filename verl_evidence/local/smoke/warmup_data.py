@@ -55,6 +55,11 @@ def _short(text: str, words: int = 8) -> str:
     return " ".join(text.split()[:words])
 
 
+def _noted(example: dict) -> bool:
+    """Whether a search example's final reply writes a note."""
+    return "<summary>" in example["messages"][-1]["content"]
+
+
 def _eviomni_target(row: dict) -> list[dict] | None:
     truth = row["reward_model"]["ground_truth"]
     evidence, answer = _first(truth.get("evidence")), _first(truth.get("target"))
@@ -240,6 +245,14 @@ def warmup_examples(family: str, tokenizer_dir: Path) -> list[dict]:
             )
         ]
         return both_ways + wrong_answered
+    if family == "search_mostly_noted":
+        # search_both_answers with each noted example twice (32 of 48 examples noted), so EviNote's reward, which
+        # pays only a well-formed note, fires in most samples at step 1 and not in all: on search_both_answers it
+        # paid in 0.18-0.28 of the benchmark's step-1 samples (24 runs, mean 0.24), under the 0.2 a reward needs to
+        # be seen moving. Measured as search_both_answers (16 samples per question, 2400 steps): a note in 0.66,
+        # EviNote paid 0.66, right in 0.47; all 8 questions noted and not, paid and not; 7 of 8 right and wrong.
+        both_answers = warmup_examples("search_both_answers", tokenizer_dir)
+        return both_answers + [example for example in both_answers if _noted(example)]
     if family == "grace":
         return _grace_examples(read_rows(method_data("grace", tokenizer_dir)))
     if family == "grace_neutral":
