@@ -366,6 +366,18 @@ def overlong_problem(path: str, keys: list[str], cfg, lengths: PromptLengths) ->
 # -- devices --------------------------------------------------------------------------------------------------------
 
 
+def joined_cluster(cfg) -> str | None:
+    """The running Ray cluster the trainer's ray.init will join (RAY_ADDRESS, the config's address, a cluster that
+    `ray start` brought up here), or None: it starts a Ray instance of its own."""
+    from ray._private import services
+
+    ray_init = plain(cfg.get("ray_kwargs", {}).get("ray_init")) or {}
+    try:
+        return services.canonicalize_bootstrap_address(ray_init.get("address"), ray_init.get("_temp_dir"))
+    except Exception:  # an address Ray cannot use: ray.init says so itself
+        return None
+
+
 def gpu_problem(cfg) -> str | None:
     """verl asks Ray for trainer.nnodes x trainer.n_gpus_per_node GPUs and waits for them: absent ones, forever.
 
@@ -376,14 +388,9 @@ def gpu_problem(cfg) -> str | None:
     ray_init = plain(cfg.get("ray_kwargs", {}).get("ray_init")) or {}
     if wanted <= 0 or ray_init.get("num_gpus") is not None:
         return None
-    from ray._private import services
     from ray._private.accelerators import get_accelerator_manager_for_resource
 
-    try:  # what ray.init(address=...) will join: RAY_ADDRESS, the config's address, a cluster running here
-        joins = services.canonicalize_bootstrap_address(ray_init.get("address"), ray_init.get("_temp_dir"))
-    except Exception:  # an address Ray cannot use: ray.init says so itself
-        return None
-    if joins:
+    if joined_cluster(cfg):
         return None
     resource = "NPU" if str(cfg.trainer.get("device")) == "npu" else "GPU"  # what verl's resource pool counts
     manager = get_accelerator_manager_for_resource(resource)
@@ -398,6 +405,47 @@ def gpu_problem(cfg) -> str | None:
         f"them forever; on a machine without GPUs add --smoke to the recipe (docs/debug-on-cpu.md), else set "
         f"GPUS_PER_NODE/NNODES to what the node or the Ray cluster has"
     )
+
+
+# verl 0.9.1's trainer always runs the TransferQueue, whose controller is this named actor (transfer_queue/interface.py)
+TRANSFER_QUEUE_CONTROLLER = {"name": "TransferQueueController", "namespace": "transfer_queue"}
+
+
+def running_trainer_problem(address: str) -> str | None:
+    """A trainer already running on the cluster at ``address``: a second one would find its TransferQueue controller
+    by name, attach to it instead of making its own, and lose it when the first trainer ends (docs/recipes.md)."""
+    import socket
+
+    import ray
+
+    host, _, port = address.rpartition(":")
+    try:  # ray.init retries an address nobody listens at for a minute; the trainer's own ray.init reports it
+        socket.create_connection((host, int(port)), timeout=2).close()
+    except (OSError, ValueError):
+        return None
+    attach = not ray.is_initialized()  # a process already connected (a test's driver) asks through its connection
+    try:
+        if attach:
+            ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+        named = ray.util.list_named_actors(all_namespaces=True)
+    except Exception:  # a cluster this process cannot reach: the trainer's own ray.init reports it
+        return None
+    finally:
+        if attach and ray.is_initialized():
+            ray.shutdown()
+    if TRANSFER_QUEUE_CONTROLLER not in named:
+        return None
+    return (
+        f"the Ray cluster at {address} already runs a verl trainer (its {TRANSFER_QUEUE_CONTROLLER['name']} actor is "
+        f"alive): two trainers on one cluster share that controller and the second loses it when the first ends; "
+        f"run this one on a cluster of its own (another Slurm job) or after the first ends"
+    )
+
+
+def shared_cluster_problem(cfg) -> str | None:
+    """A trainer joining a running cluster (the Slurm job's) where another trainer runs; None on a Ray of its own."""
+    address = joined_cluster(cfg)
+    return running_trainer_problem(address) if address else None
 
 
 def overlong_buffer_problem(cfg) -> str | None:
@@ -493,7 +541,7 @@ def check(argv: list[str]) -> list[str]:
     ]
     default_loop = cfg.actor_rollout_ref.rollout.agent.default_agent_loop
     allowed_loops, reward_problems = rollout_fit(needs, rollout_loops(config_path), default_loop)
-    problems = [p for p in [gpu_problem(cfg), overlong_buffer_problem(cfg)] if p]
+    problems = [p for p in [gpu_problem(cfg), shared_cluster_problem(cfg), overlong_buffer_problem(cfg)] if p]
     lengths = prompt_lengths(cfg)
     for path, keys in data_files(cfg).items():
         where = "/".join(keys)

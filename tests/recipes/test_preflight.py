@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -405,3 +406,53 @@ def test_a_gpu_recipe_on_this_cpu_machine_says_so_instead_of_hanging(rows, tmp_p
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert "this node has 0, so verl would wait for them forever" in line and "add --smoke" in line
     assert "TRAINER STARTED" not in result.stdout
+
+
+def test_transfer_queue_still_names_its_controller_as_the_check_looks_for_it() -> None:
+    """The check finds a running trainer by its TransferQueue controller's name: fails when verl's TransferQueue
+    renames it (then a second trainer on a cluster would pass the check unseen)."""
+    import inspect
+
+    import transfer_queue.interface as tq
+
+    source = inspect.getsource(tq.init) + inspect.getsource(tq._init_from_existing)
+    named = preflight.TRANSFER_QUEUE_CONTROLLER
+    assert f'name="{named["name"]}", namespace="{named["namespace"]}"' in source
+    assert f'ray.get_actor("{named["name"]}", namespace="{named["namespace"]}")' in source
+
+
+@pytest.mark.slow  # the session's Ray cluster, and one actor process
+def test_a_run_joining_a_cluster_where_a_trainer_runs_is_refused(search_r1_rows: Path, ray_cluster, monkeypatch):
+    import ray
+    from transfer_queue.controller import TransferQueueController
+
+    address = ray.get_runtime_context().gcs_address
+    monkeypatch.setenv("RAY_ADDRESS", address)  # the trainer would join the session's cluster, as a Slurm job's run
+    command = ("evinote_grpo", search_r1_rows, "reward_preset=composite")
+    assert problems(*command) == []  # nobody trains there yet
+    # what verl's trainer starts on its cluster (transfer_queue.init): the real controller, by its name
+    controller = TransferQueueController.options(**preflight.TRANSFER_QUEUE_CONTROLLER, num_cpus=0).remote()
+    try:
+        ray.get(controller.__ray_ready__.remote(), timeout=120)
+        (found,) = problems(*command)
+        assert found.startswith(f"the Ray cluster at {address} already runs a verl trainer")
+        assert "run this one on a cluster of its own (another Slurm job) or after the first ends" in found
+    finally:
+        ray.kill(controller)
+    deadline = time.monotonic() + 30
+    while problems(*command) and time.monotonic() < deadline:  # the name is free once the actor is gone
+        time.sleep(0.5)
+    assert problems(*command) == []
+
+
+def test_a_cluster_address_nobody_listens_at_is_left_to_rays_own_error(monkeypatch) -> None:
+    import ray
+
+    def no_init(*args, **kwargs):  # ray.init retries such an address for a minute before it fails
+        raise AssertionError("ray.init called for an address nobody listens at")
+
+    monkeypatch.setattr(ray, "init", no_init)
+    with socket.socket() as probe:  # a port just freed: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert preflight.running_trainer_problem(f"127.0.0.1:{port}") is None
