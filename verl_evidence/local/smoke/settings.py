@@ -20,7 +20,8 @@ WARMUP_ROWS_PER_FORMAT = 8
 # grace_neutral: both paths in 7 of its 8 questions' groups of 8 after 1600 steps, 1 after 500, no better after 3200.
 # search_both_ways (the corpus tokenizer's neutral search world): both replies in all 8 questions' groups after 800.
 # search_both_answers: notes 0.17 / 0.16 / 0.29 and EviNote paid 0.11 / 0.10 / 0.27 of 128 samples after 800 / 1600 /
-# 2400 steps; every question's 16 samples both right and wrong at each. search_mostly_noted, 2400: notes 0.66, paid 0.66.
+# 2400 steps; every question's 16 samples both right and wrong at each. search_mostly_noted, 2400 steps: notes 0.66,
+# EviNote paid 0.66.
 WARMUP_STEPS = {
     "eviomni": 500,
     "search": 800,
