@@ -15,6 +15,7 @@ started only on request (PREFLIGHT=0).
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -418,18 +419,26 @@ def running_trainer_problem(address: str) -> str | None:
 
     import ray
 
+    def unchecked(why: str) -> None:  # the trainer's own ray.init fails on such a cluster, with Ray's own message
+        print(f"# pre-flight: no trainer check on the Ray cluster at {address}: {why}", file=sys.stderr)
+
     host, _, port = address.rpartition(":")
-    try:  # ray.init retries an address nobody listens at for a minute; the trainer's own ray.init reports it
+    try:  # ray.init retries an address nobody listens at for a minute
         socket.create_connection((host, int(port)), timeout=2).close()
-    except (OSError, ValueError):
-        return None
+    except (OSError, ValueError) as err:
+        return unchecked(f"nothing answers there ({err})")
     attach = not ray.is_initialized()  # a process already connected (a test's driver) asks through its connection
     try:
         if attach:
+            # A GCS that refuses this process (Ray's token authentication) is retried once a second for 20 s by
+            # default (ray/_private/node.py); one that answers does so at once, and the trainer's ray.init says why.
+            os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "3")
             ray.init(address=address, log_to_driver=False, logging_level="ERROR")
         named = ray.util.list_named_actors(all_namespaces=True)
-    except Exception:  # a cluster this process cannot reach: the trainer's own ray.init reports it
-        return None
+    except Exception as err:  # e.g. Ray's token authentication refusing this process
+        causes = [err, *([err.__cause__] if err.__cause__ else [])]  # ray.init's ConnectionError hides the reason
+        reasons = "; ".join(f"{type(e).__name__}: {one_line(str(e))}" for e in causes)
+        return unchecked(f"cannot connect ({reasons})")
     finally:
         if attach and ray.is_initialized():
             ray.shutdown()

@@ -443,9 +443,21 @@ def test_a_run_joining_a_cluster_where_a_trainer_runs_is_refused(search_r1_rows:
     while problems(*command) and time.monotonic() < deadline:  # the name is free once the actor is gone
         time.sleep(0.5)
     assert problems(*command) == []
+    # a process Ray's token authentication refuses: the check says it did not run, and the run goes on to ray.init
+    probe = f"import sys; sys.path.insert(0, {str(RECIPES)!r}); import preflight; "
+    probe += f"print(preflight.running_trainer_problem({address!r}))"
+    refused = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN_PATH": "/nonexistent"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 0 and refused.stdout.strip() == "None", refused.stderr[-2000:]
+    assert f"# pre-flight: no trainer check on the Ray cluster at {address}: cannot connect" in refused.stderr
 
 
-def test_a_cluster_address_nobody_listens_at_is_left_to_rays_own_error(monkeypatch) -> None:
+def test_a_cluster_address_nobody_listens_at_is_left_to_rays_own_error(monkeypatch, capsys) -> None:
     import ray
 
     def no_init(*args, **kwargs):  # ray.init retries such an address for a minute before it fails
@@ -456,3 +468,7 @@ def test_a_cluster_address_nobody_listens_at_is_left_to_rays_own_error(monkeypat
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     assert preflight.running_trainer_problem(f"127.0.0.1:{port}") is None
+    # not a silent skip: the user reads that the check did not run, and why
+    assert f"# pre-flight: no trainer check on the Ray cluster at 127.0.0.1:{port}: nothing answers there" in (
+        capsys.readouterr().err
+    )
