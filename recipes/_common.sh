@@ -346,6 +346,13 @@ ve_common_overrides() {
     "++trainer.v1.sampler.sampler_kwargs.reward_function=\${reward.custom_reward_function.path}"
     ++trainer.v1.sampler.sampler_kwargs.mask_check="${MASK_CHECK:-true}"
   )
+  # Every Ray worker of the run starts through verl_evidence.worker_setup (higher garbage-collector thresholds: ~1
+  # CPU-s less per worker importing verl, measured); WORKER_SETUP_HOOK= (empty) starts them as Ray does.
+  local hook="${WORKER_SETUP_HOOK-verl_evidence.worker_setup.setup_worker}"
+  if [ -n "$hook" ]; then COMMON_ARGS+=("++ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=$hook"); fi
+  if [ -n "${VERL_EVIDENCE_GC_THRESHOLD:-}" ]; then  # through Ray: the workers of a joined cluster lack our env
+    COMMON_ARGS+=("++ray_kwargs.ray_init.runtime_env.env_vars.VERL_EVIDENCE_GC_THRESHOLD='$VERL_EVIDENCE_GC_THRESHOLD'")
+  fi
 }
 
 # Search rollout: the text-tag `evidence_search` loop (default) or, with

@@ -650,7 +650,7 @@ def test_a_smoke_run_joining_a_cluster_leaves_its_sizes_to_the_clusters_nodes(tm
     workers never saw this run's environment, so the CPU mode's variables go in Ray's runtime environment."""
     own = smoke_dry_run(tmp_path, "search_r1_baseline.sh", "search_r1")
     assert own["ray_kwargs.ray_init.num_cpus"] == "16" and own["ray_kwargs.ray_init.num_gpus"] == "1"
-    assert not any(key.startswith("ray_kwargs.ray_init.runtime_env") for key in own)
+    assert not any(key.startswith("ray_kwargs.ray_init.runtime_env.env_vars") for key in own)
     joined = smoke_dry_run(tmp_path, "search_r1_baseline.sh", "search_r1", environment={"RAY_ADDRESS": "10.0.0.1:6379"})
     assert not any(key in joined for key in ("ray_kwargs.ray_init.num_cpus", "ray_kwargs.ray_init.num_gpus"))
     env_vars = {k.rsplit(".", 1)[1]: v for k, v in joined.items() if ".runtime_env.env_vars." in k}
