@@ -858,28 +858,77 @@ def warmup_of(arm: Arm) -> str | None:
     return arm.warmup
 
 
-def build_warmups(arms: Sequence[str], parallel: int) -> None:
-    """Each distinct warm-up of ``arms`` built (or found cached) by its own ``smoke prepare`` process, ``parallel`` at
-    a time: a warm-up trains on one thread, so on an empty cache two build in the time of one."""
+def warmup_groups(arms: Sequence[str]) -> list[list[str]]:
+    """``arms`` grouped by the warm-up they train from, the longest warm-up first: on an empty cache 2400 (search),
+    1600 (GRACE) and 500 (EviOmni) steps took ~120, 91 and 26 s, so the short ones fill the other core meanwhile."""
     from verl_evidence.local.smoke.settings import WARMUP_STEPS, warmup_family
 
-    jobs: dict[str, Arm] = {}
+    groups: dict[str, list[str]] = {}
     for name in arms:
-        arm = ARMS[name]
-        jobs.setdefault(warmup_family(arm.method, warmup_of(arm)), arm)
-    # Longest first (by warm-up steps), so the short ones fill the other core at the end instead of the longest one
-    # training alone: on an empty cache 2400 (search), 1600 (GRACE) and 500 (EviOmni) steps took ~120, 91 and 26 s.
-    order = sorted(jobs, key=lambda family: -WARMUP_STEPS.get(family, 0))
+        groups.setdefault(warmup_family(ARMS[name].method, warmup_of(ARMS[name])), []).append(name)
+    return [groups[family] for family in sorted(groups, key=lambda family: -WARMUP_STEPS.get(family, 0))]
 
-    def build(arm: Arm) -> None:
-        env = {**os.environ, WARMUP_ENV: warmup_of(arm) or ""}
-        command = [sys.executable, "-m", "verl_evidence.local.smoke", "prepare", arm.method]
-        result = subprocess.run(command, env=env, capture_output=True, text=True)
-        if result.returncode:
-            raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")
 
+def build_warmup(arm: Arm) -> None:
+    """The arm's warm-up built (or found cached) by a ``smoke prepare`` process of its own: a warm-up trains on one
+    thread, and two processes build two warm-ups at once (the smoke cache locks each artifact on its own)."""
+    env = {**os.environ, WARMUP_ENV: warmup_of(arm) or ""}
+    command = [sys.executable, "-m", "verl_evidence.local.smoke", "prepare", arm.method]
+    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    if result.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")
+
+
+def prepare_group(group: Sequence[str], heldout: int, questions: int | None, out: Path) -> None:
+    """One warm-up and everything its arms' runs need: the warm-up, each arm's data and held-out rows, the check that
+    a step's batch splits into the recipe's updates (a batch that does not stops the benchmark before its runs), and
+    the sampling of the neutral warm-ups in their own context (what the step-1 fire rates are compared with)."""
+    started = time.perf_counter()
+    build_warmup(ARMS[group[0]])
+    prepared = {name: prepare(ARMS[name], heldout) for name in group}
+    for name, variables in prepared.items():
+        batch = questions or training_questions(variables)
+        updates = batch // mini_batch_size(batch, ARMS[name].updates_per_step)
+        print(f"{name}: {batch} questions a step, {updates} update(s) a step", flush=True)
+    print(f"{', '.join(group)}: warm-up and data prepared in {time.perf_counter() - started:.0f} s", flush=True)
+    for name, variables in prepared.items():
+        arm, policy = ARMS[name], Path(variables["MODEL_PATH"])
+        if arm.warmup == "search_neutral" and not (out / "warmup_note_rate.json").exists():
+            sampled = warmup_note_rate(policy, family=warmup_of(arm))
+            (out / "warmup_note_rate.json").write_text(json.dumps(sampled))
+            print(
+                f"neutral search warm-up ({warmup_of(arm)}), its final turn sampled in its own context: "
+                f"{json.dumps(sampled)}",
+                flush=True,
+            )
+        if arm.warmup == "grace_neutral" and not (out / "warmup_path_rate.json").exists():
+            paths = warmup_path_rate(policy)
+            (out / "warmup_path_rate.json").write_text(json.dumps(paths, indent=1))
+            print(f"neutral GRACE warm-up, sampled in its own context: {format_path_rate(paths)}", flush=True)
+
+
+def run_when_prepared(
+    groups: Sequence[Sequence[str]],
+    runs: Sequence[tuple],
+    parallel: int,
+    prepare_one: Callable[[Sequence[str]], None],
+    run_one: Callable[[tuple], tuple[dict, Path]],
+) -> Iterator[tuple[dict, Path]]:
+    """Every group prepared and every run (``run[0]`` its arm) run, ``parallel`` at a time in one pool, in order:
+    the groups first, then the runs, each run as soon as its own arm's group is prepared, not once all are (on an
+    empty cache the last ~30 s of the warm-ups and the arms' data kept one core). Yields each run's result in
+    ``runs``' order; the first failure stops every run not yet started."""
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        list(pool.map(build, [jobs[family] for family in order]))
+        prepared = {}
+        for group in groups:
+            future = pool.submit(prepare_one, group)  # submitted first: a run never waits on a group not yet started
+            prepared.update(dict.fromkeys(group, future))
+
+        def run_prepared(run: tuple) -> tuple[dict, Path]:
+            prepared[run[0]].result()
+            return run_one(run)
+
+        yield from pool.map(run_prepared, runs)  # a failure closes map's iterator, which cancels the runs not started
 
 
 def prepare(arm: Arm, heldout: int) -> dict[str, str]:
@@ -1324,8 +1373,8 @@ def analyse(
 
 
 def train_all(args: argparse.Namespace, out: Path, questions: int | None, signs: list[bool], sign_steps: int) -> None:
-    """Every run of the benchmark, into ``out``: the warm-ups (and the shared retrieval server, starting meanwhile),
-    the arms' data, then each arm x seed x sign, ``args.parallel`` at a time."""
+    """Every run of the benchmark, into ``out``: each warm-up with its arms' data (the shared retrieval server starting
+    meanwhile), then each arm x seed x sign as soon as its arm's warm-up is ready, ``args.parallel`` at a time."""
     load = [round(x, 2) for x in os.getloadavg()]
     print(
         f"load average at start: {load}; N={args.steps}, seeds {args.seeds}, arms {args.arms}, lr {args.lr}, "
@@ -1335,31 +1384,10 @@ def train_all(args: argparse.Namespace, out: Path, questions: int | None, signs:
     )
     started = time.perf_counter()
     with shared_retrieval_server(args.arms, out / "retrieval_server.log") as server_ready:
-        build_warmups(args.arms, args.parallel)
-        prepared = {arm: prepare(ARMS[arm], args.heldout) for arm in args.arms}  # data and held-out rows, once
-        print(f"prepared in {time.perf_counter() - started:.0f} s", flush=True)
-        for arm, variables in prepared.items():  # a batch the recipe's updates do not split stops here, not mid-run
-            batch = questions or training_questions(variables)
-            updates = batch // mini_batch_size(batch, ARMS[arm].updates_per_step)
-            print(f"{arm}: {batch} questions a step, {updates} update(s) a step", flush=True)
-        neutral = next(
-            ((v["MODEL_PATH"], warmup_of(ARMS[a])) for a, v in prepared.items() if ARMS[a].warmup == "search_neutral"),
-            None,
-        )
-        if neutral:
-            sampled = warmup_note_rate(Path(neutral[0]), family=neutral[1])
-            (out / "warmup_note_rate.json").write_text(json.dumps(sampled))
-            print(
-                f"neutral search warm-up ({neutral[1]}), its final turn sampled in its own context: "
-                f"{json.dumps(sampled)}",
-                flush=True,
-            )
-        grace = next((v["MODEL_PATH"] for a, v in prepared.items() if ARMS[a].warmup == "grace_neutral"), None)
-        if grace:
-            paths = warmup_path_rate(Path(grace))
-            (out / "warmup_path_rate.json").write_text(json.dumps(paths, indent=1))
-            print(f"neutral GRACE warm-up, sampled in its own context: {format_path_rate(paths)}", flush=True)
-        retrieval_url = server_ready()
+
+        def run_one(run: tuple) -> tuple[dict, Path]:  # a search run waits for the shared server, the others do not
+            return run_with_retry((*run, server_ready() if ARMS[run[0]].kind == "search" else None))
+
         runs = [  # seed by seed: a stopped benchmark still has every arm of the first seed
             (
                 arm,
@@ -1372,17 +1400,22 @@ def train_all(args: argparse.Namespace, out: Path, questions: int | None, signs:
                 questions,
                 n,
                 args.group_size,
-                retrieval_url,
             )
             for seed in args.seeds
             for arm in args.arms
             for n in signs
         ]
-        with ThreadPoolExecutor(max_workers=args.parallel) as pool:  # each run is its own trainer process
-            for record, run_dir in pool.map(run_with_retry, runs):
-                print(json.dumps(record), flush=True)
-                if record["returncode"]:
-                    print((run_dir / "training.log").read_text()[-3000:], file=sys.stderr)
+        results = run_when_prepared(
+            warmup_groups(args.arms),
+            runs,
+            args.parallel,
+            lambda group: prepare_group(group, args.heldout, questions, out),
+            run_one,
+        )
+        for record, run_dir in results:
+            print(json.dumps(record), flush=True)
+            if record["returncode"]:
+                print((run_dir / "training.log").read_text()[-3000:], file=sys.stderr)
     wall = time.perf_counter() - started
     print(f"wall time {wall / 60:.1f} min; load average at end: {[round(x, 2) for x in os.getloadavg()]}")
 

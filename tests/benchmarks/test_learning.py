@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -716,6 +718,50 @@ def test_the_warm_ups_build_longest_first_one_process_each(monkeypatch) -> None:
         return subprocess.CompletedProcess(command, 0, "", "")
 
     monkeypatch.setattr(learning.subprocess, "run", run)
-    learning.build_warmups(list(learning.ARMS), parallel=1)
-    # one process per distinct warm-up (LEAR shares EviOmni's, Search-R1 EviNote's), the 2400-step one first
+    groups = learning.warmup_groups(list(learning.ARMS))
+    # one group per distinct warm-up (LEAR shares EviOmni's, Search-R1 EviNote's), the 2400-step one first
+    assert groups == [["evinote", "search_r1"], ["grace"], ["eviomni", "lear"]]
+    for group in groups:
+        learning.build_warmup(learning.ARMS[group[0]])
     assert built == [("evinote", "search_mostly_noted"), ("grace", "grace_neutral"), ("eviomni", "")]
+
+
+def test_a_run_starts_once_its_own_warm_up_is_prepared_not_all_of_them() -> None:
+    events: list[str] = []
+    search_released = threading.Event()
+
+    def prepare_one(group):
+        events.append(f"prepare {group[0]} started")
+        if group[0] == "search":
+            assert search_released.wait(30)
+        events.append(f"prepare {group[0]} done")
+
+    def run_one(run):
+        events.append(f"run {run[0]}{run[1]}")
+        if run[0] == "omni" and run[1] == 1:
+            search_released.set()  # the search warm-up is still building while this run goes
+        return {"arm": run[0], "seed": run[1]}, Path(f"{run[0]}{run[1]}")
+
+    runs = [("omni", 1), ("search", 1), ("omni", 2)]
+    results = list(learning.run_when_prepared([["search"], ["omni"]], runs, 2, prepare_one, run_one))
+    assert [record["arm"] + str(record["seed"]) for record, _ in results] == ["omni1", "search1", "omni2"]
+    assert events.index("run omni1") < events.index("prepare search done")  # it did not wait for the other group
+    assert events.index("prepare search done") < events.index("run search1")  # a run waits for its own
+
+
+def test_a_failed_warm_up_stops_the_runs_not_yet_started() -> None:
+    ran: list[tuple] = []
+
+    def prepare_one(group):
+        if group[0] == "omni":
+            raise RuntimeError("smoke prepare omni failed")
+
+    def run_one(run):
+        ran.append(run)
+        time.sleep(0.5)  # the failure reaches the caller while this run goes; the next one must never start
+        return {}, Path("x")
+
+    runs = [("omni", 1), ("grace", 1), ("grace", 2)]
+    with pytest.raises(RuntimeError, match="smoke prepare omni failed"):
+        list(learning.run_when_prepared([["omni"], ["grace"]], runs, 1, prepare_one, run_one))
+    assert ("omni", 1) not in ran and ("grace", 2) not in ran
