@@ -63,6 +63,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -170,6 +171,8 @@ class Arm:
     # Optimizer updates a step makes: the recipe's own BATCH / MINI_BATCH (checked against the recipe by a test), so
     # a step learns as much as the method's recipe lets one step learn
     updates_per_step: int = 1
+    # The arm's learning rate as a share of the benchmark's --lr (:func:`arm_learning_rate`)
+    lr_scale: float = 1.0
 
 
 ARMS: dict[str, Arm] = {
@@ -183,6 +186,11 @@ ARMS: dict[str, Arm] = {
         ceiling=grace_ceiling,
         balance_key="answerable",
         updates_per_step=4,
+        # Four updates a step against the others' two: at the others' rate a step moved the policy twice as far, and
+        # at 5e-4 one plain seed in fifteen collapsed into malformed replies that every sample of a group repeats
+        # (2026-11-28, seed 3: format 1.00 -> 0.50 over steps 7-20, half the groups all scored 0 and so untrained).
+        # Half the rate: the same learning rate times updates a step as every other arm.
+        lr_scale=0.5,
     ),
     "evinote": Arm("evinote_grpo.sh", "evinote", "search", warmup="search_neutral", updates_per_step=2),
     "search_r1": Arm(
@@ -952,6 +960,9 @@ def branch_prefix(labels: Sequence[int]) -> int:
     return start
 
 
+SAMPLING_LOCK = threading.Lock()
+
+
 def sample_warmup_replies(
     policy: Path, family: str, samples: int, seed: int, max_new_tokens: int
 ) -> list[tuple[dict, list[str]]]:
@@ -968,27 +979,28 @@ def sample_warmup_replies(
     tokenizer = AutoTokenizer.from_pretrained(policy)
     model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32, attn_implementation="sdpa").eval()
     share_key_value_heads(model)  # the CPU rollout's attention: the same samples, faster
-    torch.manual_seed(seed)
     sampled = []
     first_examples = {}
     for example in warmup_examples(family, policy):
         first_examples.setdefault(example["question"], example)
-    for example in first_examples.values():
-        ids, labels = example_ids(tokenizer, example)
-        prefix = torch.tensor([ids[: branch_prefix(labels)]])
-        with torch.no_grad():
-            out = model.generate(
-                prefix,
-                attention_mask=torch.ones_like(prefix),
-                do_sample=True,
-                temperature=1.0,
-                top_k=0,
-                max_new_tokens=max_new_tokens,
-                num_return_sequences=samples,
-                pad_token_id=tokenizer.pad_token_id,
-            )
-        texts = [tokenizer.decode(row, skip_special_tokens=True) for row in out[:, prefix.shape[1] :]]
-        sampled.append((example, texts))
+    with SAMPLING_LOCK:  # torch's one global generator: two warm-ups sampled at once would draw each other's numbers
+        torch.manual_seed(seed)
+        for example in first_examples.values():
+            ids, labels = example_ids(tokenizer, example)
+            prefix = torch.tensor([ids[: branch_prefix(labels)]])
+            with torch.no_grad():
+                out = model.generate(
+                    prefix,
+                    attention_mask=torch.ones_like(prefix),
+                    do_sample=True,
+                    temperature=1.0,
+                    top_k=0,
+                    max_new_tokens=max_new_tokens,
+                    num_return_sequences=samples,
+                    pad_token_id=tokenizer.pad_token_id,
+                )
+            texts = [tokenizer.decode(row, skip_special_tokens=True) for row in out[:, prefix.shape[1] :]]
+            sampled.append((example, texts))
     return sampled
 
 
@@ -1213,6 +1225,14 @@ def shared_retrieval_server(arms: Sequence[str], log: Path) -> Iterator[Callable
                 server.wait(timeout=30)
 
 
+def arm_learning_rate(arm: Arm, lr: str | None) -> str | None:
+    """The ``LR`` an arm's runs train at: the benchmark's ``--lr`` times the arm's ``lr_scale`` (None: the recipe's own
+    smoke rate, unscaled)."""
+    if lr is None:
+        return None
+    return f"{float(lr) * arm.lr_scale:g}"
+
+
 def run_arm(
     name: str,
     seed: int,
@@ -1257,7 +1277,7 @@ def run_arm(
     if env.get(CORPUS_TOKENIZER_ENV):
         env["MAX_TOKENS_PER_GPU"] = str(PACK_TOKENS)
     if lr:
-        env["LR"] = lr
+        env["LR"] = arm_learning_rate(arm, lr)
     if group_size:
         env["GROUP_SIZE"] = str(group_size)
     env.pop("RAY_ADDRESS", None)

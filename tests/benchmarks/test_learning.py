@@ -765,3 +765,13 @@ def test_a_failed_warm_up_stops_the_runs_not_yet_started() -> None:
     with pytest.raises(RuntimeError, match="smoke prepare omni failed"):
         list(learning.run_when_prepared([["omni"], ["grace"]], runs, 1, prepare_one, run_one))
     assert ("omni", 1) not in ran and ("grace", 2) not in ran
+
+
+def test_each_arm_trains_at_the_same_rate_times_updates_a_step() -> None:
+    """--lr is the rate of an arm making two updates a step; GRACE's four train at half of it."""
+    assert learning.arm_learning_rate(learning.ARMS["grace"], "5e-4") == "0.00025"
+    assert learning.arm_learning_rate(learning.ARMS["eviomni"], "5e-4") == "0.0005"
+    assert learning.arm_learning_rate(learning.ARMS["grace"], None) is None  # the recipe's own smoke rate
+    arms = learning.ARMS.items()
+    moved = {name: float(learning.arm_learning_rate(arm, "5e-4")) * arm.updates_per_step for name, arm in arms}
+    assert len(set(moved.values())) == 1, moved
