@@ -52,3 +52,39 @@ def test_the_smoke_package_does_not_import_the_command_line() -> None:
             if "verl_evidence.cli" in names or any(n.startswith("verl_evidence.cli.") for n in names):
                 offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
     assert not offenders, offenders
+
+
+def test_threads_asking_for_the_same_rows_at_once_build_them_once(tmp_path: Path, monkeypatch) -> None:
+    """The learning benchmark prepares two warm-ups in two threads, and both read every family's rows (the held-out
+    split skips every warm-up question): the second waits for the first's file instead of writing the same temporary
+    file at once (a protocol run died on that: FileNotFoundError on search_r1.tmp.parquet)."""
+    import threading
+    import time
+
+    from verl_evidence.local.smoke import data
+
+    monkeypatch.setenv("VERL_EVIDENCE_SMOKE_DIR", str(tmp_path / "smoke"))
+    builds = []
+    real_search_data = data._search_data
+
+    def slow_search_data(kind: str, path: Path) -> None:
+        builds.append(kind)
+        time.sleep(0.3)  # both threads inside the build at once, were it not locked
+        real_search_data(kind, path)
+
+    monkeypatch.setattr(data, "_search_data", slow_search_data)
+    found, errors = [], []
+
+    def ask() -> None:
+        try:
+            found.append(method_data("search_r1", tmp_path / "unused-tokenizer"))
+        except Exception as error:  # the assertion below names it
+            errors.append(error)
+
+    threads = [threading.Thread(target=ask) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and builds == ["search_r1"], (errors, builds)
+    assert len(set(found)) == 1 and pq.read_table(found[0]).num_rows > 0

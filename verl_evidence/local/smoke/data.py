@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from verl_evidence.local.smoke.settings import SMOKE_TOPK, smoke_dir
+from verl_evidence.local.smoke.settings import SMOKE_TOPK, locked, smoke_dir
 
 DATA_KINDS = ("eviomni", "lear", "evinote", "search_r1", "grace")
 SPLIT = "train"
@@ -27,15 +27,19 @@ def method_data(kind: str, tokenizer_dir: Path) -> Path:
     out = smoke_dir() / "data" / f"{kind}.parquet"
     if out.exists():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp.parquet")
-    if kind in ("eviomni", "lear"):
-        _eviomni_data(kind, tokenizer_dir, tmp)
-    elif kind in ("evinote", "search_r1"):
-        _search_data(kind, tmp)
-    else:
-        _grace_data(tmp)
-    tmp.replace(out)
+    # Built once under its own lock: callers in other threads or processes (a warm-up reading every family's rows,
+    # the held-out rows) wait for it instead of writing the same temporary file at once.
+    with locked(out):
+        if out.exists():
+            return out
+        tmp = out.with_suffix(".tmp.parquet")
+        if kind in ("eviomni", "lear"):
+            _eviomni_data(kind, tokenizer_dir, tmp)
+        elif kind in ("evinote", "search_r1"):
+            _search_data(kind, tmp)
+        else:
+            _grace_data(tmp)
+        tmp.replace(out)
     return out
 
 

@@ -19,6 +19,7 @@ from verl_evidence.local.smoke.settings import (
     SMOKE_MAX_OBS_TOKENS,
     WARMUP_ROWS_PER_FORMAT,
     WARMUP_STEPS,
+    locked,
     smoke_dir,
     smoke_method,
     warmup_cache_name,
@@ -386,10 +387,13 @@ def heldout_rows(method: str, tokenizer_dir: Path, count: int) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = read_rows(method_data(spec.data, tokenizer_dir))
-    balance = "answerable" if spec.data == "grace" else None
-    kept = heldout_split(rows, trained_texts(tokenizer_dir), count, balance_key=balance)
-    tmp = out.with_suffix(".tmp.parquet")
-    pq.write_table(pa.Table.from_pylist(kept), tmp)
-    tmp.replace(out)
+    with locked(out):  # one writer of the temporary file, whichever thread or process asks first
+        if out.exists():
+            return out
+        rows = read_rows(method_data(spec.data, tokenizer_dir))
+        balance = "answerable" if spec.data == "grace" else None
+        kept = heldout_split(rows, trained_texts(tokenizer_dir), count, balance_key=balance)
+        tmp = out.with_suffix(".tmp.parquet")
+        pq.write_table(pa.Table.from_pylist(kept), tmp)
+        tmp.replace(out)
     return out
