@@ -899,9 +899,13 @@ def prepare_group(group: Sequence[str], heldout: int, questions: int | None, out
         updates = batch // mini_batch_size(batch, ARMS[name].updates_per_step)
         print(f"{name}: {batch} questions a step, {updates} update(s) a step", flush=True)
     print(f"{', '.join(group)}: warm-up and data prepared in {time.perf_counter() - started:.0f} s", flush=True)
+    sampled_warmups = set()  # the group's arms share one warm-up: sampled once
     for name, variables in prepared.items():
         arm, policy = ARMS[name], Path(variables["MODEL_PATH"])
-        if arm.warmup == "search_neutral" and not (out / "warmup_note_rate.json").exists():
+        if arm.warmup in sampled_warmups:
+            continue
+        sampled_warmups.add(arm.warmup)
+        if arm.warmup == "search_neutral":
             sampled = warmup_note_rate(policy, family=warmup_of(arm))
             (out / "warmup_note_rate.json").write_text(json.dumps(sampled))
             print(
@@ -909,7 +913,7 @@ def prepare_group(group: Sequence[str], heldout: int, questions: int | None, out
                 f"{json.dumps(sampled)}",
                 flush=True,
             )
-        if arm.warmup == "grace_neutral" and not (out / "warmup_path_rate.json").exists():
+        if arm.warmup == "grace_neutral":
             paths = warmup_path_rate(policy)
             (out / "warmup_path_rate.json").write_text(json.dumps(paths, indent=1))
             print(f"neutral GRACE warm-up, sampled in its own context: {format_path_rate(paths)}", flush=True)

@@ -8,6 +8,7 @@ logic is checked on made-up numbers.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import threading
@@ -775,3 +776,15 @@ def test_each_arm_trains_at_the_same_rate_times_updates_a_step() -> None:
     arms = learning.ARMS.items()
     moved = {name: float(learning.arm_learning_rate(arm, "5e-4")) * arm.updates_per_step for name, arm in arms}
     assert len(set(moved.values())) == 1, moved
+
+
+def test_a_groups_shared_warm_up_is_sampled_once_and_anew_in_a_reused_out_dir(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "warmup_note_rate.json").write_text('{"note_rate": 0.0}')  # left by an earlier run in this --out
+    sampled = []
+    monkeypatch.setattr(learning, "build_warmup", lambda arm: None)
+    monkeypatch.setattr(learning, "prepare", lambda arm, heldout: {"MODEL_PATH": "/policy", "TRAIN_FILES": "x"})
+    monkeypatch.setattr(learning, "training_questions", lambda variables: 8)
+    monkeypatch.setattr(learning, "warmup_note_rate", lambda policy, family: sampled.append(family) or {"note_rate": 1})
+    learning.prepare_group(["evinote", "search_r1"], 8, None, tmp_path)
+    assert len(sampled) == 1  # the two search arms share one warm-up
+    assert json.loads((tmp_path / "warmup_note_rate.json").read_text()) == {"note_rate": 1}
