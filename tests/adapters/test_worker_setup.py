@@ -102,5 +102,5 @@ def test_rays_workers_start_through_the_hook(ray_cluster) -> None:
         assert run.returncode == 0, run.stderr[-3000:]
         return json.loads(run.stdout.strip().splitlines()[-1])
 
-    assert thresholds() == {"task": list(DEFAULT_GC_THRESHOLD), "actor": list(DEFAULT_GC_THRESHOLD)}
+    # one driver (a join costs seconds): thresholds only the hook, reading Ray's runtime env, could have set
     assert thresholds(json.dumps({GC_THRESHOLD_ENV: "3000,3,3"})) == {"task": [3000, 3, 3], "actor": [3000, 3, 3]}
