@@ -927,9 +927,10 @@ def run_when_prepared(
     run_one: Callable[[tuple], tuple[dict, Path]],
 ) -> Iterator[tuple[dict, Path]]:
     """Every group prepared and every run (``run[0]`` its arm) run, ``parallel`` at a time in one pool, in order:
-    the groups first, then the runs, each run as soon as its own arm's group is prepared, not once all are (on an
-    empty cache the last ~30 s of the warm-ups and the arms' data kept one core). Yields each run's result in
-    ``runs``' order; the first failure stops every run not yet started."""
+    the groups first, then the runs, each run as soon as its own arm's group is prepared, not once all are (a core
+    that a finished warm-up leaves idle takes a run; on the protocol's empty cache the warm-ups kept both busy, so it
+    saved nothing measurable there). Yields each run's result in ``runs``' order; the first failure stops every run
+    not yet started."""
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         prepared = {}
         for group in groups:
