@@ -1186,48 +1186,99 @@ def retrieval_env(arm: Arm, retrieval_url: str | None) -> dict[str, str]:
 SHARED_SERVER_ENV = {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "1"}
 
 
-@contextlib.contextmanager
-def shared_retrieval_server(arms: Sequence[str], log: Path) -> Iterator[Callable[[], str | None]]:
-    """One retrieval server for every search run, as a cluster's jobs share one: the smoke recipes' own (``verl-evidence
-    serve``, the bundled corpus and MiniLM), started once instead of in each of the search runs (~10 CPU-s and ~20 s of
-    a run's start with two trainers on the machine). Yields ``ready``, which waits until the server answers and gives
-    its URL: the server starts while the warm-ups train, on the core they leave idle at their end. ``ready`` gives
-    None when no arm searches."""
-    if not any(ARMS[arm].kind == "search" for arm in arms):
-        yield lambda: None
-        return
-    import httpx
+class SharedRetrievalServer:
+    """One retrieval server for the search runs, as a cluster's jobs share one: the smoke recipes' own (``verl-evidence
+    serve``, the bundled corpus and MiniLM), instead of one in each search run (~10 CPU-s and ~20 s of a run's start).
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    serve = [str(Path(sys.executable).with_name("verl-evidence")), "serve", "--port", str(port)]
-    with log.open("w") as out:
-        server = subprocess.Popen(
-            serve, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **SHARED_SERVER_ENV}
-        )
+    It is up only while a search run uses it: :meth:`serving` starts it for the first of them and stops it when the last
+    one ends. Idle, the server's Ray and Serve processes still use ~7 CPU-s a minute (measured: controller, proxy,
+    replica, Ray's daemons), and the protocol's search runs (EviNote and Search-R1, seed by seed) take about a third of
+    its wall time: up for the whole protocol it cost ~200 CPU-s more than three starts of ~10 CPU-s each."""
 
-    def ready() -> str:
-        deadline = time.monotonic() + 600
+    def __init__(self, log: Path, command: Sequence[str] | None = None, ready_timeout_s: float = 600.0) -> None:
+        self.log = log
+        # the port is appended: a new one at each start, so a stopping server never holds the next one's
+        self.command = list(command or [str(Path(sys.executable).with_name("verl-evidence")), "serve", "--port"])
+        self.ready_timeout_s = ready_timeout_s
+        self.starts = 0
+        self._lock = threading.Lock()
+        self._users = 0
+        self._process: subprocess.Popen | None = None
+        self._url: str | None = None
+        self._stopping: list[threading.Thread] = []
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[str]:
+        """The server's URL for one run, the server started first if none is up; stopped after the last user leaves."""
+        with self._lock:  # one start at a time; a second run waits for the first one's server
+            if self._process is None:
+                self._start()
+            self._users += 1
+            url = self._url
+        try:
+            yield url
+        finally:
+            with self._lock:
+                self._users -= 1
+                if self._users == 0:
+                    self._stop_in_background()
+
+    def close(self) -> None:
+        """Stop the server if it is up and wait for every stop to finish."""
+        with self._lock:
+            if self._process is not None:
+                self._stop_in_background()
+        for thread in self._stopping:
+            thread.join()
+
+    def _start(self) -> None:
+        import httpx
+
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        self.starts += 1
+        with self.log.open("w" if self.starts == 1 else "a") as out:
+            out.write(f"# start {self.starts}: {url}\n")
+            out.flush()
+            process = subprocess.Popen(
+                [*self.command, str(port)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, **SHARED_SERVER_ENV},
+            )
+        deadline = time.monotonic() + self.ready_timeout_s
         while True:
-            if server.poll() is not None:
-                raise RuntimeError(f"the shared retrieval server exited ({server.returncode}): see {log}")
+            if process.poll() is not None:
+                raise RuntimeError(f"the shared retrieval server exited ({process.returncode}): see {self.log}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                    return url
+                    break
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the shared retrieval server did not answer at {url} within 600 s: see {log}")
+                _stop(process)
+                raise RuntimeError(
+                    f"the shared retrieval server did not answer at {url} within {self.ready_timeout_s:.0f} s: "
+                    f"see {self.log}"
+                )
             time.sleep(0.5)
+        self._process, self._url = process, url
 
-    try:
-        yield ready
-    finally:
-        if server.poll() is None:
-            server.send_signal(2)  # SIGINT: `serve` shuts its Ray down itself
-            try:
-                server.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, 9)
-                server.wait(timeout=30)
+    def _stop_in_background(self) -> None:
+        """Stopped in a thread of its own: the run that left does not wait for Ray's shutdown to start the next."""
+        process, self._process, self._url = self._process, None, None
+        thread = threading.Thread(target=_stop, args=(process,), name="stop-retrieval-server")
+        thread.start()
+        self._stopping.append(thread)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(2)  # SIGINT: `serve` shuts its Ray down itself
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, 9)
+            process.wait(timeout=30)
 
 
 def arm_learning_rate(arm: Arm, lr: str | None) -> str | None:
@@ -1398,8 +1449,9 @@ def analyse(
 
 
 def train_all(args: argparse.Namespace, out: Path, questions: int | None, signs: list[bool], sign_steps: int) -> None:
-    """Every run of the benchmark, into ``out``: each warm-up with its arms' data (the shared retrieval server starting
-    meanwhile), then each arm x seed x sign as soon as its arm's warm-up is ready, ``args.parallel`` at a time."""
+    """Every run of the benchmark, into ``out``: each warm-up with its arms' data, then each arm x seed x sign as soon
+    as its arm's warm-up is ready, ``args.parallel`` at a time (the search runs with the shared retrieval server, up
+    while one of them runs)."""
     load = [round(x, 2) for x in os.getloadavg()]
     print(
         f"load average at start: {load}; N={args.steps}, seeds {args.seeds}, arms {args.arms}, lr {args.lr}, "
@@ -1408,10 +1460,14 @@ def train_all(args: argparse.Namespace, out: Path, questions: int | None, signs:
         flush=True,
     )
     started = time.perf_counter()
-    with shared_retrieval_server(args.arms, out / "retrieval_server.log") as server_ready:
+    server = SharedRetrievalServer(out / "retrieval_server.log")
+    try:
 
-        def run_one(run: tuple) -> tuple[dict, Path]:  # a search run waits for the shared server, the others do not
-            return run_with_retry((*run, server_ready() if ARMS[run[0]].kind == "search" else None))
+        def run_one(run: tuple) -> tuple[dict, Path]:  # a search run uses the shared server, the others do not
+            if ARMS[run[0]].kind != "search":
+                return run_with_retry((*run, None))
+            with server.serving() as url:
+                return run_with_retry((*run, url))
 
         runs = [  # seed by seed: a stopped benchmark still has every arm of the first seed
             (
@@ -1441,6 +1497,10 @@ def train_all(args: argparse.Namespace, out: Path, questions: int | None, signs:
             print(json.dumps(record), flush=True)
             if record["returncode"]:
                 print((run_dir / "training.log").read_text()[-3000:], file=sys.stderr)
+    finally:
+        server.close()
+    if server.starts:
+        print(f"the shared retrieval server was started {server.starts} time(s)", flush=True)
     wall = time.perf_counter() - started
     print(f"wall time {wall / 60:.1f} min; load average at end: {[round(x, 2) for x in os.getloadavg()]}")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -673,10 +674,50 @@ def test_search_runs_share_the_benchmarks_retrieval_server_and_other_runs_get_a_
         assert list(env) == ["RETRIEVAL_PORT"] and int(env["RETRIEVAL_PORT"]) > 0
 
 
-def test_no_retrieval_server_is_started_when_no_arm_searches(tmp_path: Path) -> None:
-    with learning.shared_retrieval_server(["eviomni", "lear", "grace"], tmp_path / "server.log") as ready:
-        assert ready() is None
-    assert not (tmp_path / "server.log").exists()
+HEALTH_SERVER = """
+import http.server, sys
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+print("serving", flush=True)
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+"""
+
+
+def test_the_shared_retrieval_server_is_up_only_while_a_search_run_uses_it(tmp_path: Path) -> None:
+    """Started for the first user, shared by a second, stopped when the last leaves, started anew for the next one."""
+    import httpx
+
+    script = tmp_path / "health_server.py"
+    script.write_text(HEALTH_SERVER)
+    log = tmp_path / "server.log"
+    server = learning.SharedRetrievalServer(log, command=[sys.executable, str(script)], ready_timeout_s=30)
+    assert server.starts == 0 and not log.exists()  # nothing started before a search run asks
+    with server.serving() as first_url:
+        assert httpx.get(f"{first_url}/health").status_code == 200
+        with server.serving() as second_url:
+            assert second_url == first_url  # the second run shares the first one's server
+        assert httpx.get(f"{first_url}/health").status_code == 200  # still up: the first run has not left
+    server.close()  # waits for the background stop
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{first_url}/health", timeout=2)
+    with server.serving() as third_url:
+        assert httpx.get(f"{third_url}/health").status_code == 200
+    server.close()
+    assert server.starts == 2
+    text = log.read_text()
+    assert text.count("# start ") == 2 and text.count("serving") == 2  # both starts' output kept
+
+
+def test_a_shared_retrieval_server_that_dies_at_start_stops_the_run_naming_its_log(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    server = learning.SharedRetrievalServer(log, command=[sys.executable, "-c", "raise SystemExit(3)"])
+    with pytest.raises(RuntimeError, match=r"exited \(3\).*server.log"), server.serving():
+        pass
+    server.close()
 
 
 def test_plain_runs_validate_before_and_after_training_and_sign_control_runs_do_not() -> None:
