@@ -975,20 +975,24 @@ def sample_warmup_replies(
     ``policy`` at temperature 1, sampled where the example's last reply starts: the warm-up's own context, where the
     policy makes the choice it learnt."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from verl_evidence.local.backends import share_key_value_heads
     from verl_evidence.local.smoke.training import example_ids
     from verl_evidence.local.smoke.warmup_data import warmup_examples
 
-    tokenizer = AutoTokenizer.from_pretrained(policy)
-    model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32, attn_implementation="sdpa").eval()
-    share_key_value_heads(model)  # the CPU rollout's attention: the same samples, faster
-    sampled = []
-    first_examples = {}
-    for example in warmup_examples(family, policy):
-        first_examples.setdefault(example["question"], example)
-    with SAMPLING_LOCK:  # torch's one global generator: two warm-ups sampled at once would draw each other's numbers
+    # One warm-up at a time, from the import on: torch has one global generator (two warm-ups sampled at once would
+    # draw each other's numbers), and transformers' lazy module is not thread-safe on a name's first import (two
+    # groups whose warm-ups were cached reached this line together: "cannot import name 'AutoModelForCausalLM'").
+    with SAMPLING_LOCK:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(policy)
+        model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32, attn_implementation="sdpa").eval()
+        share_key_value_heads(model)  # the CPU rollout's attention: the same samples, faster
+        sampled = []
+        first_examples = {}
+        for example in warmup_examples(family, policy):
+            first_examples.setdefault(example["question"], example)
         torch.manual_seed(seed)
         for example in first_examples.values():
             ids, labels = example_ids(tokenizer, example)
