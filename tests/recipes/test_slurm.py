@@ -430,3 +430,72 @@ def test_no_resource_is_offered_when_the_server_has_its_own_node(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "--resources" not in result.stdout
     assert "--replica-resource" not in (tmp_path / "state" / "server-env").read_text()
+
+
+# --- recipes/slurm/ray_node.sh: a node whose start-up fails is started again ---------------------------------------
+
+RAY_FAILING_AT_FIRST = """#!/usr/bin/env bash
+# `ray start` that times out at start-up for the first FAIL_STARTS calls, then runs until signalled.
+echo "$$ $*" >> "$FAKE_STATE/attempts"
+if [ "$(wc -l < "$FAKE_STATE/attempts")" -le "$FAIL_STARTS" ]; then
+  sleep 300 &  # what a failed start leaves running (its raylet): in the start's process group
+  echo $! >> "$FAKE_STATE/left"
+  echo "Exception: The current node timed out during startup." >&2
+  exit 1
+fi
+exec sleep 300
+"""
+
+
+def run_ray_node(tmp_path: Path, fail_starts: int, **env: str) -> tuple[subprocess.Popen, Path]:
+    bin_dir, state = tmp_path / "bin", tmp_path / "state"
+    bin_dir.mkdir()
+    state.mkdir()
+    (bin_dir / "ray").write_text(RAY_FAILING_AT_FIRST)
+    (bin_dir / "ray").chmod(0o755)
+    node = subprocess.Popen(
+        ["bash", str(SBATCH.with_name("ray_node.sh")), "6399", "--address=127.0.0.1:6399"],
+        env={
+            **os.environ,
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+            "FAKE_STATE": str(state),
+            "FAIL_STARTS": str(fail_starts),
+            "RAY_NODE_RETRY_PAUSE_S": "0.2",
+            "TMPDIR": str(tmp_path),
+            **env,
+        },
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return node, state
+
+
+def attempts_of(state: Path) -> list[str]:
+    path = state / "attempts"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_a_ray_node_that_times_out_at_start_up_is_started_again_and_what_it_left_is_stopped(tmp_path):
+    node, state = run_ray_node(tmp_path, fail_starts=1)
+    deadline = time.monotonic() + 30
+    while len(attempts_of(state)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(attempts_of(state)) == 2 and node.poll() is None  # started again, and now running
+    left = int((state / "left").read_text())
+    deadline = time.monotonic() + 10
+    while _alive(left) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(left)  # the failed start's leftover process was stopped before the second start
+    node.terminate()  # scancel: the signal reaches ray_node.sh, which passes it on to `ray start`
+    _, stderr = node.communicate(timeout=30)
+    assert node.returncode != 0
+    assert "exited with status 1" in stderr and "attempt 2 of 3" in stderr
+    assert all(line.endswith("--address=127.0.0.1:6399 --block") for line in attempts_of(state))
+
+
+def test_a_ray_node_that_never_starts_gives_up_after_its_attempts_with_rays_status(tmp_path):
+    node, state = run_ray_node(tmp_path, fail_starts=10, RAY_NODE_START_ATTEMPTS="2")
+    _, stderr = node.communicate(timeout=60)
+    assert node.returncode == 1
+    assert len(attempts_of(state)) == 2 and stderr.count("timed out during startup") == 2
+    assert "attempt 2 of 2" in stderr and "attempt 3" not in stderr
