@@ -35,15 +35,11 @@ for ((attempt = 1; ; attempt++)); do
   if [ "$status" = 0 ] || [ "$signalled" = 1 ]; then break; fi
   # What the failed start left running (its raylet, agents) stops: a late raylet would join as a second node.
   kill -TERM -- "-$ray_pid" 2>/dev/null
-  if [ "$attempt" -ge "$attempts" ] || [ "$ran_s" -ge "$retry_within_s" ]; then
-    sleep "${RAY_NODE_RETRY_PAUSE_S:-5}"
-    kill -KILL -- "-$ray_pid" 2>/dev/null
-    break
-  fi
-  echo "ray_node.sh: \`ray start\` exited with status $status after ${ran_s} s, at start-up: starting the node" \
-    "again (attempt $((attempt + 1)) of $attempts)" >&2
   sleep "${RAY_NODE_RETRY_PAUSE_S:-5}"
   kill -KILL -- "-$ray_pid" 2>/dev/null
+  if [ "$attempt" -ge "$attempts" ] || [ "$ran_s" -ge "$retry_within_s" ]; then break; fi
+  echo "ray_node.sh: \`ray start\` exited with status $status after ${ran_s} s, at start-up: starting the node" \
+    "again (attempt $((attempt + 1)) of $attempts)" >&2
 done
 address_file="${RAY_TMPDIR:-${TMPDIR:-/tmp}}/ray/ray_current_cluster"
 if [[ "$(cat "$address_file" 2>/dev/null)" == *":$port" ]]; then rm -f "$address_file"; fi
