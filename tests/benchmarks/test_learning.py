@@ -674,8 +674,12 @@ def test_search_runs_share_the_benchmarks_retrieval_server_and_other_runs_get_a_
         assert list(env) == ["RETRIEVAL_PORT"] and int(env["RETRIEVAL_PORT"]) > 0
 
 
+# A stand-in for `verl-evidence serve` that keeps its stop contract: SIGINT stops it even when the process that started
+# it ignores SIGINT (a shell's background job, as CI runs the suite), as retrieval_server/cli.py sets its handler
+# itself; a child inheriting the ignore would wait out _stop's 60 s twice.
 HEALTH_SERVER = """
-import http.server, sys
+import http.server, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 class Health(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200 if self.path == "/health" else 404)
