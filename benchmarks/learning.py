@@ -3,8 +3,10 @@
 Arms (each ``bash recipes/<recipe>.sh --smoke``, verl's own trainer on CPU):
 
 - ``eviomni``, ``lear``: the EviOmni-family warm-up, their own rows and rewards;
-- ``grace``: the neutral GRACE warm-up (``grace_neutral``: each question's reply in the right path's tags and in the
-  wrong path's, so each question's samples take either path), GRACE's rows, verl's DAPO manager with the GRACE score;
+- ``grace``: the judged GRACE warm-up (``grace_judged``: each question's reply opens with a think block judging its
+  references relevant or not, right for its context, then the answer in the right path's tags and again in the wrong
+  path's, so each question's samples take either path after the judgement), GRACE's rows, verl's DAPO manager with
+  the GRACE score;
 - ``evinote`` and ``search_r1``: ONE policy, the neutral search warm-up (``search_neutral``: a ``<summary>`` note
   quoting the retrieved passage on half the warm-up questions, none on the others, so the policy notes about half
   the time), the SAME EviNote rows and prompt; only the reward differs. ``evinote`` is EviNote's reward;
@@ -182,7 +184,7 @@ ARMS: dict[str, Arm] = {
         "grace_dapo.sh",
         "grace",
         "grace",
-        warmup="grace_neutral",
+        warmup="grace_judged",
         ceiling=grace_ceiling,
         balance_key="answerable",
         updates_per_step=4,
@@ -913,10 +915,10 @@ def prepare_group(group: Sequence[str], heldout: int, questions: int | None, out
                 f"{json.dumps(sampled)}",
                 flush=True,
             )
-        if arm.warmup == "grace_neutral":
-            paths = warmup_path_rate(policy)
+        if arm.warmup in ("grace_neutral", "grace_judged"):
+            paths = warmup_path_rate(policy, family=arm.warmup)
             (out / "warmup_path_rate.json").write_text(json.dumps(paths, indent=1))
-            print(f"neutral GRACE warm-up, sampled in its own context: {format_path_rate(paths)}", flush=True)
+            print(f"GRACE warm-up ({arm.warmup}), sampled in its own context: {format_path_rate(paths)}", flush=True)
 
 
 def run_when_prepared(
@@ -1053,21 +1055,37 @@ def warmup_note_rate(
     }
 
 
-def warmup_path_rate(policy: Path, samples: int = 8, seed: int = 0) -> dict[str, object]:
-    """The neutral GRACE warm-up policy, sampled in its own context (each warm-up question's prompt, ``samples``
-    replies at temperature 1): how often the path is right (a valid structure, evidence on an answerable context,
-    recall on an unanswerable one), how many questions' groups have a spread in GRACE's score (a group whose
-    samples all score alike has no advantage to learn from) and in the path, and the score's share of the ceiling."""
+def judged_relevant(text: str) -> bool | None:
+    """The judgement a ``grace_judged`` reply opens with (its think block): True for relevant references, False for
+    not relevant, None for a reply without one of the two."""
+    from verl_evidence.local.smoke.warmup_data import GRACE_JUDGEMENTS
+
+    if "</think>" not in text:
+        return None
+    thought = text[: text.index("</think>")].removeprefix("<think>").strip()
+    matches = [relevant for relevant, judgement in GRACE_JUDGEMENTS.items() if thought == judgement]
+    return matches[0] if matches else None
+
+
+def warmup_path_rate(policy: Path, samples: int = 8, seed: int = 0, family: str = "grace_judged") -> dict[str, object]:
+    """The GRACE warm-up policy, sampled in its own context (each warm-up question's prompt, ``samples`` replies at
+    temperature 1): how often the path is right (a valid structure, evidence on an answerable context, recall on an
+    unanswerable one), how many questions' groups have a spread in GRACE's score (a group whose samples all score
+    alike has no advantage to learn from) and in the path, and the score's share of the ceiling; on ``grace_judged``
+    also how often the opening judgement is right, and how often the path follows the judgement (evidence after
+    "relevant": what GRACE's reward pays for where the judgement is right)."""
     from verl_evidence.rewards.grace import score
 
     config = grace_config()
-    sampled = sample_warmup_replies(policy, "grace_neutral", samples, seed, max_new_tokens=GRACE_REPLY_TOKENS)
+    sampled = sample_warmup_replies(policy, family, samples, seed, max_new_tokens=GRACE_REPLY_TOKENS)
     golds = gold_truths([example for example, _ in sampled], policy, "grace")
     per_question = []
     scores, ceilings = [], []
     for example, texts in sampled:
         truth = golds[example["question"]]
         results = [score(text, truth["target"], truth["evidence"], truth["answerable"], config) for text in texts]
+        judged = [judged_relevant(text) for text in texts]
+        pairs = list(zip(judged, results, strict=True))
         valid = [r for r in results if r["format"] > 0]
         per_question.append(
             {
@@ -1075,6 +1093,11 @@ def warmup_path_rate(policy: Path, samples: int = 8, seed: int = 0) -> dict[str,
                 "answerable": bool(truth["answerable"]),
                 "path_right": sum(bool(r["chose_evidence"]) == bool(truth["answerable"]) for r in valid),
                 "valid": len(valid),
+                "judged_right": sum(j is not None and j == bool(truth["answerable"]) for j in judged),
+                "path_follows_judgement": sum(
+                    j is not None and r["format"] > 0 and bool(r["chose_evidence"]) == j for j, r in pairs
+                ),
+                "judged_and_valid": sum(j is not None and r["format"] > 0 for j, r in pairs),
                 "score_spread": len({r["score"] for r in results}) > 1,
                 "both_paths": len({r["chose_evidence"] for r in valid}) > 1,
             }
@@ -1082,9 +1105,14 @@ def warmup_path_rate(policy: Path, samples: int = 8, seed: int = 0) -> dict[str,
         scores += [r["score"] for r in results]
         ceilings += [grace_ceiling({"answerable": float(truth["answerable"])}, config)] * len(results)
     total = samples * len(sampled)
+    judged_and_valid = sum(q["judged_and_valid"] for q in per_question)
     return {
         "path_right": sum(q["path_right"] for q in per_question) / total,
         "valid": sum(q["valid"] for q in per_question) / total,
+        "judged_right": sum(q["judged_right"] for q in per_question) / total,
+        "path_follows_judgement": (
+            sum(q["path_follows_judgement"] for q in per_question) / judged_and_valid if judged_and_valid else None
+        ),
         "questions": len(per_question),
         "questions_with_score_spread": sum(q["score_spread"] for q in per_question),
         "questions_with_both_paths": sum(q["both_paths"] for q in per_question),
@@ -1101,9 +1129,15 @@ def format_path_rate(paths: Mapping) -> str:
         f"{paths['questions_with_score_spread']} of {paths['questions']} questions with a spread in the score, "
         f"{paths['questions_with_both_paths']} with both paths; score {paths['share_of_ceiling']:.0%} of the ceiling"
     )
+    if paths.get("path_follows_judgement") is not None:
+        head += (
+            f"; judgement right {paths['judged_right']:.2f}, path follows the judgement "
+            f"{paths['path_follows_judgement']:.2f} of the judged valid samples"
+        )
     rows = [
         f"    {'answerable' if q['answerable'] else 'unanswerable':12} "
-        f"right path {q['path_right']} of {q['valid']} valid  {q['question'][:60]}"
+        f"right path {q['path_right']} of {q['valid']} valid, judged right {q.get('judged_right', 0)}  "
+        f"{q['question'][:60]}"
         for q in paths["per_question"]
     ]
     return "\n".join([head, *rows])

@@ -585,14 +585,14 @@ def test_the_search_arms_warm_up_both_ways_on_the_corpus_tokenizer(monkeypatch) 
     assert [learning.warmup_of(learning.ARMS[a]) for a in ("evinote", "search_r1", "grace", "eviomni")] == [
         "search_neutral",
         "search_neutral",
-        "grace_neutral",
+        "grace_judged",
         None,
     ]
     monkeypatch.setenv(CORPUS_TOKENIZER_ENV, "4000")
     assert [learning.warmup_of(learning.ARMS[a]) for a in ("evinote", "search_r1", "grace", "eviomni")] == [
         "search_mostly_noted",
         "search_mostly_noted",
-        "grace_neutral",
+        "grace_judged",
         None,
     ]
 
@@ -614,6 +614,42 @@ def test_the_neutral_grace_warm_up_shows_each_reply_in_both_paths_tags(smoke_cac
         # the same text inside the other path's tags: the two replies differ in the path alone
         plain = re.sub(r"</?(evidence|llm)>", "", reply)
         assert re.sub(r"</?(evidence|llm)>", "", swapped) == plain
+
+
+def test_the_judged_grace_warm_up_opens_each_reply_with_its_contexts_judgement(smoke_cache: Path) -> None:
+    from verl_evidence.local.smoke.warmup_data import GRACE_JUDGEMENTS, warmup_examples
+    from verl_evidence.rewards.grace import config_from_kwargs, score
+
+    grace = warmup_examples("grace", smoke_cache)
+    neutral = warmup_examples("grace_neutral", smoke_cache)
+    judged = warmup_examples("grace_judged", smoke_cache)
+    assert [e["question"] for e in judged] == [e["question"] for e in neutral]
+    config = config_from_kwargs({})
+    for example, plain in zip(judged, neutral, strict=True):
+        reply = example["messages"][-1]["content"]
+        answerable = any(
+            e["question"] == example["question"] and "<evidence>" in e["messages"][-1]["content"] for e in grace
+        )
+        # the judgement is right for the context, whichever path follows it; after it, grace_neutral's reply
+        assert reply == f"<think>{GRACE_JUDGEMENTS[answerable]}</think>\n" + plain["messages"][-1]["content"]
+        assert learning.judged_relevant(reply) is answerable
+        # GRACE's reward skips the think block: the same score as the reply without it
+        truth = {"target": ["x"], "evidence": ["y"], "answerable": answerable}
+        args = (truth["target"], truth["evidence"], truth["answerable"], config)
+        assert score(reply, *args) == score(plain["messages"][-1]["content"], *args)
+    # each question once on each path after the same judgement: the path is for the reward to tie to the judgement
+    for question in {e["question"] for e in judged}:
+        replies = [e["messages"][-1]["content"] for e in judged if e["question"] == question]
+        assert sorted("<evidence>" in r for r in replies) == [False, True]
+        assert len({learning.judged_relevant(r) for r in replies}) == 1
+
+
+def test_a_judgement_is_read_only_from_a_think_block_holding_one_of_the_two() -> None:
+    assert learning.judged_relevant("<think>The references are relevant.</think>\n<evidence>x</evidence>") is True
+    assert learning.judged_relevant("<think>The references are not relevant.</think><llm>x</llm>") is False
+    assert learning.judged_relevant("<think>The references are</think><llm>x</llm>") is None
+    assert learning.judged_relevant("<llm>The references are relevant.</llm>") is None
+    assert learning.judged_relevant("") is None
 
 
 def test_a_warm_up_variant_is_cached_under_its_data_version_and_a_family_under_its_name() -> None:
@@ -640,6 +676,7 @@ def test_held_out_rows_share_no_question_with_any_warm_up_or_training_rows(smoke
         ("eviomni", None),
         ("grace", None),
         ("grace", "grace_neutral"),
+        ("grace", "grace_judged"),
     ):
         held = read_rows(heldout_rows(method, smoke_cache, 8))
         train = read_rows(warmed_up_rows(method, smoke_cache, warmup=warmup))
@@ -769,7 +806,7 @@ def test_the_warm_ups_build_longest_first_one_process_each(monkeypatch) -> None:
     assert groups == [["evinote", "search_r1"], ["grace"], ["eviomni", "lear"]]
     for group in groups:
         learning.build_warmup(learning.ARMS[group[0]])
-    assert built == [("evinote", "search_mostly_noted"), ("grace", "grace_neutral"), ("eviomni", "")]
+    assert built == [("evinote", "search_mostly_noted"), ("grace", "grace_judged"), ("eviomni", "")]
 
 
 def test_a_run_starts_once_its_own_warm_up_is_prepared_not_all_of_them() -> None:

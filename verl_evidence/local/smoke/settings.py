@@ -28,6 +28,7 @@ WARMUP_STEPS = {
     "grace": 500,
     "search_neutral": 1600,
     "grace_neutral": 1600,
+    "grace_judged": 1600,
     "search_both_ways": 800,
     "search_both_answers": 2400,
     "search_mostly_noted": 2400,
@@ -51,6 +52,7 @@ FAMILIES = ("eviomni", "search", "grace")
 WARMUP_VARIANTS = {
     "search_neutral": "search",
     "grace_neutral": "grace",
+    "grace_judged": "grace",
     "search_both_ways": "search",
     "search_both_answers": "search",
     "search_mostly_noted": "search",
@@ -60,6 +62,7 @@ WARMUP_VARIANTS = {
 VARIANT_VERSIONS = {
     "search_neutral": 2,
     "grace_neutral": 1,
+    "grace_judged": 1,
     "search_both_ways": 1,
     "search_both_answers": 1,
     "search_mostly_noted": 1,

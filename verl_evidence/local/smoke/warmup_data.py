@@ -3,7 +3,8 @@
 A family is the recipes that share a prompt format (and so a warmed-up policy):
 ``eviomni`` (EviOmni, LEAR), ``search`` (EviNote, Search-R1, composite), ``grace``;
 ``search_neutral`` is a variant of ``search`` (notes on half the questions), ``search_both_ways`` another (each
-question with a note and without), ``grace_neutral`` of ``grace`` (each question's reply in either path's tags).
+question with a note and without), ``grace_neutral`` of ``grace`` (each question's reply in either path's tags),
+``grace_judged`` another (the same, after a judgement of the context in a think block).
 """
 
 from __future__ import annotations
@@ -157,8 +158,14 @@ def _grace_parts(row: dict) -> tuple[str, str, str] | None:
     return "llm", "I recall it.", answer
 
 
-def _grace_reply(path: str, text: str, answer: str) -> list[dict]:
-    return [{"role": "assistant", "content": f"<{path}>{text}</{path}>\n<answer>{answer}</answer>"}]
+# The judgement a ``grace_judged`` reply opens with: the first step of GRACE's procedure (are the references relevant?)
+# written out in a think block, which GRACE's reward skips (it scores the text after the last ``</think>``).
+GRACE_JUDGEMENTS = {True: "The references are relevant.", False: "The references are not relevant."}
+
+
+def _grace_reply(path: str, text: str, answer: str, judgement: str | None = None) -> list[dict]:
+    thought = f"<think>{judgement}</think>\n" if judgement else ""
+    return [{"role": "assistant", "content": f"{thought}<{path}>{text}</{path}>\n<answer>{answer}</answer>"}]
 
 
 def _grace_target(row: dict) -> list[dict] | None:
@@ -256,7 +263,7 @@ def warmup_examples(family: str, tokenizer_dir: Path) -> list[dict]:
         return both_answers + [example for example in both_answers if _noted(example)]
     if family == "grace":
         return _grace_examples(read_rows(method_data("grace", tokenizer_dir)))
-    if family == "grace_neutral":
+    if family in ("grace_neutral", "grace_judged"):
         # GRACE's questions, each twice: its reply once in the right path's tags and once in the other path's, the
         # text inside the same (a quote on an answerable context, "I recall it." on an unanswerable one), so each
         # question's samples take either path about half the time and GRACE's path term (wrong: format only, 0.5;
@@ -270,16 +277,23 @@ def warmup_examples(family: str, tokenizer_dir: Path) -> list[dict]:
         #     right 7/19, 14/27, 30/62, 31/63; both paths in 0 questions (each question's path learnt by heart)
         #   each question both ways, each path with its own text (the quote, or "I recall it."), 500 / 1000 / 1600:
         #     right 7/24, 14/37, 21/38; both paths in 0 questions (the texts mixed: no valid evidence-path sample)
+        # grace_judged: the same, each reply opening with the context's judgement (GRACE_JUDGEMENTS), right for its
+        # context and the same whichever path follows. On grace_neutral the policy decides the path at the reply's
+        # second token, before anything it wrote depends on the context, and whether 20 steps taught it the condition
+        # depended on the machine the warm-up ran on (learnt in 6 of 6 seeds on one machine's warm-up, 0 of 7 on
+        # another's: docs/learning-benchmark.md). Here the path follows a judgement the warm-up already taught, so
+        # what the reward has to teach is the path's link to it, GRACE's gate, in either sign.
         rows = read_rows(method_data("grace", tokenizer_dir))
         by_question = {r["extra_info"]["question"]: r for r in rows}
         examples = []
         for example in _grace_examples(rows):
             row = by_question[example["question"]]
             right, text, answer = _grace_parts(row)
+            judgement = GRACE_JUDGEMENTS[right == "evidence"] if family == "grace_judged" else None
             for path in (right, "llm" if right == "evidence" else "evidence"):
                 examples.append(
                     {
-                        "messages": list(row["prompt"]) + _grace_reply(path, text, answer),
+                        "messages": list(row["prompt"]) + _grace_reply(path, text, answer, judgement),
                         "question": example["question"],
                     }
                 )
