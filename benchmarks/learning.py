@@ -80,7 +80,7 @@ sys.path.insert(0, str(REPO))
 
 from retrieval_server.haproxy_front import free_port  # noqa: E402
 from verl_evidence.local.smoke.logs import read_metrics  # noqa: E402
-from verl_evidence.local.smoke.settings import WARMUP_ENV  # noqa: E402
+from verl_evidence.local.smoke.settings import WARMUP_ENV, WARMUP_SEED_ENV  # noqa: E402
 from verl_evidence.local.tiny_models import CORPUS_TOKENIZER_ENV  # noqa: E402
 
 TRAIN, HELDOUT = "train", "heldout"
@@ -1494,7 +1494,7 @@ def train_all(args: argparse.Namespace, out: Path, questions: int | None, signs:
     print(
         f"load average at start: {load}; N={args.steps}, seeds {args.seeds}, arms {args.arms}, lr {args.lr}, "
         f"questions {args.questions}, sign control {f'{sign_steps} steps' if len(signs) > 1 else False}, "
-        f"tokenizer {args.tokenizer_vocab or 'recipes'}",
+        f"tokenizer {args.tokenizer_vocab or 'recipes'}, warm-up seed {args.warmup_seed}",
         flush=True,
     )
     started = time.perf_counter()
@@ -1583,8 +1583,21 @@ def main() -> None:
         help="the policies' tokenizer: a BPE of this many entries trained on the smoke texts (0: the recipes' own "
         "byte-like one, as the suite's smoke runs); each has its own warm-ups in the smoke cache",
     )
+    parser.add_argument(
+        "--warmup-seed",
+        type=int,
+        default=0,
+        help="warm every policy up again with this seed (its examples' order and torch's seed; 0: the recipes' own "
+        "warm-ups), cached apart: does a result hold over several warm-ups, not one?",
+    )
     parser.add_argument("--analyse", type=Path, help="read the runs already in this directory; train nothing")
     args = parser.parse_args()
+    if args.warmup_seed < 0:
+        parser.error("--warmup-seed is 0 or more")
+    if args.warmup_seed:
+        os.environ[WARMUP_SEED_ENV] = str(args.warmup_seed)  # this process's warm-ups and every run's
+    else:
+        os.environ.pop(WARMUP_SEED_ENV, None)
     if args.tokenizer_vocab:
         os.environ[CORPUS_TOKENIZER_ENV] = str(args.tokenizer_vocab)  # this process's warm-ups and every run's
     else:

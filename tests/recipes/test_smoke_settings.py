@@ -68,7 +68,7 @@ import shutil, sys, time
 from pathlib import Path
 from verl_evidence.local.smoke import cli, training, warmup_data
 flags = Path(sys.argv[1])
-def warm_up(base, examples, out, steps):
+def warm_up(base, examples, out, steps, seed=0):
     (flags / "building").touch()
     while not (flags / "release").exists():
         time.sleep(0.05)
@@ -107,7 +107,7 @@ def test_a_warm_up_being_built_holds_up_neither_another_warm_up_nor_its_data(tmp
 
         builds: list[str] = []
 
-        def quick_warm_up(base, examples, out, steps):
+        def quick_warm_up(base, examples, out, steps, seed=0):
             builds.append(out.name)
             shutil.copytree(base, out)
             return [1.0]
@@ -170,3 +170,34 @@ def test_the_corpus_tokenizer_is_lossless_deterministic_shorter_and_cached_apart
     monkeypatch.setenv(CORPUS_TOKENIZER_ENV, "many")
     with pytest.raises(ValueError, match="VERL_EVIDENCE_TINY_TOKENIZER='many': a vocab size"):
         tiny_tokenizer()
+
+
+def test_a_warm_up_seed_is_cached_apart_and_must_be_a_whole_number(monkeypatch) -> None:
+    from verl_evidence.local.smoke.settings import WARMUP_SEED_ENV, warmed_up_policy_name, warmup_seed
+
+    monkeypatch.delenv(WARMUP_SEED_ENV, raising=False)
+    assert (warmup_seed(), warmed_up_policy_name("grace")) == (0, "policy-grace")  # the recipes' own warm-ups
+    monkeypatch.setenv(WARMUP_SEED_ENV, "0")
+    assert warmed_up_policy_name("grace_judged") == "policy-grace_judged-v1"
+    monkeypatch.setenv(WARMUP_SEED_ENV, "3")
+    assert (warmup_seed(), warmed_up_policy_name("grace_judged")) == (3, "policy-grace_judged-v1-seed3")
+    for bad in ("-1", "two", "1.5"):
+        monkeypatch.setenv(WARMUP_SEED_ENV, bad)
+        with pytest.raises(ValueError, match="VERL_EVIDENCE_SMOKE_WARMUP_SEED"):
+            warmup_seed()
+
+
+def test_a_warm_up_seed_draws_another_order_and_the_same_seed_the_same_losses(tmp_path: Path) -> None:
+    from verl_evidence.local.smoke.models import random_policy
+    from verl_evidence.local.smoke.training import warm_up
+
+    base = random_policy(tmp_path / "random_policy")
+    examples = [
+        {"messages": [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": "x" * (i + 1)}]}
+        for i in range(4)
+    ]
+    first = warm_up(base, examples, tmp_path / "a", steps=4, seed=0)
+    again = warm_up(base, examples, tmp_path / "b", steps=4, seed=0)
+    other = warm_up(base, examples, tmp_path / "c", steps=4, seed=1)
+    assert first == again
+    assert other != first

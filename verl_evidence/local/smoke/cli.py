@@ -58,7 +58,8 @@ def register(root) -> None:
             "--warmup",
             envvar=WARMUP_ENV,
             help="a warm-up variant of the method's family instead of its own (search_neutral: notes in half the "
-            "warm-up examples; grace_neutral: each GRACE question answered in both paths' tags)",
+            "warm-up examples; grace_neutral: each GRACE question answered in both paths' tags; grace_judged: the same "
+            "after a judgement of the references in a think block)",
         ),
     ) -> None:
         """Build (or reuse) the smoke policy, data and judge; print them as shell assignments for the recipes."""

@@ -66,17 +66,19 @@ def warmed_up_policy(family: str) -> Path:
 
     if family not in WARMUP_STEPS:
         raise ValueError(f"unknown warm-up family {family!r}; one of {', '.join(WARMUP_STEPS)}")
-    from verl_evidence.local.smoke.settings import warmup_cache_name
+    from verl_evidence.local.smoke.settings import warmed_up_policy_name, warmup_seed
 
     root = smoke_dir()
-    policy = root / f"policy-{warmup_cache_name(family)}"
+    policy = root / warmed_up_policy_name(family)
     if (policy / "model.safetensors").exists():
         return policy
     with locked(policy):
         if not (policy / "model.safetensors").exists():
             base = base_policy()
-            losses = warm_up(base, warmup_examples(family, base), policy, steps=WARMUP_STEPS[family])
-            (root / f"warmup-{family}.json").write_text(json.dumps({"steps": len(losses), "loss": losses}))
+            seed = warmup_seed()
+            losses = warm_up(base, warmup_examples(family, base), policy, steps=WARMUP_STEPS[family], seed=seed)
+            log = root / (f"warmup-{family}.json" if not seed else f"warmup-{family}-seed{seed}.json")
+            log.write_text(json.dumps({"steps": len(losses), "loss": losses}))
             logger.info("smoke policy %s: warm-up loss %.3f -> %.3f", family, losses[0], sum(losses[-20:]) / 20)
     return policy
 

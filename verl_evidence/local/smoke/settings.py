@@ -68,6 +68,9 @@ VARIANT_VERSIONS = {
     "search_mostly_noted": 1,
 }
 WARMUP_ENV = "VERL_EVIDENCE_SMOKE_WARMUP"
+# Another warm-up of the same data (its examples' order and torch's seed): for checking that a learning result holds
+# over several warm-ups, not one machine's (benchmarks/learning.py --warmup-seed). 0, the default, is every recipe's.
+WARMUP_SEED_ENV = "VERL_EVIDENCE_SMOKE_WARMUP_SEED"
 WARMUP_LR = 3e-3
 SMOKE_TOPK = 2  # passages per EviOmni prompt: ~900 tokens with the byte-level tokenizer
 # Search recipes: one passage per search cut at this many tokens, and a response budget that holds a query, that
@@ -134,6 +137,21 @@ def warmup_family(method: str, warmup: str | None = None) -> str | None:
             f"{method} trains the {family!r} family's format"
         )
     return warmup
+
+
+def warmup_seed() -> int:
+    """``$VERL_EVIDENCE_SMOKE_WARMUP_SEED``: the warm-up's seed, 0 when unset."""
+    value = os.environ.get(WARMUP_SEED_ENV, "").strip() or "0"
+    if not value.isdigit():
+        raise ValueError(f"{WARMUP_SEED_ENV}={value!r}: a warm-up seed is a whole number, 0 or more")
+    return int(value)
+
+
+def warmed_up_policy_name(family: str) -> str:
+    """The directory a warm-up's policy is cached in: ``policy-<cache name>``, and ``-seed<N>`` for a seed other than
+    0 (each seed's warm-up is its own policy)."""
+    seed = warmup_seed()
+    return f"policy-{warmup_cache_name(family)}" + (f"-seed{seed}" if seed else "")
 
 
 def warmup_cache_name(family: str) -> str:
