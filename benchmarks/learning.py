@@ -1134,12 +1134,13 @@ def format_path_rate(paths: Mapping) -> str:
             f"; judgement right {paths['judged_right']:.2f}, path follows the judgement "
             f"{paths['path_follows_judgement']:.2f} of the judged valid samples"
         )
-    rows = [
-        f"    {'answerable' if q['answerable'] else 'unanswerable':12} "
-        f"right path {q['path_right']} of {q['valid']} valid, judged right {q.get('judged_right', 0)}  "
-        f"{q['question'][:60]}"
-        for q in paths["per_question"]
-    ]
+    judged = paths.get("path_follows_judgement") is not None  # grace_judged: each question's judgements too
+    rows = []
+    for q in paths["per_question"]:
+        kind = "answerable" if q["answerable"] else "unanswerable"
+        judgements = f", judged right {q['judged_right']}" if judged else ""
+        valid = f"right path {q['path_right']} of {q['valid']} valid{judgements}"
+        rows.append(f"    {kind:12} {valid}  {q['question'][:60]}")
     return "\n".join([head, *rows])
 
 

@@ -870,3 +870,25 @@ def test_a_groups_shared_warm_up_is_sampled_once_and_anew_in_a_reused_out_dir(tm
     learning.prepare_group(["evinote", "search_r1"], 8, None, tmp_path)
     assert len(sampled) == 1  # the two search arms share one warm-up
     assert json.loads((tmp_path / "warmup_note_rate.json").read_text()) == {"note_rate": 1}
+
+
+def test_the_grace_warm_up_summary_names_judgements_only_for_the_judged_warm_up() -> None:
+    question = {"question": "Who?", "answerable": True, "path_right": 3, "valid": 8, "judged_right": 7}
+    neutral = {
+        "path_right": 0.375,
+        "valid": 1.0,
+        "judged_right": 0.0,
+        "path_follows_judgement": None,
+        "questions": 1,
+        "questions_with_score_spread": 1,
+        "questions_with_both_paths": 1,
+        "share_of_ceiling": 0.5,
+        "samples": 8,
+        "per_question": [question],
+    }
+    text = learning.format_path_rate(neutral)
+    assert "judge" not in text and "right path 3 of 8 valid  Who?" in text
+    judged = {**neutral, "judged_right": 0.875, "path_follows_judgement": 0.25}
+    text = learning.format_path_rate(judged)
+    assert "judgement right 0.88, path follows the judgement 0.25" in text
+    assert "right path 3 of 8 valid, judged right 7  Who?" in text
