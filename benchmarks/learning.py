@@ -80,7 +80,7 @@ sys.path.insert(0, str(REPO))
 
 from retrieval_server.haproxy_front import free_port  # noqa: E402
 from verl_evidence.local.smoke.logs import read_metrics  # noqa: E402
-from verl_evidence.local.smoke.settings import WARMUP_ENV, WARMUP_SEED_ENV  # noqa: E402
+from verl_evidence.local.smoke.settings import WARMUP_ENV, WARMUP_SEED_ENV, WARMUP_VARIANTS  # noqa: E402
 from verl_evidence.local.tiny_models import CORPUS_TOKENIZER_ENV  # noqa: E402
 
 TRAIN, HELDOUT = "train", "heldout"
@@ -915,7 +915,7 @@ def prepare_group(group: Sequence[str], heldout: int, questions: int | None, out
                 f"{json.dumps(sampled)}",
                 flush=True,
             )
-        if arm.warmup in ("grace_neutral", "grace_judged"):
+        if WARMUP_VARIANTS.get(arm.warmup) == "grace":  # GRACE's variants: grace_neutral, grace_judged
             paths = warmup_path_rate(policy, family=arm.warmup)
             (out / "warmup_path_rate.json").write_text(json.dumps(paths, indent=1))
             print(f"GRACE warm-up ({arm.warmup}), sampled in its own context: {format_path_rate(paths)}", flush=True)
@@ -1059,12 +1059,10 @@ def judged_relevant(text: str) -> bool | None:
     """The judgement a ``grace_judged`` reply opens with (its think block): True for relevant references, False for
     not relevant, None for a reply without one of the two."""
     from verl_evidence.local.smoke.warmup_data import GRACE_JUDGEMENTS
+    from verl_evidence.text.tags import find_blocks
 
-    if "</think>" not in text:
-        return None
-    thought = text[: text.index("</think>")].removeprefix("<think>").strip()
-    matches = [relevant for relevant, judgement in GRACE_JUDGEMENTS.items() if thought == judgement]
-    return matches[0] if matches else None
+    thoughts = find_blocks(text, "think")
+    return next((relevant for relevant, said in GRACE_JUDGEMENTS.items() if thoughts and thoughts[0] == said), None)
 
 
 def warmup_path_rate(policy: Path, samples: int = 8, seed: int = 0, family: str = "grace_judged") -> dict[str, object]:

@@ -66,7 +66,7 @@ def warmed_up_policy(family: str) -> Path:
 
     if family not in WARMUP_STEPS:
         raise ValueError(f"unknown warm-up family {family!r}; one of {', '.join(WARMUP_STEPS)}")
-    from verl_evidence.local.smoke.settings import warmed_up_policy_name, warmup_seed
+    from verl_evidence.local.smoke.settings import warmed_up_policy_name, warmup_seed, warmup_seed_suffix
 
     root = smoke_dir()
     policy = root / warmed_up_policy_name(family)
@@ -75,9 +75,9 @@ def warmed_up_policy(family: str) -> Path:
     with locked(policy):
         if not (policy / "model.safetensors").exists():
             base = base_policy()
-            seed = warmup_seed()
-            losses = warm_up(base, warmup_examples(family, base), policy, steps=WARMUP_STEPS[family], seed=seed)
-            log = root / (f"warmup-{family}.json" if not seed else f"warmup-{family}-seed{seed}.json")
+            examples = warmup_examples(family, base)
+            losses = warm_up(base, examples, policy, steps=WARMUP_STEPS[family], seed=warmup_seed())
+            log = root / f"warmup-{family}{warmup_seed_suffix()}.json"
             log.write_text(json.dumps({"steps": len(losses), "loss": losses}))
             logger.info("smoke policy %s: warm-up loss %.3f -> %.3f", family, losses[0], sum(losses[-20:]) / 20)
     return policy

@@ -147,11 +147,16 @@ def warmup_seed() -> int:
     return int(value)
 
 
+def warmup_seed_suffix() -> str:
+    """What a warm-up seed other than 0 adds to its policy's and its loss log's names: ``-seed<N>``."""
+    seed = warmup_seed()
+    return f"-seed{seed}" if seed else ""
+
+
 def warmed_up_policy_name(family: str) -> str:
     """The directory a warm-up's policy is cached in: ``policy-<cache name>``, and ``-seed<N>`` for a seed other than
     0 (each seed's warm-up is its own policy)."""
-    seed = warmup_seed()
-    return f"policy-{warmup_cache_name(family)}" + (f"-seed{seed}" if seed else "")
+    return f"policy-{warmup_cache_name(family)}{warmup_seed_suffix()}"
 
 
 def warmup_cache_name(family: str) -> str:
