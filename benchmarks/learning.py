@@ -1381,6 +1381,9 @@ def run_arm(
         f"trainer.validation_data_dir={run_dir / 'validation'}",
         f"actor_rollout_ref.rollout.seed={seed}",
         f"data.seed={seed}",
+        # a run repeats with its seed: every sample's requests are named by its place in the batch (verl's switch),
+        # and the CPU rollout seeds each request's draws by that name (verl_evidence.local.backends.RequestSeeds)
+        "actor_rollout_ref.rollout.full_determinism=true",
         # held-out behaviour as sampled, as in training (verl validates greedily by default)
         f"actor_rollout_ref.rollout.val_kwargs.n={val_n}",
         "actor_rollout_ref.rollout.val_kwargs.do_sample=true",

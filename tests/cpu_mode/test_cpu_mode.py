@@ -112,6 +112,56 @@ def test_replay_buffer_poll_setting_is_read_and_checked(monkeypatch):
             verl_patches.replay_buffer_poll_s()
 
 
+def test_verl_trainer_still_names_prompts_by_uuid4_and_hands_batches_over_as_they_finish():
+    from verl.trainer import main_ppo
+    from verl.trainer.ppo.v1 import agent_loop_tq, replay_buffer, trainer_base
+
+    source = inspect.getsource(trainer_base)
+    assert "\nimport uuid\n" in source and source.count("uuid.") == source.count("str(uuid.uuid4())") == 2
+    materialize = inspect.getsource(getattr(replay_buffer.ReplayBuffer._materialize_batch, "__wrapped__", None) or
+                                    replay_buffer.ReplayBuffer._materialize_batch)  # fmt: skip
+    assert "for key, tag in partition_snapshot.items():" in materialize and 'uid = key.split("_")[0]' in materialize
+    assert "_materialize_batch" not in vars(replay_buffer.ReplayBufferAsync)
+    assert 'keys.append(f"{uid}_{session_id}_{i}")' in inspect.getsource(agent_loop_tq)
+    run_ppo = inspect.getsource(main_ppo.run_ppo)  # how the switch reaches every Ray worker
+    assert 'os.environ["VERL_FULL_DETERMINISM"] = "1"' in run_ppo
+    assert 'os.environ["PYTHONHASHSEED"] = str(rollout_cfg.seed)' in run_ppo
+
+
+def test_seeded_uuids_repeat_with_the_seed_only_under_full_determinism(monkeypatch):
+    monkeypatch.setenv("VERL_FULL_DETERMINISM", "1")
+    monkeypatch.setenv("PYTHONHASHSEED", "5")
+    names = [verl_patches.SeededUUIDs().uuid4() for _ in range(2)]
+    first = verl_patches.SeededUUIDs()
+    run = [first.uuid4() for _ in range(3)]
+    assert run[0] == names[0] == names[1] and len(set(run)) == 3 and run[0].version == 4
+    monkeypatch.setenv("PYTHONHASHSEED", "6")
+    assert verl_patches.SeededUUIDs().uuid4() != run[0]
+    monkeypatch.delenv("VERL_FULL_DETERMINISM")
+    assert verl_patches.SeededUUIDs().uuid4() != verl_patches.SeededUUIDs().uuid4()  # verl's own: random
+    assert verl_patches.SeededUUIDs().UUID is __import__("uuid").UUID  # the rest of the module passes through
+
+
+def test_a_steps_batch_is_ordered_by_prompt_and_sample_only_under_full_determinism(monkeypatch):
+    from verl.trainer.ppo.v1 import replay_buffer
+
+    monkeypatch.setattr(replay_buffer.ReplayBuffer, "_materialize_batch", replay_buffer.ReplayBuffer._materialize_batch)
+    monkeypatch.setattr(replay_buffer, "tq", SimpleNamespace(kv_clear=lambda **kwargs: None))
+    verl_patches.patch_batch_order()
+    finished = ["b_10_0", "a_2_0", "c_0_0", "b_2_0", "a_10_0", "b_0_0"]  # in the order trajectories finished
+    snapshot = {key: {"finished": n} for n, key in enumerate(finished)}
+
+    def batch() -> list[str]:
+        meta = replay_buffer.ReplayBuffer._materialize_batch(None, "train", ["a", "b"], snapshot)
+        assert [tag["finished"] for tag in meta.tags] == [finished.index(key) for key in meta.keys]  # tags follow
+        return meta.keys
+
+    monkeypatch.delenv("VERL_FULL_DETERMINISM", raising=False)
+    assert batch() == ["b_10_0", "a_2_0", "b_2_0", "a_10_0", "b_0_0"]  # verl's own order
+    monkeypatch.setenv("VERL_FULL_DETERMINISM", "1")
+    assert batch() == ["a_2_0", "a_10_0", "b_0_0", "b_2_0", "b_10_0"]
+
+
 # --- registration, in fresh processes (plugins load on `import verl`) ---
 
 PROBE = r"""
@@ -200,20 +250,26 @@ print("POLL" + json.dumps({
     "caller_keyword": ReplayBuffer(**args, poll_interval=3.0).poll_interval,
     "caller_positional": ReplayBuffer(*args.values(), 4.0).poll_interval,
 }))
+from verl.trainer.ppo.v1 import trainer_base
+print("POLL" + json.dumps({
+    "seeded_uids": type(trainer_base.uuid).__name__ == "SeededUUIDs",
+    "ordered_batches": getattr(ReplayBuffer._materialize_batch, "_verl_evidence_cpu", False),
+}))
 """
-POLL_KEYS = ("default", "async", "caller_keyword", "caller_positional")
+POLL_KEYS = ("default", "async", "caller_keyword", "caller_positional", "seeded_uids", "ordered_batches")
 
 
 @pytest.mark.slow
 @pytest.mark.one_worker_group("cpu_mode_probes")
-def test_selected_mode_polls_the_replay_buffer_often_unless_the_caller_chose_an_interval(selected, unselected):
+def test_selected_mode_polls_often_unless_the_caller_chose_and_patches_for_determinism(selected, unselected):
     assert {key: selected[key] for key in POLL_KEYS} == {
         "default": verl_patches.REPLAY_BUFFER_POLL_S, "async": verl_patches.REPLAY_BUFFER_POLL_S,
-        "caller_keyword": 3.0, "caller_positional": 4.0,
+        "caller_keyword": 3.0, "caller_positional": 4.0, "seeded_uids": True, "ordered_batches": True,
     }  # fmt: skip
     chosen = _probe({"VERL_PLATFORM": "cpu", "VERL_EVIDENCE_CPU_POLL_S": "0.25"}, POLL_PROBE, marker="POLL")
     assert chosen["default"] == 0.25
     assert unselected["default"] == verl_patches.VERL_REPLAY_BUFFER_POLL_DEFAULT  # untouched when not selected
+    assert not unselected["seeded_uids"] and not unselected["ordered_batches"]
 
 
 @pytest.mark.slow

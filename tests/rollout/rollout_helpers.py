@@ -44,6 +44,7 @@ def run_worker(config, backend, rows: Sequence[dict]):
         column[:] = [row[key] for row in rows]
         non_tensor[key] = column
     non_tensor["index"] = np.arange(len(rows))
+    non_tensor["priority"] = np.arange(len(rows))  # each sample's place, as verl's AgentLoopManager attaches it
     batch = DataProto.from_dict(non_tensors=non_tensor, meta_info={"validate": False})
     return asyncio.run(worker.generate_sequences(batch))
 

@@ -104,6 +104,55 @@ def test_hf_backend_generates_concurrent_requests_in_one_batch_as_it_would_one_b
         assert out.log_probs == pytest.approx(one.log_probs[: len(ids)], abs=1e-5)
 
 
+def test_request_seeds_depend_on_the_seed_the_prompt_and_its_count_only():
+    from verl_evidence.local.backends import RequestSeeds
+
+    params = {"temperature": 1.0, "max_tokens": 8}
+    first, again = RequestSeeds(7), RequestSeeds(7)
+    group = [first.next([1, 2, 3], params) for _ in range(4)]
+    assert len(set(group)) == 4  # a GRPO group's samples differ
+    # another prompt in between, other length limits: the prompt's own sequence is unchanged
+    assert again.next([9], params) not in group
+    assert [again.next([1, 2, 3], {**params, "max_tokens": n}) for n in range(4)] == group
+    assert RequestSeeds(8).next([1, 2, 3], params) != group[0]
+    assert first.next([1, 2, 3], {**params, "temperature": 0.7}) not in group  # other settings, other draws
+    assert first.next([1, 2, 3], {**params, "seed": 5}) == 5  # vLLM's per-request seed wins
+
+
+def test_hf_backend_samples_the_same_replies_however_requests_arrive_and_are_batched(model_dir, tokenizer):
+    """A run repeats with its seed: two backends of one seed, one asked one request at a time and the other asked all
+    at once in the reverse order, sample the same replies for each prompt (its repeated requests, a GRPO group's
+    samples, are interchangeable: which of them gets which reply follows the order they arrive in)."""
+    prompts = [chat_prompt(tokenizer, q) for q in ("Who?", "Who wrote the report on the river?")]
+    order = [0, 1, 0, 0, 1]
+    params = {"temperature": 1.0, "max_tokens": 12, "logprobs": True, "ignore_eos": True}
+
+    def replies(outputs):
+        by_prompt = {0: [], 1: []}
+        for index, out in zip(order, outputs):
+            by_prompt[index].append(out.token_ids)
+        return by_prompt
+
+    one_by_one = HFGenerationBackend.from_pretrained(model_dir, device="cpu", dtype="float32", seed=3)
+    alone = replies([generate(one_by_one, prompts[i], **params) for i in order])
+    assert one_by_one.batch_sizes == {1: 5}
+    assert len({tuple(ids) for ids in alone[0]}) == 3  # the group's samples differ
+
+    together = HFGenerationBackend.from_pretrained(model_dir, device="cpu", dtype="float32", seed=3)
+
+    async def all_at_once():
+        calls = [
+            together.generate(f"r{n}", prompt_ids=prompts[i], sampling_params=dict(params)) for n, i in enumerate(order)
+        ]
+        return await asyncio.gather(*reversed(calls))
+
+    batched = replies(list(reversed(asyncio.run(all_at_once()))))
+    assert together.batch_sizes[1] < 5  # batched, in the reverse order
+    assert sorted(batched[0]) == sorted(alone[0]) and sorted(batched[1]) == sorted(alone[1])
+    other_seed = HFGenerationBackend.from_pretrained(model_dir, device="cpu", dtype="float32", seed=4)
+    assert generate(other_seed, prompts[1], **params).token_ids not in alone[1]
+
+
 def test_cpu_sampling_drops_finished_rows_and_reports_the_policys_own_log_probs(model_dir):
     """A left-padded sampled batch whose rows end at different lengths: each ended row leaves the batch (the model
     is called on fewer rows), and every row's tokens are scored exactly as the model scores them in one full

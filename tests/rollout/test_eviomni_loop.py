@@ -212,3 +212,18 @@ def test_response_running_out_of_budget_is_cut_with_matching_logprobs(base_confi
     continuation = logprobs[len(first_ids) :]
     assert continuation[0] <= -2  # from a later call than the first (o_f runs beside o_r and o_e)
     assert continuation == pytest.approx([continuation[0] - i / 1000 for i in range(len(continuation))])
+
+
+def test_requests_are_named_by_the_samples_place_under_full_determinism(base_config, tokenizer):
+    """verl's rollout.full_determinism names a sample's requests by its place in the batch (a deterministic engine
+    seeds by the name); each of this loop's concurrent requests gets a name of its own. Otherwise: fresh uuids."""
+    rows = [make_row(QUESTION, "eviomni", passages=PASSAGES)] * 2
+    backend = ScriptedBackend(tokenizer, responder=responder_for({}))
+    run_worker(with_settings(base_config, {"actor_rollout_ref.rollout.full_determinism": True}), backend, rows)
+    parts = ("extract", "answer", "answer-without-evidence", "answer-from-evidence-only")
+    assert sorted(call["request_id"] for call in backend.calls) == sorted(f"det-{n}-{p}" for n in (0, 1) for p in parts)
+
+    backend = ScriptedBackend(tokenizer, responder=responder_for({}))
+    run_worker(base_config, backend, rows)
+    names = [call["request_id"] for call in backend.calls]
+    assert len(set(names)) == 8 and not any(name.startswith("det-") for name in names)

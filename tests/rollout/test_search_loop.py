@@ -393,3 +393,12 @@ def test_smoke_warm_up_lays_out_tokens_as_the_loop_does(
     # loss only on what the policy writes (and the end of its turn)
     trained = [token for token, label in zip(ids, labels, strict=True) if label != -100]
     assert trained[: len(policy[0]) + len(policy[1])] == policy[0] + policy[1]
+
+
+def test_a_trajectorys_turns_share_the_name_of_its_place_under_full_determinism(base_config, search_url, tokenizer):
+    """verl's rollout.full_determinism: every policy turn of sample n is requested as ``det-n`` (as verl's
+    ToolAgentLoop names them), so a deterministic engine seeds each sample's turns by its place in the batch."""
+    backend = ScriptedBackend(tokenizer, responder=lambda p: ANSWER_TURN if "<information>" in p else SEARCH_TURN)
+    config = with_settings(search_config(base_config, search_url), {"actor_rollout_ref.rollout.full_determinism": True})
+    run_worker(config, backend, [make_row(QUESTION, "evidence_search")] * 2)
+    assert sorted(call["request_id"] for call in backend.calls) == ["det-0", "det-0", "det-1", "det-1"]

@@ -7,6 +7,7 @@ import functools
 import logging
 import weakref
 from typing import Any, NamedTuple
+from uuid import uuid4
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -189,3 +190,12 @@ class EngineFields:
 
     def merged_with(self, own: dict[str, Any]) -> dict[str, Any]:
         return {**self.fields, **own}
+
+
+def request_id(rollout_config: Any, priority: int, part: str = "") -> str:
+    """A generation request's id, as verl's own agent loops make it: ``det-<priority>`` under
+    ``rollout.full_determinism`` (verl's router then sends equal ids to the same replica in every run, where it
+    would pick the least loaded one), a fresh uuid otherwise. ``part`` tells a sample's concurrent requests apart."""
+    if getattr(rollout_config, "full_determinism", False):
+        return f"det-{priority}" + (f"-{part}" if part else "")
+    return uuid4().hex

@@ -24,7 +24,6 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any
-from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 from verl.utils.profiler import simple_timer
@@ -37,6 +36,7 @@ from verl_evidence.agent_loops.common import (
     encode,
     message_text,
     question_of,
+    request_id,
     row_passages,
     stop_sampling_params,
 )
@@ -149,10 +149,13 @@ class EviOmniAgentLoop(SettingsAgentLoop):
         return masked
 
     async def _generate(
-        self, prompt_ids: list[int], params: dict[str, Any], stop: str, priority: int, engine: EngineFields
+        self, prompt_ids: list[int], params: dict[str, Any], stop: str, priority: int, engine: EngineFields, part: str
     ) -> tuple[list[int], list[float] | None]:
         output = await self.server_manager.generate(
-            request_id=uuid4().hex, prompt_ids=prompt_ids, sampling_params=params, priority=priority
+            request_id=request_id(self.rollout_config, priority, part),
+            prompt_ids=prompt_ids,
+            sampling_params=params,
+            priority=priority,
         )
         engine.add(output)
         token_ids = list(output.token_ids)[: params["max_tokens"]]
@@ -160,7 +163,13 @@ class EviOmniAgentLoop(SettingsAgentLoop):
         return kept, (output.log_probs[: len(kept)] if output.log_probs else None)
 
     async def _masked_answer(
-        self, system: list[dict], sampling_params: dict[str, Any], priority: int, engine: EngineFields, **fields: str
+        self,
+        system: list[dict],
+        sampling_params: dict[str, Any],
+        priority: int,
+        engine: EngineFields,
+        part: str,
+        **fields: str,
     ) -> str:
         prompt_ids = await self.ct_build_initial_tokens(
             system + [{"role": "user", "content": render_prompt(self.answer_template, **fields)}]
@@ -170,11 +179,17 @@ class EviOmniAgentLoop(SettingsAgentLoop):
         )
         if self.settings.masked_answer_temperature is not None:
             params["temperature"] = float(self.settings.masked_answer_temperature)
-        token_ids, _ = await self._generate(prompt_ids, params, "</answer>", priority, engine)
+        token_ids, _ = await self._generate(prompt_ids, params, "</answer>", priority, engine, part)
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     async def _without_passages(
-        self, question: str, system: list[dict], engine: EngineFields, retrieval_error: str, searched: bool
+        self,
+        question: str,
+        system: list[dict],
+        engine: EngineFields,
+        retrieval_error: str,
+        searched: bool,
+        priority: int,
     ) -> AgentLoopOutput:
         """A row with no passages (none in the row, none retrieved): nothing to extract evidence from.
 
@@ -190,7 +205,9 @@ class EviOmniAgentLoop(SettingsAgentLoop):
         )
         # One token from the engine: the trajectory then carries the rollout's weight version like any other.
         output = await self.server_manager.generate(
-            request_id=uuid4().hex, prompt_ids=prompt_ids, sampling_params={"temperature": 0.0, "max_tokens": 1}
+            request_id=request_id(self.rollout_config, priority, "no-passages"),
+            prompt_ids=prompt_ids,
+            sampling_params={"temperature": 0.0, "max_tokens": 1},
         )
         engine.add(output)
         self._record_search(searched, engine, retrieval_error)  # an empty answer is not a failed search
@@ -221,7 +238,7 @@ class EviOmniAgentLoop(SettingsAgentLoop):
         passages_text = format_documents(passages)
         system = self._system_messages(kwargs)
         if not passages:
-            return await self._without_passages(question, system, engine, retrieval_error, searched)
+            return await self._without_passages(question, system, engine, retrieval_error, searched, priority)
         prompt_ids = await self.ct_build_initial_tokens(
             system
             + [
@@ -235,7 +252,9 @@ class EviOmniAgentLoop(SettingsAgentLoop):
         # 1. <reason> r </reason> <extract> e </extract>
         params = stop_sampling_params(sampling_params, self.rollout_name, ["</extract>"], self.response_length)
         with simple_timer("generate_sequences", timing):
-            first_ids, first_logprobs = await self._generate(prompt_ids, params, "</extract>", priority, engine)
+            first_ids, first_logprobs = await self._generate(
+                prompt_ids, params, "</extract>", priority, engine, "extract"
+            )
         self._record_search(searched, engine, retrieval_error)
         first_text = self.tokenizer.decode(first_ids, skip_special_tokens=True)
         body = strip_thinking(first_text)
@@ -253,6 +272,7 @@ class EviOmniAgentLoop(SettingsAgentLoop):
                 sampling_params,
                 priority,
                 engine,
+                "answer-without-evidence",
                 question=question,
                 passages=passages_text,
                 rationale=rationale,
@@ -263,6 +283,7 @@ class EviOmniAgentLoop(SettingsAgentLoop):
                 sampling_params,
                 priority,
                 engine,
+                "answer-from-evidence-only",
                 question=question,
                 passages=hidden,
                 rationale=hidden,
@@ -271,7 +292,9 @@ class EviOmniAgentLoop(SettingsAgentLoop):
         ]
         if continue_answer:
             answer_params = stop_sampling_params(sampling_params, self.rollout_name, ["</answer>"], remaining)
-            jobs.append(self._generate(prompt_ids + response_ids, answer_params, "</answer>", priority, engine))
+            jobs.append(
+                self._generate(prompt_ids + response_ids, answer_params, "</answer>", priority, engine, "answer")
+            )
         with simple_timer("generate_sequences", timing):
             results = await asyncio.gather(*jobs)
         answer_r, answer_e = results[0], results[1]

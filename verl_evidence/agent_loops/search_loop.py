@@ -41,7 +41,6 @@ import asyncio
 import logging
 from enum import Enum
 from typing import Any
-from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 from verl.utils.profiler import simple_timer
@@ -54,6 +53,7 @@ from verl_evidence.agent_loops.common import (
     encode,
     encode_cached,
     question_of,
+    request_id,
     stop_sampling_params,
 )
 from verl_evidence.agent_loops.extractor import EvidenceExtractor, SubQuestionExecutor
@@ -99,10 +99,10 @@ class TurnState(Enum):
 class SearchAgentData:
     """One trajectory's state, handed from handler to handler (verl's ``AgentData`` for the text-tag protocol)."""
 
-    def __init__(self, question: str, prompt_ids: list[int], response_length: int) -> None:
+    def __init__(self, question: str, prompt_ids: list[int], response_length: int, request_id: str) -> None:
         self.question = question
         self.prompt_ids = prompt_ids
-        self.request_id = uuid4().hex
+        self.request_id = request_id  # every policy turn's: one trajectory, one name (verl's ToolAgentLoop's)
         self.traj = Trajectory(response_length)
         self.engine = EngineFields()  # weight versions etc. from every policy turn, as verl's trainer expects
         self.timing: dict[str, float] = {}
@@ -233,7 +233,7 @@ class EvidenceSearchAgentLoop(SettingsAgentLoop):
     async def run(self, sampling_params: dict[str, Any], priority: int = 0, **kwargs) -> AgentLoopOutput:
         question = question_of(kwargs)
         prompt_ids = await self.ct_build_initial_tokens(self._messages(kwargs, question))
-        data = SearchAgentData(question, prompt_ids, self.response_length)
+        data = SearchAgentData(question, prompt_ids, self.response_length, request_id(self.rollout_config, priority))
         data.document_format = self._document_format(kwargs)
         state = TurnState.GENERATING
         while state is not TurnState.TERMINATED:

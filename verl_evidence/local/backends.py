@@ -24,13 +24,14 @@ a stop string, and the EOS token when generation ended on it.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
@@ -153,6 +154,7 @@ def sample_until_stopped(
     top_p: float = 1.0,
     stopped: Callable[[list[int]], bool],
     logprobs: bool = False,
+    generators: Sequence[Any] | None = None,
 ) -> tuple[list[list[int]], list[list[float] | None]]:
     """Decode a left-padded batch token by token, each row until ``stopped`` says so or it has ``limits[row]``
     tokens; a row that ends leaves the batch (its KV cache rows are dropped).
@@ -161,7 +163,9 @@ def sample_until_stopped(
     every short one pay for its length (the smoke EviOmni rollout: most answers end within ~20 tokens of a
     batch that runs to ~140). Sampling is ``generate``'s: temperature, then top-k, then top-p warpers on the
     float32 logits, a multinomial draw (argmax when ``temperature`` is 0); ``logprobs`` are the log-softmax of
-    the warped scores at the drawn tokens (``generate``'s ``output_scores``). Returns, per row, its generated
+    the warped scores at the drawn tokens (``generate``'s ``output_scores``). ``generators``: one
+    ``torch.Generator`` per row, so that a row's draws depend on its own generator only, not on which other rows
+    share its batch (None: torch's global generator, one draw for the whole batch). Returns, per row, its generated
     ids and (with ``logprobs``) their log-probs.
     """
     import torch
@@ -194,7 +198,12 @@ def sample_until_stopped(
     next_position = positions[:, -1:] + 1
     while rows:
         warped = warpers(None, logits.float())
-        if temperature > 0:
+        if temperature > 0 and generators is not None:
+            probs = torch.softmax(warped, dim=-1)
+            tokens = torch.cat(
+                [torch.multinomial(probs[i], num_samples=1, generator=generators[row]) for i, row in enumerate(rows)]
+            )
+        elif temperature > 0:
             tokens = torch.multinomial(torch.softmax(warped, dim=-1), num_samples=1).squeeze(1)
         else:
             tokens = warped.argmax(dim=-1)
@@ -267,12 +276,49 @@ def share_key_value_heads(model) -> bool:
     return True
 
 
-_OWN_LIMITS = ("max_tokens", "max_new_tokens")  # what each request of a batch keeps for itself
+_OWN_SETTINGS = ("max_tokens", "max_new_tokens", "seed")  # what each request of a batch keeps for itself
 
 
 def _batch_key(sampling_params: dict[str, Any]) -> tuple:
-    """What requests must share to be generated in one batch: everything but their prompt and length limit."""
-    return tuple(sorted((name, repr(value)) for name, value in sampling_params.items() if name not in _OWN_LIMITS))
+    """What requests must share to be generated in one batch: everything but their prompt, length limit and seed."""
+    return tuple(sorted((name, repr(value)) for name, value in sampling_params.items() if name not in _OWN_SETTINGS))
+
+
+class _Request(NamedTuple):
+    prompt_ids: list[int]
+    sampling_params: dict[str, Any]
+    seed: int | None  # its own generator's seed (RequestSeeds); None: torch's global generator
+
+
+class RequestSeeds:
+    """A seed for every request, from the backend's seed, the request's prompt and sampling settings, and how many
+    requests of that prompt came before: what a request samples then depends neither on when it arrived nor on which
+    requests share its batch. A request's own ``seed`` (vLLM's per-request sampling parameter) wins.
+
+    A prompt asked n times at once (a GRPO group's samples, or two trajectories identical so far) gets its n seeds in
+    the order its requests arrive: the same replies in every run, though two samples of a group may trade them.
+    Request ids cannot name a sample instead: verl's trainer calls every agent loop with priority 0, so under its
+    ``full_determinism`` every request is ``det-0``. A trade within a group changes nothing the trainer computes but
+    the order of a sum: a group's samples sit in one mini-batch (verl splits batches by whole groups), and under
+    full determinism the CPU mode orders each batch by prompt and sample (``verl_patches.patch_batch_order``).
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self._asked: Counter[bytes] = Counter()  # prompt digest -> requests of it so far
+
+    def next(self, prompt_ids: Sequence[int], sampling_params: dict[str, Any]) -> int:
+        if sampling_params.get("seed") is not None:
+            return int(sampling_params["seed"]) & _SEED_MASK
+        name = hashlib.blake2b(
+            f"{self.seed}|{_batch_key(sampling_params)}|{list(prompt_ids)}".encode(), digest_size=16
+        ).digest()
+        count = self._asked[name]
+        self._asked[name] = count + 1
+        return int.from_bytes(hashlib.blake2b(name + count.to_bytes(8, "little"), digest_size=8).digest()) & _SEED_MASK
+
+
+_SEED_MASK = (1 << 63) - 1  # torch.Generator.manual_seed takes a non-negative 64-bit integer
 
 
 class HFGenerationBackend(_OwnRoutingClient):
@@ -307,11 +353,10 @@ class HFGenerationBackend(_OwnRoutingClient):
         self._lock = threading.Lock()
         self._batcher = BacklogBatcher(self._generate_batch, max_batch_size=max_batch_size)
         self.batch_sizes: Counter[int] = Counter()  # how many requests each generated batch held
-        if seed is not None:
-            import torch
-
-            # Seeded once: runs are reproducible, yet repeated samples of one prompt differ (GRPO groups).
-            torch.manual_seed(seed)
+        # Each request samples with a generator of its own (RequestSeeds): a run repeats with its seed, whatever
+        # order its concurrent requests arrive in and however they are batched; repeated samples of one prompt
+        # (a GRPO group) still differ. seed=None: torch's global generator, not repeatable.
+        self.request_seeds = RequestSeeds(seed) if seed is not None else None
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device: str | None = None, dtype: str = "auto", **kwargs):
@@ -323,9 +368,9 @@ class HFGenerationBackend(_OwnRoutingClient):
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
         return cls(model, tokenizer, **kwargs)
 
-    async def _generate_batch(self, requests: list[tuple[list[int], dict[str, Any]]]) -> list[TokenOutput]:
+    async def _generate_batch(self, requests: list[_Request]) -> list[TokenOutput]:
         groups: dict[tuple, list[int]] = {}
-        for index, (_, sampling_params) in enumerate(requests):
+        for index, (_, sampling_params, _) in enumerate(requests):
             groups.setdefault(_batch_key(sampling_params), []).append(index)
         outputs: list[TokenOutput | None] = [None] * len(requests)
         loop = asyncio.get_running_loop()
@@ -335,29 +380,34 @@ class HFGenerationBackend(_OwnRoutingClient):
                 outputs[index] = output
         return outputs
 
-    def _generate_sync(self, requests: list[tuple[list[int], dict[str, Any]]]) -> list[TokenOutput]:
+    def _generate_sync(self, requests: list[_Request]) -> list[TokenOutput]:
         """One batch (:func:`sample_until_stopped`) for requests that share their sampling settings (not their length
         limits)."""
         import torch
 
-        sampling_params = requests[0][1]
+        sampling_params = requests[0].sampling_params
         eos = self.tokenizer.eos_token_id
         stop_ids = _stop_token_ids(sampling_params, eos)
         stops = stop_strings_of(sampling_params)
         temperature = float(sampling_params.get("temperature", 1.0) or 0.0)
         top_k = sampling_params.get("top_k", -1)
         top_p = float(sampling_params.get("top_p", 1.0) or 1.0)
-        limits = [max_tokens_of(params, self.default_max_tokens) for _, params in requests]
+        limits = [max_tokens_of(request.sampling_params, self.default_max_tokens) for request in requests]
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos
         device = next(self.model.parameters()).device
         # Left-padded: every row's generated tokens start at the same column.
-        width = max(len(prompt_ids) for prompt_ids, _ in requests)
+        width = max(len(request.prompt_ids) for request in requests)
         input_ids = torch.tensor(
-            [[pad or 0] * (width - len(ids)) + list(ids) for ids, _ in requests], dtype=torch.long, device=device
+            [[pad or 0] * (width - len(r.prompt_ids)) + r.prompt_ids for r in requests], dtype=torch.long, device=device
         )
         attention_mask = torch.tensor(
-            [[0] * (width - len(ids)) + [1] * len(ids) for ids, _ in requests], dtype=torch.long, device=device
+            [[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in requests],
+            dtype=torch.long,
+            device=device,
         )
+        generators = None
+        if temperature > 0 and all(request.seed is not None for request in requests):
+            generators = [torch.Generator(device=device).manual_seed(request.seed) for request in requests]
         with self._lock, torch.no_grad():
             generated, scores = sample_until_stopped(
                 self.model,
@@ -369,6 +419,7 @@ class HFGenerationBackend(_OwnRoutingClient):
                 top_p=top_p,
                 stopped=lambda generated: ends_at_stop(generated, self.tokenizer, stops, stop_ids),
                 logprobs=bool(sampling_params.get("logprobs")),
+                generators=generators,
             )
             self.batch_sizes[len(requests)] += 1
         outputs = []
@@ -397,7 +448,9 @@ class HFGenerationBackend(_OwnRoutingClient):
         **kwargs: Any,
     ) -> TokenOutput:
         self._record(request_id, prompt_ids, sampling_params)
-        return await self._batcher.submit((list(prompt_ids), dict(sampling_params)))
+        # seeded on arrival: a prompt's n-th request is the one that arrives n-th
+        seed = self.request_seeds.next(prompt_ids, sampling_params) if self.request_seeds else None
+        return await self._batcher.submit(_Request(list(prompt_ids), dict(sampling_params), seed))
 
 
 class OpenAIBackend(_OwnRoutingClient, OpenAIEndpoint):

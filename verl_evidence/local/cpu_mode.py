@@ -70,5 +70,7 @@ def activate() -> None:
     when_imported("verl.workers.rollout.base", verl_patches.patch_rollout_adapter_registry)
     when_imported("verl.utils.distributed", verl_patches.patch_process_group_backend)
     when_imported("verl.trainer.ppo.v1.replay_buffer", verl_patches.patch_replay_buffer_poll)
+    when_imported("verl.trainer.ppo.v1.replay_buffer", verl_patches.patch_batch_order)
+    when_imported("verl.trainer.ppo.v1.trainer_base", verl_patches.patch_trainer_uids)
     _activated = True
     logger.info("verl-evidence CPU training mode active (platform %s, rollout %s)", CPU_PLATFORM, ROLLOUT_NAME)

@@ -20,13 +20,25 @@ on (those tests fail loudly when verl changes under them):
   generation time comes in whole multiples of 2 s. On a GPU cluster that is
   noise next to minutes of rollout; a CPU smoke step generates in 4-6 s, so
   the mode polls every :data:`REPLAY_BUFFER_POLL_S` seconds instead
-  (``VERL_EVIDENCE_CPU_POLL_S``), unless the caller passed its own interval.
+  (``VERL_EVIDENCE_CPU_POLL_S``), unless the caller passed its own interval;
+- under verl's ``rollout.full_determinism`` (``VERL_FULL_DETERMINISM=1``, which
+  verl's ``main_ppo`` sets with ``PYTHONHASHSEED`` = the rollout seed), a run
+  repeats with its seed only if every step's batch does. verl's trainer names
+  each prompt with ``uuid.uuid4()`` and its replay buffer hands the batch over
+  in the order trajectories finished, so the trainer's mini-batches hold other
+  samples from run to run. The mode draws the names from a generator seeded
+  with that seed, and orders a step's batch by name and sample
+  (:func:`patch_trainer_uids`, :func:`patch_batch_order`). Without the switch
+  both are verl's own.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import random
 import sys
+import uuid
 
 from verl_evidence.local.cpu_rollout import ADAPTER_PATH, ROLLOUT_NAME
 
@@ -192,3 +204,73 @@ def patch_replay_buffer_poll() -> None:
 
     __init__._verl_evidence_cpu = True
     cls.__init__ = __init__
+
+
+def full_determinism() -> bool:
+    """verl's ``rollout.full_determinism`` switch, as ``main_ppo`` hands it to every Ray worker."""
+    return os.environ.get("VERL_FULL_DETERMINISM") == "1"
+
+
+def determinism_seed() -> int:
+    """The run's rollout seed, which ``main_ppo`` puts in ``PYTHONHASHSEED`` under full determinism (0 if unset)."""
+    raw = os.environ.get("PYTHONHASHSEED", "").strip()
+    return int(raw) if raw.isdigit() else 0
+
+
+class SeededUUIDs:
+    """The ``uuid`` module, as verl's trainer sees it: under full determinism ``uuid4()`` draws its 128 bits from a
+    generator seeded with the run's seed (the same prompt names in every run); otherwise the real ``uuid4``."""
+
+    def __init__(self) -> None:
+        self._random: random.Random | None = None
+
+    def __getattr__(self, name: str):
+        return getattr(uuid, name)
+
+    def uuid4(self) -> uuid.UUID:
+        if not full_determinism():
+            return uuid.uuid4()
+        if self._random is None:
+            self._random = random.Random(determinism_seed())
+        return uuid.UUID(int=self._random.getrandbits(128), version=4)
+
+
+def patch_trainer_uids() -> None:
+    from verl.trainer.ppo.v1 import trainer_base
+
+    if isinstance(trainer_base.uuid, SeededUUIDs):
+        return
+    if trainer_base.uuid is not uuid:
+        raise RuntimeError(
+            "verl's trainer_base no longer imports the uuid module; the CPU mode's seeded uids need checking"
+        )
+    trainer_base.uuid = SeededUUIDs()
+
+
+def batch_position(key: str) -> tuple[str, int, int]:
+    """Where a trajectory goes in a deterministic batch: its replay-buffer key ``{uid}_{session}_{output}`` as (the
+    prompt's name, the sample, the agent loop output), numbers compared as numbers."""
+    uid, session, output = key.rsplit("_", 2)
+    return uid, int(session), int(output)
+
+
+def patch_batch_order() -> None:
+    import functools
+
+    from verl.trainer.ppo.v1 import replay_buffer
+
+    cls = replay_buffer.ReplayBuffer
+    original = cls._materialize_batch
+    if getattr(original, "_verl_evidence_cpu", False):
+        return
+
+    @functools.wraps(original)
+    def _materialize_batch(self, *args, **kwargs):
+        meta = original(self, *args, **kwargs)
+        if not full_determinism():
+            return meta
+        order = sorted(range(len(meta.keys)), key=lambda i: batch_position(meta.keys[i]))
+        return dataclasses.replace(meta, keys=[meta.keys[i] for i in order], tags=[meta.tags[i] for i in order])
+
+    _materialize_batch._verl_evidence_cpu = True
+    cls._materialize_batch = _materialize_batch
