@@ -88,8 +88,9 @@ def score_samples(cfg, samples: list[dict]) -> list[dict[str, float]]:
     from verl_evidence.local.tiny_models import save_tiny_tokenizer, tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
+    tokenizer_dir = tempfile.TemporaryDirectory(prefix="compose_check_tok_")  # removed when scoring ends
     with open_dict(cfg):
-        cfg.actor_rollout_ref.model.path = str(save_tiny_tokenizer(tempfile.mkdtemp(prefix="compose_check_tok_")))
+        cfg.actor_rollout_ref.model.path = str(save_tiny_tokenizer(tokenizer_dir.name))
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)  # verl's managers cache the thread's loop when built
     try:
@@ -109,6 +110,7 @@ def score_samples(cfg, samples: list[dict]) -> list[dict[str, float]]:
         return scores
     finally:
         loop.close()
+        tokenizer_dir.cleanup()
 
 
 def check(argv: list[str], samples: list[dict] | None = None) -> dict:
