@@ -128,7 +128,7 @@ def test_verl_trainer_still_names_prompts_by_uuid4_and_hands_batches_over_as_the
     assert 'os.environ["PYTHONHASHSEED"] = str(rollout_cfg.seed)' in run_ppo
 
 
-def test_seeded_uuids_repeat_with_the_seed_only_under_full_determinism(monkeypatch):
+def test_seeded_uuids_repeat_with_the_seed_only_under_full_determinism(monkeypatch, caplog):
     monkeypatch.setenv("VERL_FULL_DETERMINISM", "1")
     monkeypatch.setenv("PYTHONHASHSEED", "5")
     names = [verl_patches.SeededUUIDs().uuid4() for _ in range(2)]
@@ -137,6 +137,10 @@ def test_seeded_uuids_repeat_with_the_seed_only_under_full_determinism(monkeypat
     assert run[0] == names[0] == names[1] and len(set(run)) == 3 and run[0].version == 4
     monkeypatch.setenv("PYTHONHASHSEED", "6")
     assert verl_patches.SeededUUIDs().uuid4() != run[0]
+    monkeypatch.delenv("PYTHONHASHSEED")  # a worker without main_ppo's environment: seed 0, said aloud
+    with caplog.at_level("WARNING", logger=verl_patches.__name__):
+        assert verl_patches.determinism_seed() == 0
+    assert "PYTHONHASHSEED" in caplog.text and "seed 0" in caplog.text
     monkeypatch.delenv("VERL_FULL_DETERMINISM")
     assert verl_patches.SeededUUIDs().uuid4() != verl_patches.SeededUUIDs().uuid4()  # verl's own: random
     assert verl_patches.SeededUUIDs().UUID is __import__("uuid").UUID  # the rest of the module passes through

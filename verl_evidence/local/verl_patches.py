@@ -35,12 +35,15 @@ on (those tests fail loudly when verl changes under them):
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import random
 import sys
 import uuid
 
 from verl_evidence.local.cpu_rollout import ADAPTER_PATH, ROLLOUT_NAME
+
+logger = logging.getLogger(__name__)
 
 SUPPORTED_VERL = ("0.9.",)  # version prefixes whose private internals the patches below were checked against
 # Each poll is one metadata sync with TransferQueue (a few ms); 2 s of verl's default is ~1 s lost per wait.
@@ -212,9 +215,17 @@ def full_determinism() -> bool:
 
 
 def determinism_seed() -> int:
-    """The run's rollout seed, which ``main_ppo`` puts in ``PYTHONHASHSEED`` under full determinism (0 if unset)."""
+    """The run's rollout seed, which ``main_ppo`` puts in ``PYTHONHASHSEED`` under full determinism. Missing (a worker
+    that did not inherit ``main_ppo``'s environment), it is 0, with a warning: every seed names prompts alike."""
     raw = os.environ.get("PYTHONHASHSEED", "").strip()
-    return int(raw) if raw.isdigit() else 0
+    if raw.isdigit():
+        return int(raw)
+    logger.warning(
+        "VERL_FULL_DETERMINISM=1 but PYTHONHASHSEED=%r is not the rollout seed verl's main_ppo sets: prompt names "
+        "are drawn with seed 0, the same for every rollout seed",
+        raw,
+    )
+    return 0
 
 
 class SeededUUIDs:
