@@ -143,8 +143,8 @@ DRY_RUN: dict[tuple[str, str], str] = {
     ("docs/recipes.md", "bash recipes/eviomni_grpo.sh trainer.total_epochs=2"): "8 GPUs",
     ("docs/evaluation.md", "SMOKE_STEPS=8"): "8 CPU training steps; the EviOmni smoke training runs in "
     "tests/conftest.py::eviomni_smoke_run",
-    ("docs/debug-on-cpu.md", "LR=5e-5 bash recipes/evinote_grpo.sh --smoke"): "tests/recipes/test_smoke_training.py"
-    "::test_evinote_recipe_trains_on_cpu_with_the_search_server_and_nli_judge trains EviNote's smoke run",
+    ("docs/debug-on-cpu.md", "LR=5e-5 bash recipes/evinote_grpo.sh --smoke"): "tests/recipes/test_slurm_job.py "
+    "trains EviNote's smoke run (in the Slurm job, cancelled and requeued)",
 }
 # What a command's output must show besides its exit code 0 (what the doc says it does).
 EXPECT: dict[tuple[str, str], str] = {

@@ -3,8 +3,8 @@
 Only Slurm stands in: `srun` (a step on this machine, with its node's own temporary directory; tests/recipes/
 test_slurm.py's SRUN) and `hostname --ip-address` (127.0.0.1). Everything else is what the job runs on a cluster: its
 default SETUP (the venv's activate), a real `ray start --head` and `ray start --address` (two Ray nodes, one per
-"node"), its readiness probe, `verl-evidence serve --address auto` placed on the head by its Ray resource, and the
-Search-R1 recipe's `--smoke` training attached to that cluster, searching that server.
+"node"), its readiness probe, `verl-evidence serve --address auto` placed on the head by its Ray resource, and
+EviNote's recipe's `--smoke` training attached to that cluster, searching that server, its NLI judge a Ray actor there.
 
 1. The job trains step 1 and writes its checkpoint; during step 2 it is cancelled as `scancel` and preemption do it
    (SIGTERM to every process of the job, the steps included): every process stops within the grace Slurm gives
@@ -13,6 +13,12 @@ Search-R1 recipe's `--smoke` training attached to that cluster, searching that s
    global_step_1 and reports step 2 first. This run is also the RETRIEVAL_NODE variant (one training for both):
    two nodes, the server on the last one, on a Ray instance of its own outside the training cluster (the first, the
    whole training cluster: run 1 has tested a cluster of two Ray nodes; a third would only cost a Ray start).
+
+3. The two runs together are EviNote's smoke run (steps 1 and 2, the recipe's smoke batch), checked as
+   tests/recipes/test_smoke_training.py::check_evinote_run checks a run: rewards that differ within a group, every
+   reward component logged as the mean of the dumped samples, no retrieved token trained. One training for both: a
+   trainer start is ~50 CPU-s of the suite's bounded time. verl's file logger starts its file anew in each run, so
+   the first run's is kept before the requeue.
 
 Ray's token authentication: both runs start with a `~/.ray/auth_token` in the job's HOME (what any local ray.init()
 leaves), which made `ray start --head` turn authentication on by itself and refuse every other step; the job now sets
@@ -25,6 +31,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -36,14 +43,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from smoke_runs import smoke_paths
+from smoke_runs import SmokeRun, smoke_paths
 
 from verl_evidence.local.smoke.logs import read_metrics
 
 from .test_slurm import SBATCH, SRUN
+from .test_smoke_training import check_evinote_run
 
 # longest_first: the job trains, is cancelled, is requeued and resumes (the suite's longest test after the shared run)
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.longest_first(4)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.longest_first(2)]
 
 STEP_LINE = re.compile(r"\bstep:(\d+) - ")
 HOSTNAME = """#!/usr/bin/env bash
@@ -126,6 +134,7 @@ class SlurmJob:
         self.bin, self.home = tmp_path / "bin", tmp_path / "home"
         self.run_dir = tmp_path / "run"
         self.metrics_file, self.dump, self.checkpoints = smoke_paths(self.run_dir)
+        self.first_run_metrics = self.run_dir / "metrics-run1.jsonl"
         self.logs = tmp_path / "logs"
         for directory in (self.bin, self.home / ".ray", self.run_dir, *(nodes / f"node{n}" for n in (1, 2, 3))):
             directory.mkdir(parents=True, exist_ok=True)
@@ -155,7 +164,7 @@ class SlurmJob:
             "NODES": "node1 node2",  # SLURM_JOB_NODELIST through `scontrol show hostnames`
             "SLURM_CPUS_PER_TASK": "8",  # sbatch --cpus-per-task, read by the job script
             "PYTHONUNBUFFERED": "1",
-            "RECIPE": "search_r1_baseline.sh",
+            "RECIPE": "evinote_grpo.sh",
             "SERVER_ARGS": f"--index-dir {index_dir}",
             "RETRIEVAL_HOST": "127.0.0.1",
             "RETRIEVAL_CPUS": "1",
@@ -173,11 +182,16 @@ class SlurmJob:
             "SAVE_FREQ": "1",
             "RESUME_MODE": "auto",
             "SMOKE_STEPS": "2",
-            # one question, 4 samples a step: the job's mechanics need searches and a checkpoint, not a signal
-            "BATCH": "1",
-            "MINI_BATCH": "1",
-            "GROUP_SIZE": "4",
+            # the recipe's smoke batch (two groups): the run is also EviNote's smoke run, whose gated reward must
+            # differ within a group
         }
+
+    def both_runs(self) -> SmokeRun:
+        """The two runs as one smoke run: step 1's metrics from the first, step 2's from the requeued one."""
+        both = self.run_dir / "metrics-both-runs.jsonl"
+        both.write_text(self.first_run_metrics.read_text() + self.metrics_file.read_text())
+        output = "".join((self.tmp_path / f"run{n}.out").read_text() for n in (1, 2))
+        return SmokeRun(0, output, both, self.dump, self.checkpoints)
 
     def start(self, output: Path, **env: str) -> tuple[subprocess.Popen, str]:
         mark = uuid.uuid4().hex
@@ -212,6 +226,7 @@ def test_the_slurm_job_trains_on_two_ray_nodes_stops_when_cancelled_and_resumes_
         job = SlurmJob(tmp_path, bundled_index_dir, Path(nodes))
         first_run(job)
         requeued_run(job)
+    check_evinote_run(job.both_runs())
 
 
 def first_run(job: SlurmJob) -> None:
@@ -266,6 +281,7 @@ def first_run(job: SlurmJob) -> None:
     assert sum(row["rollout"]["num_searches"] for row in rows) > 0
     assert all(row["rollout"]["search_errors"] == 0 for row in rows)
     assert 1 in read_metrics(job.metrics_file)  # verl's file logger, in the trainer's Ray workers on the cluster
+    shutil.copyfile(job.metrics_file, job.first_run_metrics)  # the requeued run's logger starts the file anew
     srun_steps = (job.tmp_path / "srun.log").read_text().splitlines()
     assert srun_steps and all("--cpus-per-task=8 " in line for line in srun_steps), srun_steps
 

@@ -12,7 +12,10 @@ rollout dump (``trainer.rollout_data_dir``) holds for that step, the rollout beh
 matches the dump too, and no retrieved or masked-answer token was trained.
 
 The EviOmni run is the session's shared ``eviomni_smoke_run`` (tests/conftest.py; tests/eval evaluates its
-checkpoints); the other recipes train here, each in its own temporary directory (tests/smoke_runs.py).
+checkpoints). EviNote's run is the Slurm job's (tests/recipes/test_slurm_job.py): the job trains ``evinote_grpo.sh
+--smoke`` on two Ray nodes, searching the server it started, and is cancelled after step 1 and requeued for step 2;
+:func:`check_evinote_run` reads that run (a trainer start is ~50 CPU-s, and the suite's time is bounded). GRACE's
+trains here, in its own temporary directory (tests/smoke_runs.py).
 
 A loop that trains its retrieved tokens is stopped before the update without a trainer run of its own (one costs
 ~50 CPU-s of start-up): the real AgentLoopWorker's trajectories of such a loop fail the check
@@ -78,9 +81,8 @@ def test_eviomni_recipe_trains_on_cpu(eviomni_smoke_run):
         )
 
 
-@pytest.mark.longest_first(2)
-def test_evinote_recipe_trains_on_cpu_with_the_search_server_and_nli_judge(retrieval_server_url, tmp_path):
-    run = run_smoke("evinote_grpo.sh", tmp_path, env={"RETRIEVAL_URL": retrieval_server_url}).check_finished()
+def check_evinote_run(run: SmokeRun) -> None:
+    """What EviNote's smoke run must show at steps 1 and 2 (the Slurm job's run: tests/recipes/test_slurm_job.py)."""
     metrics = run.step(2)
     assert metrics["num_turns/max"] >= 4  # user, the search turn, its observation, the answer turn
     # Rewards differ within a group: some samples close an annotated <summary> and an <answer> (gate + EQR from the
