@@ -211,6 +211,9 @@ def haproxy_environment(
         "RAY_SERVE_HAPROXY_SOCKET_PATH": str(workdir / "admin.sock"),
         "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(workdir),
         "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(workdir / "server-state"),
+        # Ray binds this socket even with its request-router metrics off; at its default every server start left a
+        # directory in /tmp/haproxy-serve
+        "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": str(workdir / "metrics.sock"),
         "RAY_SERVE_HAPROXY_STATS_PORT": str(stats_port),
         "RAY_SERVE_HAPROXY_METRICS_PORT": str(metrics_port),
     }

@@ -100,6 +100,7 @@ def test_haproxy_environment_is_private_to_one_server(tmp_path):
         "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC",
         "RAY_SERVE_HAPROXY_SOCKET_PATH",
         "RAY_SERVE_HAPROXY_SERVER_STATE_BASE",
+        "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH",
         "RAY_SERVE_HAPROXY_BINARY_PATH",
     ):
         assert first[key].startswith("/tmp/rs-haproxy-65535/") or first[key] == "/tmp/rs-haproxy-65535"
@@ -447,7 +448,7 @@ intruders.clear()
 real_wait = launch._wait_healthy
 def healthy_then_failing(url, timeout_s=120.0, token=None):
     real_wait(url, timeout_s, token)
-    print("healthy", url, httpx.get(url + "/health").status_code, flush=True)
+    print("healthy", url, httpx.get(url + "/health").status_code, ray.get_runtime_context().get_node_id(), flush=True)
     raise TimeoutError("scripted: a failure once everything is up")
 launch._wait_healthy = healthy_then_failing
 try:
@@ -484,11 +485,13 @@ def test_servers_started_one_after_another_in_one_process(server_sequence):
     """A failed start leaves nothing behind, no stale Serve handle either: the next start in the same process comes
     up healthy, and a failure once it is up leaves nothing behind."""
     lines, _ = server_sequence
-    ((healthy_url, healthy_status),) = lines["healthy"]
+    ((healthy_url, healthy_status, node_id),) = lines["healthy"]
     assert healthy_status == "200"
     ((ray_up,),) = lines["failed-start"]
     assert ray_up == "False"  # Ray stopped ...
     assert not list(Path("/tmp").glob(f"rs-haproxy-{healthy_url.rsplit(':', 1)[1]}"))  # ... HAProxy's directory removed
+    # and nothing of it went to Ray's shared default (/tmp/haproxy-serve/<node id>/: its metrics socket once did)
+    assert not Path("/tmp/haproxy-serve", node_id).exists()
 
 
 @pytest.mark.slow
@@ -500,7 +503,7 @@ def test_port_taken_between_choice_and_bind(server_sequence):
     """A port chosen by the server is chosen again; a given one fails at once, naming it, leaving nothing behind."""
     lines, stderr = server_sequence
     ((taken,),) = lines["chosen"]
-    ((healthy_url, _),) = lines["healthy"]
+    ((healthy_url, _, _),) = lines["healthy"]
     assert not healthy_url.endswith(f":{taken}")
     assert "starting again on other ports" in stderr
     ((port, ray_up, workdir_left),) = lines["given"]
