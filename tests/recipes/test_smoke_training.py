@@ -20,8 +20,8 @@ trains here, in its own temporary directory (tests/smoke_runs.py).
 A loop that trains its retrieved tokens is stopped before the update without a trainer run of its own (one costs
 ~50 CPU-s of start-up): the real AgentLoopWorker's trajectories of such a loop fail the check
 (tests/rollout/test_masking_check.py), the sampler raises it from ``sample()`` before returning the batch, and verl
-samples before it updates (tests/adapters/test_step_metrics.py); the EviNote run here reads the check's metrics from
-the real trainer.
+samples before it updates (tests/adapters/test_step_metrics.py); :func:`check_evinote_run` reads the check's metrics
+from the real trainer.
 """
 
 from __future__ import annotations
