@@ -45,6 +45,7 @@ import httpx
 import pytest
 from smoke_runs import SmokeRun, smoke_paths
 
+from retrieval_server.config import cache_dir
 from verl_evidence.local.smoke.logs import read_metrics
 
 from .test_slurm import SBATCH, SRUN
@@ -144,8 +145,10 @@ class SlurmJob:
         for name, text in {"srun": SRUN, "hostname": HOSTNAME}.items():
             (self.bin / name).write_text(text)
             (self.bin / name).chmod(0o755)
-        smoke_dir = os.environ.get("VERL_EVIDENCE_SMOKE_DIR") or str(Path.home() / ".cache/verl-evidence/smoke")
-        cache = os.environ.get("VERL_EVIDENCE_CACHE") or str(Path.home() / ".cache/verl-evidence")
+        # the caches this test session uses, fixed before the job's HOME moves (smoke_dir()'s default is the cache's
+        # smoke/: under CI's fresh VERL_EVIDENCE_CACHE the job builds and reuses what the rest of the suite does)
+        cache = str(cache_dir())
+        smoke_dir = os.environ.get("VERL_EVIDENCE_SMOKE_DIR") or str(cache_dir() / "smoke")
         base = {
             k: v
             for k, v in os.environ.items()
