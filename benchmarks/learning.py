@@ -188,11 +188,10 @@ ARMS: dict[str, Arm] = {
         ceiling=grace_ceiling,
         balance_key="answerable",
         updates_per_step=4,
-        # Four updates a step against the others' two: at the others' rate a step moved the policy twice as far, and
-        # at 5e-4 one plain seed in fifteen collapsed into malformed replies that every sample of a group repeats
-        # (2026-11-28, seed 3: format 1.00 -> 0.50 over steps 7-20, half the groups all scored 0 and so untrained).
-        # Half the rate: the same learning rate times updates a step as every other arm.
-        lr_scale=0.5,
+        # The full rate, as every arm, though its recipe makes four updates a step against the others' two. Half of
+        # it (2026-11-28 to 11-29, chosen for one collapse in fifteen seeds of the grace_neutral warm-up) failed on
+        # both grace_judged warm-ups measured (2026-11-29: one seed never tied its path to its judgement, and on the
+        # other warm-up one collapsed, format 0.98 -> 0.54); the full rate passed on both (docs/learning-benchmark.md).
     ),
     "evinote": Arm("evinote_grpo.sh", "evinote", "search", warmup="search_neutral", updates_per_step=2),
     "search_r1": Arm(

@@ -8,6 +8,7 @@ logic is checked on made-up numbers.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -850,14 +851,13 @@ def test_a_failed_warm_up_stops_the_runs_not_yet_started() -> None:
     assert ("omni", 1) not in ran and ("grace", 2) not in ran
 
 
-def test_each_arm_trains_at_the_same_rate_times_updates_a_step() -> None:
-    """--lr is the rate of an arm making two updates a step; GRACE's four train at half of it."""
-    assert learning.arm_learning_rate(learning.ARMS["grace"], "5e-4") == "0.00025"
-    assert learning.arm_learning_rate(learning.ARMS["eviomni"], "5e-4") == "0.0005"
+def test_each_arm_trains_at_the_benchmarks_rate_scaled_by_its_own_share() -> None:
+    """--lr is every arm's rate (GRACE's too, since 2026-11-29); an arm's lr_scale would scale it."""
+    rates = {name: learning.arm_learning_rate(arm, "5e-4") for name, arm in learning.ARMS.items()}
+    assert rates == dict.fromkeys(learning.ARMS, "0.0005")
     assert learning.arm_learning_rate(learning.ARMS["grace"], None) is None  # the recipe's own smoke rate
-    arms = learning.ARMS.items()
-    moved = {name: float(learning.arm_learning_rate(arm, "5e-4")) * arm.updates_per_step for name, arm in arms}
-    assert len(set(moved.values())) == 1, moved
+    halved = dataclasses.replace(learning.ARMS["grace"], lr_scale=0.5)
+    assert learning.arm_learning_rate(halved, "5e-4") == "0.00025"
 
 
 def test_a_groups_shared_warm_up_is_sampled_once_and_anew_in_a_reused_out_dir(tmp_path: Path, monkeypatch) -> None:
