@@ -51,7 +51,7 @@ from verl_evidence.local.smoke.logs import read_metrics
 from .test_slurm import SBATCH, SRUN
 from .test_smoke_training import check_evinote_run
 
-# longest_first: the job trains, is cancelled, is requeued and resumes (the suite's longest test after the shared run)
+# longest_first: the job trains EviNote, is cancelled, is requeued and resumes (the suite's longest test)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.longest_first(2)]
 
 STEP_LINE = re.compile(r"\bstep:(\d+) - ")
@@ -147,8 +147,8 @@ class SlurmJob:
             (self.bin / name).chmod(0o755)
         # the caches this test session uses, fixed before the job's HOME moves (smoke_dir()'s default is the cache's
         # smoke/: under CI's fresh VERL_EVIDENCE_CACHE the job builds and reuses what the rest of the suite does)
-        cache = str(cache_dir())
-        smoke_dir = os.environ.get("VERL_EVIDENCE_SMOKE_DIR") or str(cache_dir() / "smoke")
+        cache = cache_dir()
+        smoke_dir = os.environ.get("VERL_EVIDENCE_SMOKE_DIR") or str(cache / "smoke")
         base = {
             k: v
             for k, v in os.environ.items()
@@ -159,7 +159,7 @@ class SlurmJob:
             "PATH": f"{self.bin}{os.pathsep}{os.environ['PATH']}",
             "HOME": str(self.home),  # never the user's ~/.ray
             "VERL_EVIDENCE_SMOKE_DIR": smoke_dir,  # the tiny policy and data, prepared once per machine
-            "VERL_EVIDENCE_CACHE": cache,
+            "VERL_EVIDENCE_CACHE": str(cache),
             "TMPDIR": str(nodes / "node1"),  # the batch script runs on the first node
             "SRUN_NODES": str(nodes),
             "SRUN_LOG": str(tmp_path / "srun.log"),
