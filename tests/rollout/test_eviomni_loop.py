@@ -6,7 +6,7 @@ import pytest
 from rollout_helpers import make_row, run_worker, unpad, with_settings
 
 from retrieval_server.client import RetrievalClient
-from verl_evidence.local.backends import ScriptedBackend
+from verl_evidence.local.backends import RequestSeeds, ScriptedBackend
 from verl_evidence.prompts import load_prompt, render_prompt
 from verl_evidence.tools.documents import format_documents
 
@@ -227,3 +227,74 @@ def test_requests_are_named_by_the_samples_place_under_full_determinism(base_con
     run_worker(base_config, backend, rows)
     names = [call["request_id"] for call in backend.calls]
     assert len(set(names)) == 8 and not any(name.startswith("det-") for name in names)
+
+
+class SeedReplyBackend(ScriptedBackend):
+    """Answers a masked-input prompt with the seed the CPU engine samples it with (``RequestSeeds``: the request's
+    own seed, else its prompt and how many requests of that prompt came before), so a reply shows which draw it is."""
+
+    def __init__(self, tokenizer, firsts: list[str]):
+        super().__init__(tokenizer, responder=self._respond)
+        self.firsts = list(firsts)  # the (r, e) parts, handed out in arrival order
+        self.seeds = RequestSeeds(7)
+        self._seed = 0
+
+    def _record(self, request_id, prompt_ids, sampling_params):
+        super()._record(request_id, prompt_ids, sampling_params)
+        self._seed = self.seeds.next(prompt_ids, sampling_params)  # read by _respond: no await in between
+
+    def _respond(self, prompt: str) -> str:
+        if "Some parts may be hidden" in prompt:
+            return f"<answer> draw {self._seed} </answer>"
+        if prompt.endswith("</extract>"):
+            return ANSWER_F
+        return self.firsts.pop(0)
+
+
+def test_a_masked_answer_stays_with_its_sample_whatever_order_the_samples_arrive_in(base_config, tokenizer):
+    """Two samples with one rationale and different evidence ask the same answer-without-evidence prompt. Under
+    full determinism each gets the draw of its own trajectory, in every run and whichever sample's request comes
+    first: seeded by prompt and arrival, they traded draws (and rewards) from run to run."""
+    first_a = f"<reason> {RATIONALE} </reason><extract> {EVIDENCE} </extract>"
+    first_b = f"<reason> {RATIONALE} </reason><extract> Amazon drains into the Atlantic Ocean </extract>"
+    rows = [make_row(QUESTION, "eviomni", passages=PASSAGES)] * 2
+    config = with_settings(base_config, {"actor_rollout_ref.rollout.full_determinism": True})
+
+    def answers_by_evidence(firsts: list[str]) -> dict[str, str]:
+        backend = SeedReplyBackend(tokenizer, firsts)
+        output = run_worker(config, backend, rows)
+        masked = [c for c in backend.calls if "answer-without-evidence" in c["request_id"]]
+        assert len(masked) == 2 and masked[0]["prompt_ids"] == masked[1]["prompt_ids"]  # one prompt for both
+        out = [unpad(output, row) for row in range(2)]
+        return {
+            tokenizer.decode(o["response_ids"]).split("<extract>")[1][:12]: o["extra"]["eviomni_answer_r"] for o in out
+        }
+
+    one_way, other_way = answers_by_evidence([first_a, first_b]), answers_by_evidence([first_b, first_a])
+    assert len(set(one_way.values())) == 2  # different trajectories, different draws
+    assert one_way == other_way
+
+    # outside full determinism nothing is seeded: the engine samples as it would
+    backend = SeedReplyBackend(tokenizer, [first_a, first_b])
+    run_worker(base_config, backend, rows)
+    assert not any("seed" in call["sampling_params"] for call in backend.calls)
+
+
+def test_a_side_generations_seed_is_its_trajectorys_and_only_under_full_determinism():
+    from types import SimpleNamespace
+
+    from verl_evidence.agent_loops.common import seeded_by_trajectory
+
+    config = SimpleNamespace(full_determinism=True, seed=42)
+    params = {"temperature": 1.0}
+    seeded = seeded_by_trajectory(params, config, "vllm", [1, 2, 3], "o_r")
+    assert 0 <= seeded["seed"] < 2**31 and seeded["temperature"] == 1.0 and "seed" not in params
+    assert seeded == seeded_by_trajectory(params, config, None, [1, 2, 3], "o_r")  # vLLM and the CPU engine alike
+    others = [
+        seeded_by_trajectory(params, config, "vllm", [1, 2, 4], "o_r"),  # another trajectory
+        seeded_by_trajectory(params, config, "vllm", [1, 2, 3], "o_e"),  # another side generation
+        seeded_by_trajectory(params, SimpleNamespace(full_determinism=True, seed=43), "vllm", [1, 2, 3], "o_r"),
+    ]
+    assert len({seeded["seed"], *(other["seed"] for other in others)}) == 4
+    assert seeded_by_trajectory(params, config, "sglang", [1, 2, 3], "o_r") == params  # SGLang: another key
+    assert seeded_by_trajectory(params, SimpleNamespace(full_determinism=False, seed=42), "vllm", [1], "o_r") == params

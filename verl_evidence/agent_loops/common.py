@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import logging
 import weakref
 from typing import Any, NamedTuple
@@ -190,6 +191,25 @@ class EngineFields:
 
     def merged_with(self, own: dict[str, Any]) -> dict[str, Any]:
         return {**self.fields, **own}
+
+
+def seeded_by_trajectory(
+    params: dict[str, Any], rollout_config: Any, rollout_name: str | None, trajectory_ids: list[int], part: str
+) -> dict[str, Any]:
+    """``params`` of a side generation (one whose reply is not the trajectory's continuation) with a ``seed`` of its
+    own under ``rollout.full_determinism``: from the rollout seed, ``part`` and the trajectory so far.
+
+    Why: such a prompt can be shared by trajectories whose responses differ (EviOmni's answer without the evidence:
+    two samples with one rationale and different evidence). An engine that seeds by prompt and arrival (our CPU
+    engine) or one seed for all (verl's vLLM server) would let them trade replies, and each sample's reward would
+    change from run to run. Seeded by its trajectory, a reply belongs to its sample; identical trajectories get
+    identical replies, as under verl's one seed. SGLang names its seed otherwise and is left unseeded. Outside full
+    determinism nothing is seeded: the engine samples as it would."""
+    if not getattr(rollout_config, "full_determinism", False) or rollout_name == "sglang":
+        return params
+    base = getattr(rollout_config, "seed", 0)
+    digest = hashlib.blake2b(f"{base}|{part}|{list(trajectory_ids)}".encode(), digest_size=8).digest()
+    return {**params, "seed": int.from_bytes(digest, "little") & 0x7FFFFFFF}  # 31 bits: any engine's seed type
 
 
 def request_id(rollout_config: Any, priority: int, part: str = "") -> str:

@@ -38,6 +38,7 @@ from verl_evidence.agent_loops.common import (
     question_of,
     request_id,
     row_passages,
+    seeded_by_trajectory,
     stop_sampling_params,
 )
 from verl_evidence.prompts import check_placeholders, load_prompt, render_prompt
@@ -169,6 +170,7 @@ class EviOmniAgentLoop(SettingsAgentLoop):
         priority: int,
         engine: EngineFields,
         part: str,
+        trajectory_ids: list[int],
         **fields: str,
     ) -> str:
         prompt_ids = await self.ct_build_initial_tokens(
@@ -179,6 +181,8 @@ class EviOmniAgentLoop(SettingsAgentLoop):
         )
         if self.settings.masked_answer_temperature is not None:
             params["temperature"] = float(self.settings.masked_answer_temperature)
+        # two samples can share this prompt (one rationale, different evidence): its reply must stay theirs
+        params = seeded_by_trajectory(params, self.rollout_config, self.rollout_name, trajectory_ids, part)
         token_ids, _ = await self._generate(prompt_ids, params, "</answer>", priority, engine, part)
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
@@ -273,6 +277,7 @@ class EviOmniAgentLoop(SettingsAgentLoop):
                 priority,
                 engine,
                 "answer-without-evidence",
+                prompt_ids + response_ids,
                 question=question,
                 passages=passages_text,
                 rationale=rationale,
@@ -284,6 +289,7 @@ class EviOmniAgentLoop(SettingsAgentLoop):
                 priority,
                 engine,
                 "answer-from-evidence-only",
+                prompt_ids + response_ids,
                 question=question,
                 passages=hidden,
                 rationale=hidden,

@@ -298,9 +298,12 @@ class RequestSeeds:
     A prompt asked n times at once (a GRPO group's samples, or two trajectories identical so far) gets its n seeds in
     the order its requests arrive: the same replies in every run, though two samples of a group may trade them.
     Request ids cannot name a sample instead: verl's trainer calls every agent loop with priority 0, so under its
-    ``full_determinism`` every request is ``det-0``. A trade within a group changes nothing the trainer computes but
-    the order of a sum: a group's samples sit in one mini-batch (verl splits batches by whole groups), and under
-    full determinism the CPU mode orders each batch by prompt and sample (``verl_patches.patch_batch_order``).
+    ``full_determinism`` every request is ``det-0``. A trade of a trajectory's own continuation changes nothing the
+    trainer computes but the order of a sum: the two trajectories were identical so far, a group's samples sit in
+    one mini-batch (verl splits batches by whole groups), and under full determinism the CPU mode orders each batch
+    by prompt and sample (``verl_patches.patch_batch_order``). A side generation whose prompt trajectories that
+    differ can share (EviOmni's masked-input answers) carries its own seed instead
+    (``agent_loops.common.seeded_by_trajectory``): traded, it would move a reward from one sample to another.
     """
 
     def __init__(self, seed: int) -> None:
