@@ -2,7 +2,9 @@
 
 Arms (each ``bash recipes/<recipe>.sh --smoke``, verl's own trainer on CPU):
 
-- ``eviomni``, ``lear``: the EviOmni-family warm-up, their own rows and rewards;
+- ``eviomni``: the EviOmni-family warm-up, its rows and reward. ``lear`` (LEAR's recipe) is run only when named in
+  ``--arms``: LEAR's prompt, rows, reward numbers and trainer settings are EviOmni's (a test checks each), so its
+  runs are EviOmni's to the last digit and EviOmni's verdict is its verdict (``Arm.same_runs_as``);
 - ``grace``: the judged GRACE warm-up (``grace_judged``: each question's reply opens with a think block judging its
   references relevant or not, right for its context, then the answer in the right path's tags and again in the wrong
   path's, so each question's samples take either path after the judgement), GRACE's rows, verl's DAPO manager with
@@ -37,10 +39,11 @@ the question). Where a reward's most on a row is known (GRACE: 6.5 answerable, 1
 match: 1), step 1's reward is printed as a share of the batch's ceiling, and a plain run that does not rise from 90 %
 of it or more is reported as having no headroom rather than as not rising.
 
-    nice -n 5 python benchmarks/learning.py --fixed-batch --questions 2 --steps 15 --seeds 1 2 3 --out /tmp/fixed
+    nice -n 5 python benchmarks/learning.py --fixed-batch --questions all --steps 20 --seeds 1 2 3 --arms grace \
+        --group-size 4 --lr 5e-4 --parallel 2 --out /tmp/fixed
 
 The whole protocol in one command: the comparison's plain runs (every question in every step) are fixed batches, so
-``--fixed-batch --questions all`` gives both the comparison and the sign control (30 runs):
+``--fixed-batch --questions all`` gives both the comparison and the sign control (24 runs: 4 arms, 3 seeds, 2 signs):
 
     python benchmarks/learning.py --fixed-batch --questions all --steps 20 --seeds 1 2 3 --group-size 4 --lr 5e-4 \
         --parallel 2 --out /tmp/learning
@@ -175,11 +178,16 @@ class Arm:
     updates_per_step: int = 1
     # The arm's learning rate as a share of the benchmark's --lr (:func:`arm_learning_rate`)
     lr_scale: float = 1.0
+    # Another arm whose runs this arm's would repeat exactly (same prompt, rows, reward numbers and trainer settings;
+    # a test checks each of them): not run unless named in --arms, and that arm's verdict is its verdict
+    same_runs_as: str | None = None
 
 
 ARMS: dict[str, Arm] = {
     "eviomni": Arm("eviomni_grpo.sh", "eviomni", "eviomni", updates_per_step=2),
-    "lear": Arm("lear_grpo.sh", "lear", "eviomni", updates_per_step=2),
+    # LEAR is the earlier paper of EviOmni's method, with the same reward numbers (docs/methods/eviomni.md): its runs
+    # were EviOmni's to the last digit in every seed and sign (2026-11-29), so the protocol runs them once
+    "lear": Arm("lear_grpo.sh", "lear", "eviomni", updates_per_step=2, same_runs_as="eviomni"),
     "grace": Arm(
         "grace_dapo.sh",
         "grace",
@@ -205,6 +213,8 @@ ARMS: dict[str, Arm] = {
         overrides=("reward_preset=composite", f"++reward.reward_kwargs.components={SEARCH_R1_COMPONENTS}"),
     ),
 }
+# What the benchmark runs unless --arms says otherwise: every arm whose runs are not another arm's
+DEFAULT_ARMS = [name for name, arm in ARMS.items() if arm.same_runs_as is None]
 # The measures shown per kind of arm (table and plot), in order
 KEY_MEASURES = {
     "search": ("note_rate", "eqr", "em", "score"),
@@ -519,7 +529,8 @@ def directions(points: Sequence[Point]) -> list[Direction]:
             claim = f"{name}: compression ratio rises while F1 does not fall (by more than {F1_TOLERANCE})"
             cr, f1 = change(points, arm, split, "compression_ratio"), change(points, arm, split, "f1")
             if cr is None or f1 is None:
-                out.append(Direction(claim, split, None, "not measured"))
+                twin = ARMS[arm].same_runs_as
+                out.append(Direction(claim, split, None, f"not run: its runs are {twin}'s" if twin else "not measured"))
                 continue
             margin = MIN_EFFECT * abs(cr.first)
             holds = cr.delta > margin and f1.delta >= -F1_TOLERANCE
@@ -1439,6 +1450,11 @@ def trained_a_step(run_dir: Path) -> bool:
     return metrics.exists() and any(step > 0 for step in read_metrics(metrics))
 
 
+def twins_not_run(arms: Sequence[str], checked: Sequence[str]) -> list[str]:
+    """Arms left out of ``arms`` because their runs are those of an arm that was ``checked``."""
+    return [name for name, arm in ARMS.items() if name not in arms and arm.same_runs_as and arm.same_runs_as in checked]
+
+
 def analyse(
     out: Path, arms: Sequence[str]
 ) -> tuple[list[Point], list[dict], list[Direction], list[SignCheck], dict[str, RunCost]]:
@@ -1479,6 +1495,9 @@ def analyse(
                 "fired_at_step_1": fire_rates(points, labels),
                 "groups_with_spread_at_step_1": fire_rates(points, labels, "groups_with_spread"),
                 "costs": {name: {**cost.__dict__, "start_s": round(cost.start_s, 1)} for name, cost in costs.items()},
+                "runs_are_another_arms": {
+                    name: ARMS[name].same_runs_as for name in twins_not_run(arms, [c.arm for c in checks])
+                },
             },
             indent=2,
             default=str,
@@ -1548,7 +1567,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20, help="training steps per run (N)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
+    parser.add_argument(
+        "--arms",
+        nargs="+",
+        choices=list(ARMS),
+        default=DEFAULT_ARMS,
+        help=f"default: {' '.join(DEFAULT_ARMS)} (an arm whose runs are another's runs only when named)",
+    )
     parser.add_argument(
         "--questions",
         default="all",
@@ -1622,6 +1647,11 @@ def main() -> None:
             f"{half}):"
         )
         print(format_sign_checks(checks))
+        for name in twins_not_run(args.arms, [c.arm for c in checks]):
+            print(
+                f"{name}: not run; its runs are {ARMS[name].same_runs_as}'s (same prompt, rows, reward numbers and "
+                f"trainer settings), so {ARMS[name].same_runs_as}'s verdict is its verdict (--arms {name} runs it)"
+            )
     print("\nshare of step-1 samples the reward paid, and of step-1 groups whose rewards differ (mean over seeds):")
     labels = sorted({p.arm for p in points})
     spreads = fire_rates(points, labels, "groups_with_spread")
@@ -1636,7 +1666,7 @@ def main() -> None:
         print(format_costs(costs))
         start, step = fmean(c.start_s for c in costs.values()), fmean(c.per_step["step"] for c in costs.values())
         steps = max(args.steps, CHECK_STEPS)
-        whole = protocol_minutes(len(ARMS), CHECK_SEEDS, 2, steps, start, step, args.parallel)
+        whole = protocol_minutes(len(DEFAULT_ARMS), CHECK_SEEDS, 2, steps, start, step, args.parallel)
         print(
             f"at these runs' mean start ({start:.0f} s) and step ({step:.1f} s), every arm x {CHECK_SEEDS} seeds x "
             f"both signs x {steps} steps, {args.parallel} at a time: ~{whole:.0f} min"

@@ -892,3 +892,75 @@ def test_the_grace_warm_up_summary_names_judgements_only_for_the_judged_warm_up(
     text = learning.format_path_rate(judged)
     assert "judgement right 0.88, path follows the judgement 0.25" in text
     assert "right path 3 of 8 valid, judged right 7  Who?" in text
+
+
+# --- an arm whose runs are another's ----------------------------------------------------------------------------
+
+
+def _without(config: dict, *dotted: str) -> dict:
+    for key in dotted:
+        *path, last = key.split(".")
+        node = config
+        for part in path:
+            node = node[part]
+        node.pop(last)
+    return config
+
+
+@pytest.mark.parametrize("name", [n for n, arm in learning.ARMS.items() if arm.same_runs_as])
+def test_an_arm_left_out_as_another_arms_twin_trains_exactly_what_that_arm_trains(name: str) -> None:
+    """The protocol skips LEAR because its runs would be EviOmni's to the last digit: this fails as soon as the two
+    differ in anything a run reads (the arm, the recipe's command, the composed preset, the reward's numbers, the
+    prompt, the rows)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from verl_evidence.dataprep import rows, templates
+    from verl_evidence.dataprep.records import QARecord
+    from verl_evidence.local.smoke.settings import SMOKE_METHODS
+    from verl_evidence.rewards.eviomni import EviOmniConfig
+
+    twin_name = learning.ARMS[name].same_runs_as
+    arm, twin = learning.ARMS[name], learning.ARMS[twin_name]
+    assert name not in learning.DEFAULT_ARMS and twin_name in learning.DEFAULT_ARMS
+    assert dataclasses.replace(arm, recipe=twin.recipe, method=twin.method, same_runs_as=None) == twin
+    assert dataclasses.replace(SMOKE_METHODS[arm.method], data=twin.method) == SMOKE_METHODS[twin.method]
+    assert rows.METHODS[arm.method] == rows.METHODS[twin.method]
+    assert templates.DEFAULT_PROMPTS[arm.method] == templates.DEFAULT_PROMPTS[twin.method]
+    assert EviOmniConfig.for_variant(arm.method) == EviOmniConfig.for_variant(twin.method)
+
+    # the recipes' commands with the same choices made: only the preset's name and the reward's variant differ
+    same = {"MODEL": "qwen2.5-1.5b", "GPUS_PER_NODE": "4", "TRAIN_FILES": "t.parquet", "VAL_FILES": "v.parquet"}
+    commands = {}
+    for arm_name in (name, twin_name):
+        result = dry_run(learning.ARMS[arm_name].recipe, EXPERIMENT="e", **same)
+        assert result.returncode == 0, result.stderr
+        commands[arm_name] = trainer_argv(result.stdout)
+    differ = [(a, b) for a, b in zip(commands[name], commands[twin_name]) if a != b]
+    assert len(commands[name]) == len(commands[twin_name])
+    assert sorted(differ) == sorted(
+        [
+            (f"--config-name={name}_grpo", f"--config-name={twin_name}_grpo"),
+            (f"++reward.reward_kwargs.variant={name}", f"++reward.reward_kwargs.variant={twin_name}"),
+        ]
+    ), differ
+
+    # the presets those names compose: equal but for the variant
+    composed = {}
+    with initialize_config_dir(config_dir=str(REPO / "recipes" / "presets"), version_base=None):
+        for arm_name in (name, twin_name):
+            config = OmegaConf.to_container(compose(config_name=f"{arm_name}_grpo"), resolve=False)
+            assert config["reward"]["reward_kwargs"]["variant"] == arm_name
+            composed[arm_name] = _without(config, "reward.reward_kwargs.variant")
+    assert composed[name] == composed[twin_name]
+
+    # the rows: the same prompt, passages and answers, only the method's name in extra_info
+    record = QARecord(id="q1", question="Where is the Nile?", answers=("Africa",), data_source="nq")
+    passages = [[{"id": "d1", "contents": "Nile\nThe Nile flows through Africa."}]]
+
+    def method_rows(method: str) -> list[dict]:
+        template = templates.load_template(method)
+        written = rows.eviomni_rows([record], passages, template, "train", lambda text: len(text.split()), method)
+        return [_without(row, "extra_info.method") for row in written]
+
+    assert method_rows(name) == method_rows(twin_name)
