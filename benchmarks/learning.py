@@ -186,7 +186,8 @@ class Arm:
 ARMS: dict[str, Arm] = {
     "eviomni": Arm("eviomni_grpo.sh", "eviomni", "eviomni", updates_per_step=2),
     # LEAR is the earlier paper of EviOmni's method, with the same reward numbers (docs/methods/eviomni.md): its runs
-    # were EviOmni's to the last digit in every seed and sign (2026-11-29), so the protocol runs them once
+    # sampled EviOmni's replies and scores at every step of every seed and sign (2026-11-29; gradient norms equal to
+    # 5 significant digits), so the protocol runs them once
     "lear": Arm("lear_grpo.sh", "lear", "eviomni", updates_per_step=2, same_runs_as="eviomni"),
     "grace": Arm(
         "grace_dapo.sh",
