@@ -4,7 +4,7 @@ Arms (each ``bash recipes/<recipe>.sh --smoke``, verl's own trainer on CPU):
 
 - ``eviomni``: the EviOmni-family warm-up, its rows and reward. ``lear`` (LEAR's recipe) is run only when named in
   ``--arms``: LEAR's prompt, rows, reward numbers and trainer settings are EviOmni's (a test checks each), so its
-  runs are EviOmni's to the last digit and EviOmni's verdict is its verdict (``Arm.same_runs_as``);
+  runs sample EviOmni's replies and scores and EviOmni's verdict is its verdict (``Arm.same_runs_as``);
 - ``grace``: the judged GRACE warm-up (``grace_judged``: each question's reply opens with a think block judging its
   references relevant or not, right for its context, then the answer in the right path's tags and again in the wrong
   path's, so each question's samples take either path after the judgement), GRACE's rows, verl's DAPO manager with
@@ -1573,7 +1573,7 @@ def main() -> None:
         nargs="+",
         choices=list(ARMS),
         default=DEFAULT_ARMS,
-        help=f"default: {' '.join(DEFAULT_ARMS)} (an arm whose runs are another's runs only when named)",
+        help=f"default: {' '.join(DEFAULT_ARMS)} (an arm whose runs repeat another arm's runs only when named)",
     )
     parser.add_argument(
         "--questions",
