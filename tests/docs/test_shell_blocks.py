@@ -58,8 +58,13 @@ SKIPPED: dict[tuple[str, str], str] = {
     ("docs/quickstart.md", "make test"): "the suite itself",
     ("docs/quickstart.md", "python -m venv .venv"): "the installation: the suite runs inside the installed venv",
     ("docs/quickstart.md", "pip install torch"): "the installation (network)",
-    ("docs/quickstart.md", 'pip install -e ".[serve,vllm]"'): "the installation (network; vLLM needs a GPU)",
-    ("docs/quickstart.md", "pip uninstall -y faiss-cpu"): "the installation of faiss-gpu (GPU)",
+    ("docs/quickstart.md", 'pip install -e ".[serve,vllm]"'): "the installation (vLLM needs a GPU): "
+    "tests/docs/test_installs.py resolves it for Linux x86_64",
+    ("docs/quickstart.md", "pip uninstall -y faiss-cpu"): "the installation of faiss-gpu (GPU): "
+    "tests/docs/test_installs.py resolves `.[serve,vllm,gpu]`",
+    ("docs/quickstart.md", "pip install uv"): "the installation (network): `make install` installs uv the same way",
+    ("docs/quickstart.md", 'uv pip install -e ".[serve,sglang]"'): "the installation (SGLang needs a GPU): "
+    "tests/docs/test_installs.py resolves it with the override file for Linux x86_64",
     ("docs/quickstart.md", 'python -c "import verl;'): "a plain `import verl` resolving our reward managers by name: "
     "the session's verl_import_probe (tests/adapters/test_registration_hook.py) runs exactly that",
     ("docs/quickstart.md", "verl-evidence index convert"): "~65 CPU-s for the 322-vector stand-in (faiss trains "
