@@ -10,7 +10,20 @@ ve_smoke evinote
 MODEL="${MODEL:-qwen2.5-7b}"; ve_model_preset
 GPUS_PER_NODE="${GPUS_PER_NODE:-8}"
 TRAIN_FILES="${TRAIN_FILES:-data/evinote/train.parquet}"; VAL_FILES="${VAL_FILES:-data/evinote/test.parquet}"
-EXPERIMENT="${EXPERIMENT:-evinote-grpo-$MODEL}"
+# The paper's ablation rows (Tables 2-5; docs/methods/evinote.md): sen | naive_summary | naive_evidence |
+# force_summary | force_summary_sr | force_summary_eqr. Empty: the method itself (SEN + EQR).
+ABLATION="${ABLATION:-}"; ABLATION_ARGS=()
+case "$ABLATION" in
+  "") ;;
+  sen) ABLATION_ARGS=(reward_preset=evinote_sen) ;;
+  naive_summary|naive_evidence|force_summary)
+    ABLATION_ARGS=(reward_preset="evinote_$ABLATION"); ROLLOUT_PRESET="${ROLLOUT_PRESET:-evinote_$ABLATION}" ;;
+  force_summary_sr|force_summary_eqr)
+    ABLATION_ARGS=(reward_preset="evinote_$ABLATION"); ROLLOUT_PRESET="${ROLLOUT_PRESET:-evinote_force_summary}" ;;
+  *) echo "unknown ABLATION=$ABLATION: sen, naive_summary, naive_evidence, force_summary, force_summary_sr or" \
+       "force_summary_eqr" >&2; exit 2 ;;
+esac
+EXPERIMENT="${EXPERIMENT:-evinote-grpo-$MODEL${ABLATION:+-$ABLATION}}"
 # Sources: [paper] EviNote-RAG §4.4; [S-R1] Search-R1's released train_grpo.sh, which EviNote builds on; [ours] no
 # paper gives it, the reason follows. search_r1_baseline.sh uses these same values so the two compare like for like.
 LR="${LR:-1e-5}"                  # [paper]
@@ -38,6 +51,6 @@ ve_run --config-path="$VE_PRESETS" --config-name="${PRESET:-evinote_grpo}" "${CO
   actor_rollout_ref.actor.clip_ratio_low="$CLIP" actor_rollout_ref.actor.clip_ratio_high="$CLIP" \
   actor_rollout_ref.actor.kl_loss_coef="$KL_COEF" actor_rollout_ref.actor.kl_loss_type=low_var_kl \
   actor_rollout_ref.rollout.n="$GROUP_SIZE" actor_rollout_ref.rollout.temperature="$TEMPERATURE" \
-  "${SEARCH_ARGS[@]}" \
+  "${SEARCH_ARGS[@]}" ${ABLATION_ARGS[@]+"${ABLATION_ARGS[@]}"} \
   ++reward.reward_kwargs.nli_model="$NLI_MODEL" ++reward.reward_kwargs.nli_num_gpus="$NLI_NUM_GPUS" \
   trainer.total_epochs="$EPOCHS"

@@ -148,6 +148,53 @@ EXPECTED: dict[str, tuple[list[str], set[str], list[list[str]]]] = {
             ]
         ],
     ),
+    # EviNote's ablations (Appendix A.1): NS, an optional plain summary; NE, an optional <evidence> section holding
+    # only answer-relevant content; FS, a summary required after every retrieval (the reward zeroes a missing one).
+    "evinote_naive_summary": (
+        ["user"],
+        {"question"},
+        [
+            [
+                "<search>",
+                "<information> and </information>",
+                "may write",
+                "<summary> and </summary>",
+                "up to you",
+                "<answer> and </answer>",
+                "{question}",
+            ]
+        ],
+    ),
+    "evinote_naive_evidence": (
+        ["user"],
+        {"question"},
+        [
+            [
+                "<search>",
+                "<information> and </information>",
+                "may write",
+                "<evidence> and </evidence>",
+                "only what is relevant",
+                "<answer> and </answer>",
+                "{question}",
+            ]
+        ],
+    ),
+    "evinote_force_summary": (
+        ["user"],
+        {"question"},
+        [
+            [
+                "<search>",
+                "<information> and </information>",
+                "After every set of results you must",
+                "<summary> and </summary>",
+                "no reward",
+                "<answer> and </answer>",
+                "{question}",
+            ]
+        ],
+    ),
     # EviPath Table 8 (planner synthesis), Table 9 (executor synthesis), Table 10 / the executor table (agent).
     "evipath_planner_synth": (
         ["user"],

@@ -178,9 +178,12 @@ class GraceScorer(FunctionScorer):
 
 
 class EviNoteScorer(FunctionScorer):
-    """EviNote: EQR from the NLI judge on (last <summary>, claim), then the gated reward."""
+    """EviNote: EQR from the NLI judge on (last note, claim), then the gated reward.
 
-    def __init__(self, kwargs: Mapping[str, Any] | None, judge: JudgeClient) -> None:
+    A setting without EQR (``eqr: false``, the paper's ablations) needs no judge: ``judge`` is None then.
+    """
+
+    def __init__(self, kwargs: Mapping[str, Any] | None, judge: JudgeClient | None) -> None:
         super().__init__("evinote", evinote.compute_score, evinote.RESULT_KEYS, kwargs)
         self.config = evinote.config_from_kwargs(self.kwargs)  # bad markers/template fail at start-up
         self.judge = judge
@@ -188,18 +191,19 @@ class EviNoteScorer(FunctionScorer):
 
     def claim_and_premise(self, sample: Sample) -> tuple[str, str] | None:
         """(premise, hypothesis), or None when EQR is 0 by definition (no note or no gold answer)."""
-        premise = evinote.last_summary(sample.solution_str)
+        premise = evinote.last_summary(sample.solution_str, self.config.note_tag)
         golds = coerce_ground_truth(sample.ground_truth)["target"]
         if not premise.strip() or not golds:
             return None
         return premise, evinote.build_claim(golds[0], sample.question(), self.config.claim_template)
 
     async def _score(self, sample: Sample) -> Mapping[str, Any] | float:
-        pair = self.claim_and_premise(sample)
+        pair = self.claim_and_premise(sample) if self.config.eqr else None
         eqr = 0.0
         if pair is not None:
             (eqr,) = await self.judge.entailment_probs([pair[0]], [pair[1]])
-        return await self.call(sample, {**sample.extra_info, "eqr": float(eqr)})
+        # the question seeds Force Summary + Stochastic Reward's coin (a trajectory draws the same on every run)
+        return await self.call(sample, {**sample.extra_info, "eqr": float(eqr), "question": sample.question()})
 
 
 BUILTIN_REWARDS = ("eviomni", "evinote", "grace")
@@ -248,6 +252,8 @@ def build_scorer(
     if reward == "grace":
         return GraceScorer(forwarded, validation_splits)
     if reward == "evinote":
+        if not evinote.config_from_kwargs(forwarded).eqr:
+            return EviNoteScorer(forwarded, None)  # an ablation without EQR: no judge to start
         judge_settings = {**(judge_kwargs or {}), **{k: v for k, v in kwargs.items() if k.startswith("nli_")}}
         return EviNoteScorer(forwarded, connect_judge(JudgeConfig.from_reward_kwargs(judge_settings)))
     if not isinstance(reward, str) or not reward:
