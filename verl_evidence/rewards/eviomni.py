@@ -6,7 +6,7 @@ e masked out) and ``o_e`` (from question and e only) and passes them, with the
 token lengths L_r, L_e and L_P, in ``extra_info`` (docs/data-contracts.md).
 
     R_*^ans  = F1(gold, o_*)                       for * in {r, e, f}
-    R^ans    = mean(R_r^ans, R_e^ans, R_f^ans)
+    R^ans    = mean(R_r^ans, R_e^ans, R_f^ans)      (answer_rewards: any non-empty subset, Table 4's rows)
     R_r^len  = sigmoid((L_r/L_e - 1)/tau)  if L_r >= L_e
                sigmoid((1 - L_e/L_r)/tau)  otherwise
     R_e^len  = 1                            if 1 - L_e/L_P >= omega
@@ -52,6 +52,8 @@ __all__ = [
 ]
 
 VARIANTS = ("eviomni", "lear")
+# The masked-input answers R^ans can average (EviOmni Table 4 / LEAR Table 6 train on each non-empty subset).
+ANSWER_REWARDS = ("rationale", "evidence", "full")
 FORMAT_TAGS = ("reason", "extract", "answer")
 
 RESULT_KEYS = (
@@ -78,6 +80,7 @@ class EviOmniConfig:
     omega: evidence-compression threshold (papers: 0.9).
     tau: rationale-length temperature; papers tune it in {0.1, 0.2, 0.5, 1.0}; shipped 0.5.
     gamma: evidence-length skew; papers tune it in {0.1, 0.3, 0.5, 0.8, 1.0}; shipped 0.5.
+    answer_rewards: which of R_r^ans, R_e^ans, R_f^ans R^ans averages (papers: all three; Table 4 ablates it).
     """
 
     l1: float = 0.8
@@ -86,8 +89,19 @@ class EviOmniConfig:
     omega: float = 0.9
     tau: float = 0.5
     gamma: float = 0.5
+    answer_rewards: tuple[str, ...] = ANSWER_REWARDS
 
     def __post_init__(self) -> None:
+        chosen = self.answer_rewards
+        chosen = (chosen,) if isinstance(chosen, str) else tuple(str(name) for name in chosen)
+        unknown = [name for name in chosen if name not in ANSWER_REWARDS]
+        if not chosen or unknown or len(set(chosen)) != len(chosen):
+            raise ValueError(
+                f"EviOmniConfig.answer_rewards must be distinct names among {ANSWER_REWARDS}, "
+                f"got {self.answer_rewards!r}"
+            )
+        # stored in the papers' order, so [full, evidence] and [evidence, full] are one setting
+        object.__setattr__(self, "answer_rewards", tuple(name for name in ANSWER_REWARDS if name in chosen))
         for name in ("l1", "l2", "l3", "omega", "tau", "gamma"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
@@ -199,7 +213,8 @@ def score(
     ans_r = f1_score(_answer_text(answer_r), golds)
     ans_e = f1_score(_answer_text(answer_e), golds)
     ans_f = f1_score(answer_f, golds) if answer_f is not None else 0.0
-    ans = (ans_r + ans_e + ans_f) / 3.0
+    parts = {"rationale": ans_r, "evidence": ans_e, "full": ans_f}
+    ans = sum(parts[name] for name in config.answer_rewards) / len(config.answer_rewards)
 
     len_r_reward = rationale_length_reward(len_r, len_e, config.tau)
     len_e_reward = evidence_length_reward(len_e, len_p, config.omega, config.gamma)
@@ -292,5 +307,7 @@ _CONFIG_FIELDS = {f.name for f in dataclasses.fields(EviOmniConfig)}
 def config_from_kwargs(kwargs: dict[str, Any]) -> EviOmniConfig:
     """An :class:`EviOmniConfig` from ``variant`` plus field overrides; unrelated keys are ignored."""
     overrides = {k: v for k, v in kwargs.items() if k in _CONFIG_FIELDS and v is not None}
-    overrides = {k: float(v) for k, v in overrides.items()}
+    overrides = {k: (v if k == "answer_rewards" else float(v)) for k, v in overrides.items()}
+    if isinstance(overrides.get("answer_rewards"), str):  # one name, or a comma-separated list from a shell
+        overrides["answer_rewards"] = tuple(part.strip() for part in overrides["answer_rewards"].split(","))
     return EviOmniConfig.for_variant(kwargs.get("variant") or "eviomni", **overrides)
