@@ -44,3 +44,14 @@ def test_the_session_refuses_another_copy_of_the_code(tmp_path: Path) -> None:
     assert result.returncode == 4, output[-3000:]  # usage error, before anything is collected
     assert f"would test another copy of the code: they import verl_evidence from {other / 'verl_evidence'}" in output
     assert "retrieval_server from" not in output  # that one still comes from this checkout
+
+
+def test_every_package_data_pattern_ships_a_file() -> None:
+    """A ``package-data`` pattern that matches nothing ships nothing: a renamed directory, or one never made."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    package_data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    empty = [f"{package}/{pattern}" for package, patterns in package_data.items() for pattern in patterns
+             if not any(p.is_file() for p in (root / package).glob(pattern))]  # fmt: skip
+    assert not empty, f"pyproject.toml's package-data patterns that match no file: {empty}"

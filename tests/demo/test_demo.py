@@ -105,20 +105,7 @@ def test_demo_on_a_small_reference_set(retrieval_server_url, tmp_path) -> None:
     assert "## Every example" in report and "search/s-t2-good" in report
 
 
-def _bundled_trajectories_exist() -> bool:
-    from verl_evidence import bundled
-
-    try:
-        bundled.trajectories_path()
-    except FileNotFoundError:
-        return False
-    return True
-
-
 @pytest.mark.timeout(960)  # the demo subprocess has 900 s
-@pytest.mark.skipif(
-    not _bundled_trajectories_exist(), reason="verl_evidence/bundled/trajectories.jsonl not shipped yet"
-)
 def test_quick_demo_on_the_bundled_reference_trajectories(retrieval_server_url, tmp_path) -> None:
     out = tmp_path / "demo"
     result = run_demo(out, retrieval_server_url, "--quick")

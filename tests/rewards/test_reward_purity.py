@@ -42,3 +42,13 @@ def test_importing_the_core_does_not_load_verl_torch_or_ray() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "", f"reward core imported {out.stdout.strip()}"
+
+
+def test_the_package_lists_exactly_its_modules() -> None:
+    """``from verl_evidence.rewards import *`` imports every module ``__all__`` names, and it names each one."""
+    package = Path(verl_evidence.rewards.__file__).parent
+    modules = sorted(p.stem for p in package.glob("*.py") if p.stem != "__init__")
+    assert sorted(verl_evidence.rewards.__all__) == modules
+    namespace: dict = {}
+    exec("from verl_evidence.rewards import *", namespace)
+    assert set(modules) <= set(namespace)

@@ -3,10 +3,12 @@
 Nothing here imports verl, torch or ray, so the formulas can be read, tested and
 reused on their own (like TRL's reward functions).
 
-Modules (one per paper, plus the shared text utilities):
+Modules (one per paper, plus the shared metrics; tag parsing and ground-truth coercion live in
+``verl_evidence.text``):
 
-- ``text``: normalize, exact_match, f1_score, answer_recall, rouge_l (identical
-  to rouge-score's stemmed ROUGE-L F1, faster), tag extraction, ground-truth coercion.
+- ``qa_metrics``: SQuAD normalisation, exact match, unigram F1, answer recall.
+- ``rouge``: ROUGE-L F1 identical to rouge-score's stemmed ROUGE-L, faster.
+- ``answer``: the answer-only rewards (Search-R1's exact match, answer F1).
 - ``eviomni``: EviOmni / LEAR (``variant="lear"``), docs/methods/eviomni.md.
 - ``evinote``: EviNote-RAG gate + EQR, docs/methods/evinote.md.
 - ``grace``: GRACE gated reward, docs/methods/grace.md.
@@ -17,4 +19,4 @@ returning a dict with ``"score"`` and the same float component keys for every
 sample (``RESULT_KEYS`` of the module).
 """
 
-__all__ = ["evinote", "eviomni", "grace", "text"]
+__all__ = ["answer", "evinote", "eviomni", "grace", "qa_metrics", "rouge"]
