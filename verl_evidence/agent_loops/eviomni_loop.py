@@ -151,7 +151,13 @@ class EviOmniAgentLoop(SettingsAgentLoop):
 
     async def _generate(
         self, prompt_ids: list[int], params: dict[str, Any], stop: str, priority: int, engine: EngineFields, part: str
-    ) -> tuple[list[int], list[float] | None]:
+    ) -> tuple[list[int], list[float] | None, bool]:
+        """The kept ids, their log-probs, and whether generation ended at ``stop``.
+
+        Decided on the ids (:func:`cut_at_stop`), not on the decoded text's last characters: the token that completes
+        ``stop`` may carry what the model wrote next (Qwen's ``'><'``, ``'>The'``, ``'>\n\n'``), and the engine's own
+        reason cannot tell (verl reports vLLM's stop and length both as ``"completed"``; SGLang's "stop" includes EOS).
+        """
         output = await self.server_manager.generate(
             request_id=request_id(self.rollout_config, priority, part),
             prompt_ids=prompt_ids,
@@ -160,8 +166,8 @@ class EviOmniAgentLoop(SettingsAgentLoop):
         )
         engine.add(output)
         token_ids = list(output.token_ids)[: params["max_tokens"]]
-        kept, _ = cut_at_stop(token_ids, self.tokenizer, [stop], set())
-        return kept, (output.log_probs[: len(kept)] if output.log_probs else None)
+        kept, why = cut_at_stop(token_ids, self.tokenizer, [stop], set())
+        return kept, (output.log_probs[: len(kept)] if output.log_probs else None), why == "stop"
 
     async def _masked_answer(
         self,
@@ -183,7 +189,7 @@ class EviOmniAgentLoop(SettingsAgentLoop):
             params["temperature"] = float(self.settings.masked_answer_temperature)
         # two samples can share this prompt (one rationale, different evidence): its reply must stay theirs
         params = seeded_by_trajectory(params, self.rollout_config, self.rollout_name, trajectory_ids, part)
-        token_ids, _ = await self._generate(prompt_ids, params, "</answer>", priority, engine, part)
+        token_ids, _, _ = await self._generate(prompt_ids, params, "</answer>", priority, engine, part)
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     async def _without_passages(
@@ -256,7 +262,7 @@ class EviOmniAgentLoop(SettingsAgentLoop):
         # 1. <reason> r </reason> <extract> e </extract>
         params = stop_sampling_params(sampling_params, self.rollout_name, ["</extract>"], self.response_length)
         with simple_timer("generate_sequences", timing):
-            first_ids, first_logprobs = await self._generate(
+            first_ids, first_logprobs, extracted = await self._generate(
                 prompt_ids, params, "</extract>", priority, engine, "extract"
             )
         self._record_search(searched, engine, retrieval_error)
@@ -268,7 +274,7 @@ class EviOmniAgentLoop(SettingsAgentLoop):
 
         # 2. o_f (trained continuation) and o_r / o_e (masked inputs) run concurrently
         remaining = self.response_length - len(response_ids)
-        continue_answer = first_text.rstrip().endswith("</extract>") and remaining > 0
+        continue_answer = extracted and remaining > 0  # ended at </extract>, not at EOS or the length limit
         hidden = s.placeholder
         jobs = [
             self._masked_answer(  # o_r: the evidence is hidden
@@ -306,8 +312,7 @@ class EviOmniAgentLoop(SettingsAgentLoop):
         answer_r, answer_e = results[0], results[1]
         termination = "no_extract" if remaining > 0 else "response_length"
         if continue_answer:
-            answer_ids, answer_logprobs = results[2]
-            answered = self.tokenizer.decode(answer_ids, skip_special_tokens=True).rstrip().endswith("</answer>")
+            answer_ids, answer_logprobs, answered = results[2]
             termination = "answer" if answered else "response_length" if len(answer_ids) >= remaining else "eos"
             if logprobs is not None or answer_logprobs is not None:
                 logprobs = (logprobs or [0.0] * len(response_ids)) + (answer_logprobs or [0.0] * len(answer_ids))
