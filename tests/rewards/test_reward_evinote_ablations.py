@@ -7,6 +7,8 @@ reward core and the search loop's settings exactly as the reward manager and the
 from __future__ import annotations
 
 import asyncio
+import copy
+import functools
 from pathlib import Path
 
 import pytest
@@ -188,6 +190,17 @@ def test_ablations_without_eqr_need_no_judge() -> None:
     assert asyncio.run(scorer.score(sample))["score"] == 1.0
     with pytest.raises(ValueError, match="nli_model"):
         build_scorer("evinote", {"ablation": "force_summary_eqr"})
+
+
+def test_variant_rollout_presets_are_the_search_preset_with_their_prompt() -> None:
+    """Self-contained (the recipes' pre-flight reads each rollout preset's file on its own), kept equal to search."""
+    search = composed("evinote", "search")["actor_rollout_ref"]["rollout"]
+    for ablation, (reward_preset, rollout_preset) in RECIPE_PRESETS.items():
+        rollout = composed(reward_preset, rollout_preset)["actor_rollout_ref"]["rollout"]
+        loop = dict(rollout["custom"]["evidence_search"])
+        if rollout_preset != "search":
+            assert loop.pop("prompt") == rollout_preset, ablation
+        assert {**rollout, "custom": {"evidence_search": loop}} == search, ablation
 
 
 def test_every_variant_prompt_is_packaged() -> None:
