@@ -332,9 +332,12 @@ def test_hotpotqa_reader(tmp_path: Path) -> None:
     assert first.gold_evidence == ("Paris is the capital of France.", "The Seine runs through it.")
     assert set(first.distractor_ids) == {"Vienna", "Nile"}
     assert second.gold_passage_ids == ("Danube", "Vienna") and second.answers == ("Black Sea",)
-    assert all(it.candidates is None for it in items)
-    items, _ = read_hotpotqa(path, per_question_pool=True)
+    # The default pool is the question's own paragraphs (the authors' released code); --file-pool: the whole file.
     assert set(items[0].candidates) == {"Paris", "Vienna", "Nile"}
+    assert set(items[1].candidates) == {"Danube", "Vienna", "Paris"}
+    assert all(it.evidence_sentences for it in items)  # supporting sentences: one joined reference
+    items, _ = read_hotpotqa(path, per_question_pool=False)
+    assert all(it.candidates is None for it in items)
     broken = tmp_path / "broken.json"
     broken.write_text(json.dumps([{**HOTPOT[0], "supporting_facts": [["Rome", 0]]}]))
     with pytest.raises(DataPrepError, match=r"supporting fact title\(s\) \['Rome'\] not in the context"):

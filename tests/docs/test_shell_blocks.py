@@ -107,8 +107,8 @@ SKIPPED: dict[tuple[str, str], str] = {
     (
         "docs/data-preparation.md",
         "verl-evidence data grace hotpot_train_v1.1.json --style hotpotqa --sample 2000 --seed 0 -o",
-    ): "needs a server at node1 over an index of the HotpotQA file's own paragraphs (another server "
-    "start); `--retriever dense=URL` runs below on Search-R1's files against the session's server",
+    ): "needs HotpotQA's training file (not in CI); the same construction on a HotpotQA-layout file: "
+    "tests/dataprep/test_grace_paper_settings.py",
     (
         "docs/data-preparation.md",
         "verl-evidence data grace hotpot_dev_distractor_v1.json --style hotpotqa --split test --sample 500 --seed 0 "

@@ -116,6 +116,38 @@ EXPECTED: dict[str, tuple[list[str], set[str], list[list[str]]]] = {
             ["<question>{question}</question>", "<ref>{context}</ref>"],
         ],
     ),
+    # GRACE Table 4: the baselines' three-shot demonstrations (two answerable with their gold evidence in the
+    # context and answered, one without it and refused), each a user turn **Question:** / **Context:** and the
+    # assistant's reply; the baselines' abstention instruction added (B.2). Then the question asked.
+    "grace_three_shot": (
+        ["system", "user", "assistant", "user", "assistant", "user", "assistant", "user"],
+        {"question", "context"},
+        [
+            ["context", "I don't know."],
+            ["**Question:**", "**Context:**", "Doc 1 (Title: Vltava)", "Elbe", "North Sea"],
+            ["North Sea."],
+            ["**Question:**", "**Context:**", "(Title: HMS Beagle)", "1820"],
+            ["1820."],
+            ["**Question:**", "**Context:**", "(Title: Thimphu)"],
+            ["I don't know."],
+            ["**Question:**", "{question}", "**Context:**", "{context}"],
+        ],
+    ),
+    # The same three demonstrations in GRACE's own prompt (Table 3) and tags: for a baseline run with that prompt.
+    "grace_three_shot_tags": (
+        ["system", "user", "assistant", "user", "assistant", "user", "assistant", "user"],
+        {"question", "context"},
+        [
+            ["validate evidence", "<llm> and </llm>", "<evidence> and </evidence>", "<answer> and </answer>"],
+            ["<question>Into which sea", "<ref>Doc 1 (Title: Vltava)", "</ref>"],
+            ["<evidence>", "joins the Elbe", "reaches the North Sea", "</evidence>", "<answer>North Sea</answer>"],
+            ["<question>In what year", "<ref>", "</ref>"],
+            ["<evidence>", "launched in 1820", "</evidence>", "<answer>1820</answer>"],
+            ["<question>What is the name of the highest mountain", "<ref>", "</ref>"],
+            ["<llm>", "</llm>", "<answer>I don't know</answer>"],
+            ["<question>{question}</question>", "<ref>{context}</ref>"],
+        ],
+    ),
     # Search-R1 (the EviNote paper's base system): think, search, information, answer.
     "search_r1": (
         ["user"],

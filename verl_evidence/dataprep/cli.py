@@ -59,6 +59,7 @@ class GraceConstruction(str, Enum):
 
 # GRACE's k: 5 for constructing the training set (Appendix B.1), 3 for the test set (Table 1).
 GRACE_K = {GraceConstruction.balanced: 5, GraceConstruction.natural: 3}
+PAPER_TEST_SPLITS = "GRACE Table 1, Qwen3-Embedding-0.6B at k=3: HotpotQA 296 : 204, QASPER 1200 : 251"
 
 
 def _progress():
@@ -330,6 +331,11 @@ def print_grace_stats(
             "skipped: nothing retrieved, or (answers only) no retrieved passage holds an answer for an answerable "
             "context, or too few lack one for an unanswerable one"
         )
+    total = counts["total"]
+    line = f"split: {total['answerable']} answerable : {total['unanswerable']} unanswerable"
+    if construction == "natural":
+        line += f" ({PAPER_TEST_SPLITS})"
+    console.print(line)
     if skipped:
         console.print(f"skipped {skipped} unanswerable or evidence-less input questions")
 
@@ -381,11 +387,24 @@ def grace_command(
     corpus: str | None = typer.Option(
         None, help="corpus JSONL: a bundled-layout QA file's; --style qa: for in-process retrievers"
     ),
-    per_question_pool: bool = typer.Option(False, help="HotpotQA: retrieve only among the question's paragraphs"),
+    per_question_pool: bool = typer.Option(
+        True,
+        "--per-question-pool/--file-pool",
+        help="HotpotQA: retrieve only among the question's own paragraphs (as the authors' released code), or "
+        "among every paragraph of the file",
+    ),
     data_source: str | None = typer.Option(None),
     split: str = typer.Option("train"),
-    template: str | None = typer.Option(None),
+    template: str | None = typer.Option(
+        None, help="prompt: a packaged name or a file (default grace; grace_three_shot[_tags]: Table 4's baselines)"
+    ),
     new_data_source: bool = typer.Option(False, "--new-data-source"),
+    sft: bool = typer.Option(
+        False,
+        "--sft",
+        help="write the SFT baseline's chat rows (Appendix B.3: gold evidence and answer, or the fixed refusal, as "
+        "the assistant turn; verl's SFT trainer reads their 'messages') instead of RL rows",
+    ),
 ) -> None:
     """GRACE rows: the balanced training set from several retrievers, or the natural test set.
 
@@ -474,10 +493,14 @@ def grace_command(
             search_depth=search_depth,
         )
     print_grace_stats(stats, names, construction.value, k, skipped)
-    rows = rows_mod.grace_rows(examples, passages, load_template(template or "grace"), split)
-    rows_mod.write_parquet(rows, output)
+    if sft:
+        rows = grace_mod.sft_rows(examples, passages, load_template(template or "grace"))
+        grace_mod.write_sft_parquet(rows, output)
+    else:
+        rows = rows_mod.grace_rows(examples, passages, load_template(template or "grace"), split)
+        rows_mod.write_parquet(rows, output)
     summary = {
-        "command": "data grace",
+        "command": "data grace --sft" if sft else "data grace",
         "output": str(output),
         "source": source,
         "style": style.value,

@@ -49,6 +49,9 @@ logger = logging.getLogger(__name__)
 class GraceInput:
     record: QARecord
     candidates: tuple[str, ...] | None = None  # restrict retrieval and filling to these ids (QASPER)
+    # The record's gold evidence lists the supporting sentences of one evidence (HotpotQA's supporting facts, the
+    # bundled set's), which the reward joins into one reference; False: alternative references (QASPER's pieces).
+    evidence_sentences: bool = True
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,8 @@ class GraceExample:
     # The gold evidence an answerable context holds: None for the record's own (annotated samples); ignored
     # when unanswerable.
     evidence: tuple[str, ...] | None = None
+    # gold_evidence is one evidence's supporting sentences (see GraceInput), not alternatives
+    evidence_sentences: bool = False
 
     @property
     def gold_evidence(self) -> tuple[str, ...]:
@@ -322,7 +327,8 @@ def construct(
             seen.add(key)
             (stats.answerable if answerable else stats.unanswerable)[retriever.name] += 1
             evidence = _evidence(item, labelled, context, corpus) if answerable else None
-            examples.append(GraceExample(item.record, retriever.name, tuple(context), answerable, evidence))
+            sentences = labelled.annotated and item.evidence_sentences  # answer-labelled: alternative sentences
+            examples.append(GraceExample(item.record, retriever.name, tuple(context), answerable, evidence, sentences))
     return examples, stats
 
 
@@ -334,12 +340,15 @@ def _load_json_or_jsonl(path: str | Path) -> list[dict] | dict:
 
 
 def read_hotpotqa(
-    path: str | Path, data_source: str = "hotpotqa", allow_new_source: bool = False, per_question_pool: bool = False
+    path: str | Path, data_source: str = "hotpotqa", allow_new_source: bool = False, per_question_pool: bool = True
 ) -> tuple[list[GraceInput], dict[str, str]]:
     """HotpotQA (original JSON list, or HF-style JSONL) -> GRACE inputs and a paragraph corpus.
 
     Gold passages are the supporting-fact paragraphs, gold evidence their supporting
-    sentences, distractors the question's other paragraphs.
+    sentences in the order of ``supporting_facts``, distractors the question's other paragraphs.
+    ``per_question_pool`` (the default, as the authors' released code indexes each question's own
+    paragraphs): a question retrieves, and is filled, only among its own paragraphs; False: among
+    every paragraph of the file.
     """
     check_data_source(data_source, allow_new_source)
     rows = _load_json_or_jsonl(path)
@@ -477,6 +486,81 @@ def read_qasper(
                 evidence,
                 distractors,
             )
-            items.append(GraceInput(record, pool))
+            # QASPER's evidence pieces are alternatives: the released code takes the best of them
+            items.append(GraceInput(record, pool, evidence_sentences=False))
     check_unique_ids([item.record for item in items], str(path))
     return items, corpus, skipped
+
+
+# ---------------------------------------------------------------- the SFT baseline's data (Appendix B.3)
+
+# B.3: the SFT baseline learns from the constructed examples (§3.1) with targets written by rule: the gold
+# evidence and answer on the <evidence> path, a fixed refusal on the <llm> path. The two refusal strings are the
+# paper's labels (an evaluation looks for them), not prose of ours.
+SFT_REFUSAL_RECALL = "The question is unanswerable"
+SFT_REFUSAL_ANSWER = "Unanswerable"
+
+
+def sft_target(example: GraceExample) -> str:
+    """The assistant turn an SFT baseline is trained on for ``example`` (GRACE Appendix B.3).
+
+    Answerable: ``<evidence>`` with the gold evidence (its sentences joined by a space, in order), then
+    ``<answer>`` with the first gold answer. Unanswerable: the paper's fixed ``<llm>`` / ``<answer>`` refusal.
+    """
+    if not example.answerable:
+        return f"<llm>{SFT_REFUSAL_RECALL}</llm>\n<answer>{SFT_REFUSAL_ANSWER}</answer>"
+    evidence = " ".join(text.strip() for text in example.gold_evidence if text.strip())
+    if not evidence:
+        raise DataPrepError(f"sample {example.record.id!r}: an answerable context without gold evidence has no target")
+    return f"<evidence>{evidence}</evidence>\n<answer>{example.record.answers[0]}</answer>"
+
+
+def sft_rows(examples: Sequence[GraceExample], corpus: Mapping[str, str], template: str) -> list[dict]:
+    """Chat rows for verl's SFT trainer (``messages``: the GRACE prompt as RL sees it, then the B.3 target)."""
+    from verl_evidence.dataprep.templates import render_messages
+
+    rows = []
+    for example in examples:
+        prompt = render_messages(template, example.record.question, [corpus[p] for p in example.passage_ids])
+        if any(message["role"] == "assistant" for message in prompt):
+            # verl's MultiTurnSFTDataset trains on every assistant turn: demonstrations would be learned as targets
+            raise DataPrepError("--sft needs a prompt without assistant turns (a few-shot prompt's demonstrations)")
+        rows.append(
+            {
+                "messages": [*prompt, {"role": "assistant", "content": sft_target(example)}],
+                "id": example.record.id,
+                "data_source": example.record.data_source,
+                "question": example.record.question,
+                "answers": list(example.record.answers),
+                "answerable": example.answerable,
+                "retriever": example.retriever,
+                "passage_ids": list(example.passage_ids),
+            }
+        )
+    return rows
+
+
+def write_sft_parquet(rows: Sequence[dict], path: str | Path) -> Path:
+    """The SFT rows as parquet, ``messages`` as verl's ``data.messages_key`` default reads them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not rows:
+        raise DataPrepError(f"{path}: no rows to write")
+    strings = pa.list_(pa.string())
+    schema = pa.schema(
+        [
+            ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+            ("id", pa.string()),
+            ("data_source", pa.string()),
+            ("question", pa.string()),
+            ("answers", strings),
+            ("answerable", pa.bool_()),
+            ("retriever", pa.string()),
+            ("passage_ids", strings),
+        ]
+    )
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(list(rows), schema=schema), path)
+    return path

@@ -263,7 +263,8 @@ class ServerRetriever:
         if any(query.candidates is not None for query in queries):
             raise DataPrepError(
                 f"retriever {self.name!r} is a retrieval server, which ranks its whole index; this input restricts "
-                "each question to its own passages (QASPER style): use the in-process bm25/dense retrievers"
+                "each question to its own passages (QASPER; HotpotQA by default): use the in-process bm25/dense "
+                "retrievers, or (HotpotQA) --file-pool to retrieve over every paragraph of the file"
             )
         return [[self._check(doc) for doc in docs] for docs in self.passages([q.question for q in queries], k)]
 

@@ -201,6 +201,7 @@ def grace_rows(examples: Sequence[GraceExample], corpus: Mapping[str, str], temp
             passage_ids=list(example.passage_ids),
             answerable=example.answerable,
             validate=split.lower() in VALIDATION_SPLITS,
+            evidence_sentences=example.evidence_sentences,  # the reward joins them into one reference
         )
         rows.append(row)
     return rows

@@ -211,6 +211,10 @@ def _grace_row(traj: Trajectory, qa_path: str | Path | None, corpus_path: str | 
     gold = set(record.gold_passage_ids)
     answerable = bool(traj["answerable"]) if "answerable" in traj else gold <= set(traj["passage_ids"])
     example = GraceExample(
-        record=record, retriever="reference", passage_ids=tuple(traj["passage_ids"]), answerable=answerable
+        record=record,
+        retriever="reference",
+        passage_ids=tuple(traj["passage_ids"]),
+        answerable=answerable,
+        evidence_sentences=True,  # an annotated QA file's gold evidence: one evidence's supporting sentences
     )
     return rows_mod.grace_rows([example], corpus, load_template("grace"), SPLIT)[0]

@@ -25,6 +25,8 @@ Packaged prompts:
 ``eviomni_answer``     EviOmni masked-answer prompt for o_r / o_e: {question} {passages} {rationale} {evidence}
 ``evidence_extractor`` agentic evidence extraction: {question} {thought} {query} {passages}
 ``grace``              GRACE evidence-validation prompt, system + user: {question} {context}
+``grace_three_shot``   GRACE Table 4's three-shot baseline prompt (plain answers): {question} {context}
+``grace_three_shot_tags``  the same demonstrations in GRACE's prompt and tags: {question} {context}
 ``evipath_*``          EviPath synthesis, executor and planner prompts (docs/methods/evipath.md)
 ====================== ==========================================================
 """

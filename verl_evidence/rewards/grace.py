@@ -16,6 +16,15 @@ so the score is in [0, format_reward + path_reward + alpha + beta] (6.5 for
 training defaults, 3.5 for validation). ROUGE-L is F1 with Porter stemming,
 max over references, identical to rouge-score (``text.rouge_l``).
 
+Which strings are the evidence references: a row whose ``extra_info.evidence_sentences``
+is true lists the supporting sentences of ONE evidence (HotpotQA's supporting facts, one
+per hop). With ``evidence_reference="joined"`` (the default, as the authors' released
+code scores HotpotQA) they are one reference, joined by a space in their order, so
+quoting one hop of a two-hop answer earns less than quoting both;
+``evidence_reference="per_sentence"`` makes each sentence a reference of its own and
+takes the best. Other rows' strings are alternatives (QASPER's annotated pieces, the
+answer-bearing sentences of answers-only data): the best of them counts in both settings.
+
 Use it directly in verl::
 
     reward.custom_reward_function.path=pkg://verl_evidence.rewards.grace
@@ -36,6 +45,7 @@ from verl_evidence.text.tags import block_sequence, extract_last, strip_thinking
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "EVIDENCE_REFERENCES",
     "GRACE_TRAIN",
     "GRACE_VALIDATION",
     "RESULT_KEYS",
@@ -48,24 +58,38 @@ __all__ = [
 
 GRACE_TAGS = ("answer", "evidence", "llm")
 RESULT_KEYS = ("score", "format", "path", "content", "evidence_rouge", "answer_rouge", "answerable", "chose_evidence")
+# How a row's supporting sentences (extra_info.evidence_sentences) are scored: one joined reference (the released
+# code's HotpotQA scoring) or each its own reference, the best counting.
+JOINED, PER_SENTENCE = "joined", "per_sentence"
+EVIDENCE_REFERENCES = (JOINED, PER_SENTENCE)
+SENTENCES_KEY = "evidence_sentences"
 
 
 @dataclass(frozen=True)
 class GraceConfig:
     """format_reward: for a valid structure; path_reward: for the right path;
-    alpha / beta: weights of ROUGE-L on evidence / answer.
+    alpha / beta: weights of ROUGE-L on evidence / answer; evidence_reference:
+    how a row's supporting sentences are scored (``joined`` | ``per_sentence``).
 
     Where each default comes from: format_reward = 0.5 and path_reward = 1 are
     the paper's (§3.2, eq. 1). The paper gives no number for alpha or beta;
     alpha = 2, beta = 3 (training) and alpha = beta = 1 (validation) are the
-    authors' released code's settings."""
+    authors' released code's settings, and so is ``joined`` (its HotpotQA
+    reference is ``" ".join`` of the supporting sentences; the paper only says
+    "the maximum score across all candidates")."""
 
     format_reward: float = 0.5
     path_reward: float = 1.0
     alpha: float = 2.0
     beta: float = 3.0
+    evidence_reference: str = JOINED
 
     def __post_init__(self) -> None:
+        if self.evidence_reference not in EVIDENCE_REFERENCES:
+            raise ValueError(
+                f"GraceConfig.evidence_reference must be one of {', '.join(EVIDENCE_REFERENCES)}, "
+                f"got {self.evidence_reference!r}"
+            )
         for name in ("format_reward", "path_reward", "alpha", "beta"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
@@ -109,14 +133,30 @@ def _zero(answerable: bool) -> dict[str, float]:
     }
 
 
+def evidence_references(gold_evidence: list[str], sentences: bool, how: str = JOINED) -> list[str]:
+    """The references an ``<evidence>`` block is scored against.
+
+    ``sentences``: ``gold_evidence`` lists the supporting sentences of one evidence; under ``joined`` they
+    become one reference, joined by a space in their order. Otherwise every string is a reference.
+    """
+    if sentences and how == JOINED and len(gold_evidence) > 1:
+        return [" ".join(text.strip() for text in gold_evidence)]
+    return list(gold_evidence)
+
+
 def score(
     response: str,
     gold_answers: Any,
     gold_evidence: Any,
     answerable: bool | None,
     config: GraceConfig | None = None,
+    evidence_sentences: bool = False,
 ) -> dict[str, float]:
-    """All reward components for one response. ``answerable=None``: answerable iff gold evidence is non-empty."""
+    """All reward components for one response. ``answerable=None``: answerable iff gold evidence is non-empty.
+
+    ``evidence_sentences``: ``gold_evidence`` lists one evidence's supporting sentences (scored as
+    ``config.evidence_reference`` says), not alternative references.
+    """
     config = config or GRACE_TRAIN
     answers = coerce_ground_truth(gold_answers)["target"]
     evidence_refs = coerce_ground_truth(gold_evidence)["target"]
@@ -142,7 +182,8 @@ def score(
     result["path"] = float(config.path_reward)
     if chose_evidence:
         answer = extract_last(text, "answer") or ""
-        result["evidence_rouge"] = float(rouge_l(evidence, evidence_refs))
+        references = evidence_references(evidence_refs, evidence_sentences, config.evidence_reference)
+        result["evidence_rouge"] = float(rouge_l(evidence, references))
         result["answer_rouge"] = float(rouge_l(answer, answers))
         result["content"] = float(config.alpha * result["evidence_rouge"] + config.beta * result["answer_rouge"])
     result["score"] = float(result["format"] + result["path"] + result["content"])
@@ -153,6 +194,7 @@ def score(
 # training weights: a preset passing them must not also change validation, which that code scores with
 # alpha = beta = 1 (``validation_alpha``/``_beta`` change it).
 SHARED_FIELDS = ("format_reward", "path_reward")
+TEXT_FIELDS = ("evidence_reference",)  # a word, the same in both modes
 MODE_FIELDS = {
     "train": {"alpha": "alpha", "beta": "beta"},
     "validation": {"validation_alpha": "alpha", "validation_beta": "beta"},
@@ -162,8 +204,8 @@ MODE_FIELDS = {
 def config_from_kwargs(kwargs: dict[str, Any], extra_info: dict | None = None) -> GraceConfig:
     """Mode defaults (``mode`` kwarg, else ``extra_info["validate"]``, else train) plus that mode's overrides.
 
-    ``format_reward`` / ``path_reward`` apply in both modes; ``alpha`` / ``beta`` only in training, and
-    ``validation_alpha`` / ``validation_beta`` only in validation.
+    ``format_reward`` / ``path_reward`` / ``evidence_reference`` apply in both modes; ``alpha`` / ``beta`` only
+    in training, and ``validation_alpha`` / ``validation_beta`` only in validation.
     """
     mode = kwargs.get("mode")
     if mode is None:
@@ -174,7 +216,10 @@ def config_from_kwargs(kwargs: dict[str, Any], extra_info: dict | None = None) -
     base = MODES[key]
     names = {name: name for name in SHARED_FIELDS}
     names.update(MODE_FIELDS["validation" if base is GRACE_VALIDATION else "train"])
-    overrides = {field: float(kwargs[name]) for name, field in names.items() if kwargs.get(name) is not None}
+    overrides: dict[str, Any] = {
+        field: float(kwargs[name]) for name, field in names.items() if kwargs.get(name) is not None
+    }
+    overrides.update({name: str(kwargs[name]) for name in TEXT_FIELDS if kwargs.get(name) is not None})
     if not overrides:
         return base
     return GraceConfig(**{**base.__dict__, **overrides})
@@ -190,10 +235,13 @@ def compute_score(
     """verl-compatible entry point, keys :data:`RESULT_KEYS`.
 
     ``ground_truth``: ``{"target": [...], "evidence": [...], "answerable": bool}``
-    (``answerable`` absent: derived from ``evidence`` being non-empty).
+    (``answerable`` absent: derived from ``evidence`` being non-empty); a truthy
+    ``extra_info["evidence_sentences"]`` says ``evidence`` lists one evidence's
+    supporting sentences (``verl-evidence data grace`` writes it for HotpotQA and the
+    bundled set).
     ``kwargs``: ``mode`` = train | validation, ``format_reward`` / ``path_reward``
-    overrides, ``alpha`` / ``beta`` (training only) and ``validation_alpha`` /
-    ``validation_beta`` (validation only). verl 0.9.1 does not tell a
+    overrides, ``evidence_reference`` = joined | per_sentence, ``alpha`` / ``beta``
+    (training only) and ``validation_alpha`` / ``validation_beta`` (validation only). verl 0.9.1 does not tell a
     custom reward function whether it is validating (the flag stays in the
     batch's ``meta_info``); a truthy ``extra_info["validate"]``, if a reward
     manager or dataset puts one there, selects the validation defaults.
@@ -201,4 +249,5 @@ def compute_score(
     extra = extra_info if isinstance(extra_info, dict) else None
     config = config_from_kwargs(kwargs, extra)
     gt = coerce_ground_truth(ground_truth)
-    return score(solution_str, gt["target"], gt["evidence"], gt["answerable"], config)
+    sentences = bool(parse_bool(extra.get(SENTENCES_KEY))) if extra else False
+    return score(solution_str, gt["target"], gt["evidence"], gt["answerable"], config, sentences)
