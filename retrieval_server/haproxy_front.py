@@ -41,6 +41,7 @@ import shutil
 import signal
 import socket
 import sys
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -131,9 +132,26 @@ def take_port(host: str, port: int) -> tuple[int, PortClaim]:
 
 
 # ---------------------------------------------------------------- HAProxy's life
+# Ray nests a 56-character node id in the work directory before its sockets' names, and HAProxy caps socket paths at
+# 97 characters: the directory may take 27 (/<56>/metrics.sock takes the other 70).
+HAPROXY_WORKDIR_MAX_CHARS = 27
+_long_tmpdirs_reported: set[str] = set()
+
+
 def haproxy_workdir(port: int) -> Path:
-    # One directory per front port (a leftover of a killed server on this port is found by it), short on
-    # purpose: Ray nests a 56-character hash in it, and HAProxy caps socket paths at 97 characters.
+    # One directory per front port (a leftover of a killed server on this port is found by it), in the temporary
+    # directory (TMPDIR: a cluster job's own, removed with the job), unless that is too long for HAProxy's sockets.
+    workdir = Path(tempfile.gettempdir()) / f"rs-haproxy-{port}"
+    if len(str(workdir)) <= HAPROXY_WORKDIR_MAX_CHARS:
+        return workdir
+    if str(workdir) not in _long_tmpdirs_reported:
+        _long_tmpdirs_reported.add(str(workdir))
+        logger.warning(
+            "HAProxy's work directory goes in /tmp, not in %s: that path would make its sockets' paths longer than "
+            "HAProxy takes (%d characters at most for the directory)",
+            workdir,
+            HAPROXY_WORKDIR_MAX_CHARS,
+        )
     return Path(f"/tmp/rs-haproxy-{port}")
 
 
