@@ -177,8 +177,10 @@ def replay_backend(example: EvalExample, tokenizer: Any):
     Loops that generate one turn after another (search, GRACE) consume the
     script in order. The EviOmni loop generates o_r, o_e and o_f concurrently,
     so its script is ``[reason+extract, o_f, o_r, o_e]`` and each call is
-    matched by what its prompt contains: the continuation of the first turn is
-    o_f, a prompt that still shows the rationale is o_r, the remaining one o_e.
+    matched by what its prompt contains: the continuation of the first turn (its
+    prompt extended) is o_f, a prompt that still shows the rationale is o_r, the
+    remaining one o_e. Not "a prompt ending in ``</extract>``": the token that
+    completes the tag may carry the next characters (Qwen's ``'><'``).
     """
     from verl_evidence.local.backends import ScriptedBackend
     from verl_evidence.text.tags import extract_last
@@ -190,13 +192,14 @@ def replay_backend(example: EvalExample, tokenizer: Any):
         raise ValueError(f"{example.example_id}: an EviOmni replay needs 4 texts [reason+extract, o_f, o_r, o_e]")
     first, answer_f, answer_r, answer_e = script
     rationale = extract_last(first, "reason") or ""
-    state = {"calls": 0}
+    state: dict[str, Any] = {"calls": 0, "first_prompt": None}
 
     def respond(prompt: str) -> str:
         state["calls"] += 1
         if state["calls"] == 1:
+            state["first_prompt"] = prompt
             return first
-        if prompt.rstrip().endswith("</extract>"):
+        if prompt != state["first_prompt"] and prompt.startswith(state["first_prompt"]):
             return answer_f
         if rationale and rationale in prompt:
             return answer_r
