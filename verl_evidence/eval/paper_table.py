@@ -294,16 +294,20 @@ def build_paper_layout_table(
     paper: str,
     policy_label: Callable[[str], str] | None = None,
     policy_order: Sequence[str] | None = None,
+    table: str | None = None,
 ) -> PaperTable:
-    """The main table of ``paper`` (``eviomni``, ``lear``, ``evinote``, ``grace``): the paper's reported rows,
-    then one row per policy of ``records`` (its rollout family only), in the paper's columns and unit.
+    """A table of ``paper`` (``eviomni``, ``lear``, ``evinote``, ``grace``; ``table``: its number, default the main
+    one, or an ablation table of :data:`~verl_evidence.eval.paper_results.ABLATION_TABLES`): the paper's reported
+    rows, then one row per policy of ``records`` (its rollout family only), in the paper's columns and unit.
 
     Data sources of ``records`` that the paper's table lacks are added as further column groups
-    (the reference rows show ``-`` there), so no result is left out.
+    (the reference rows show ``-`` there), so no result is left out. A noise series (EviOmni Fig. 5) has a row per
+    policy and number of added passages instead, the data sources without their ``+noise<k>`` suffix.
     """
+    from verl_evidence.eval.noise import noise_level
     from verl_evidence.eval.paper_results import paper_layout
 
-    layout = paper_layout(paper)
+    layout = paper_layout(paper, table)
     label = policy_label or (lambda policy: policy)
     ok = [r for r in records if r.error is None and r.rollout == layout.family]
     if not ok:
@@ -311,9 +315,17 @@ def build_paper_layout_table(
             f"--paper {paper}: no finished {layout.family!r} examples to compare with {layout.table} "
             f"(rollouts here: {', '.join(sorted({r.rollout for r in records})) or 'none'})"
         )
-    ours = {r.data_source for r in ok}
+    source_of = (lambda r: noise_level(r.data_source)[0]) if layout.noise_series else (lambda r: r.data_source)
+    if layout.noise_series and not any(noise_level(r.data_source)[1] is not None for r in ok):
+        raise ValueError(
+            f"--paper {paper} --table {table}: no examples with added passages; "
+            "run eval with --noise-passages 0,2,4,6,8"
+        )
+    ours = {source_of(r) for r in ok}
     sources = list(layout.sources) + _source_order(ours - set(layout.sources))
-    table = PaperTable(
+    if layout.average:
+        sources.append(AVERAGE)
+    result = PaperTable(
         rows=[],
         sources=sources,
         measures=list(layout.measures),
@@ -322,31 +334,55 @@ def build_paper_layout_table(
         title=f"{layout.paper}, {layout.table}: rows [{layout.table}] as the paper reports them",
         notes=list(layout.notes),
     )
+    if not layout.reference:
+        result.title = f"{layout.paper}, {layout.table}: this evaluation's series (the paper prints no numbers)"
     for reference in layout.reference:
-        table.rows.append(reference.label)
-        table.row_groups[reference.label] = reference.group
-        table.values[reference.label] = reference.values
+        result.rows.append(reference.label)
+        result.row_groups[reference.label] = reference.group
+        result.values[reference.label] = reference.values
     policies = list(dict.fromkeys([*(policy_order or ()), *(r.policy for r in ok)]))
     for policy in policies:
-        group = [r for r in ok if r.policy == policy]
-        if not group:
+        mine = [r for r in ok if r.policy == policy]
+        if not mine:
             continue
-        judged = any(r.judge_correct is not None for r in group)
-        row = label(policy)
-        if layout.family == "grace" and not judged:
-            row += " (EM)"
-        elif layout.family == "eviomni" and not any(r.reader_prediction is not None for r in group):
-            row += " (o_f)"
-        table.rows.append(row)
-        table.row_groups[row] = THIS_EVALUATION
-        table.values[row], table.counts[row] = {}, {}
-        for source, source_records in metrics.group_by(group, lambda r: r.data_source).items():
-            summary = metrics.summarize(source_records)
-            table.values[row][source] = {
-                m: _scaled(_layout_value(summary, m, judged), m, layout.scale) for m in layout.measures
-            }
-            table.counts[row][source] = len(source_records)
-    return table
+        series = metrics.group_by(mine, lambda r: noise_level(r.data_source)[1]) if layout.noise_series else {"": mine}
+        for level, group in sorted(series.items(), key=lambda item: (item[0] == "None", len(item[0]), item[0])):
+            judged = any(r.judge_correct is not None for r in group)
+            row = label(policy)
+            if layout.noise_series:
+                row += f", +{level} irrelevant passages" if level != "None" else ", no added passages"
+            if layout.family == "grace" and not judged:
+                row += " (EM)"
+            elif layout.family == "eviomni" and not any(r.reader_prediction is not None for r in group):
+                row += " (o_f)"
+            result.rows.append(row)
+            result.row_groups[row] = THIS_EVALUATION
+            result.values[row], result.counts[row] = {}, {}
+            for source, source_records in metrics.group_by(group, source_of).items():
+                summary = metrics.summarize(source_records)
+                summary["evidence_rouge"] = _evidence_rouge(source_records)
+                result.values[row][source] = {
+                    m: _scaled(_layout_value(summary, m, judged), m, layout.scale) for m in layout.measures
+                }
+                result.counts[row][source] = len(source_records)
+            if layout.average:
+                present = [result.values[row][s] for s in layout.sources if s in result.values[row]]
+                result.values[row][AVERAGE] = {m: _mean_of(v.get(m) for v in present) for m in layout.measures}
+                result.counts[row][AVERAGE] = sum(result.counts[row].values())
+    return result
+
+
+def _evidence_rouge(records: Sequence[EvalRecord]) -> float | None:
+    """GRACE's ER: the mean ROUGE-L of the quoted evidence over the answerable examples (the grace reward's
+    ``evidence_rouge`` component; None when no record carries it)."""
+    values = [
+        components["evidence_rouge"]
+        for r in records
+        if r.answerable
+        for components in r.rewards.values()
+        if components.get("evidence_rouge") is not None
+    ]
+    return fmean(values) if values else None
 
 
 def _scaled(value: float | None, measure: str, scale: float) -> float | None:
