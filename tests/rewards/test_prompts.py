@@ -308,6 +308,35 @@ EXPECTED: dict[str, tuple[list[str], set[str], list[list[str]]]] = {
             ]
         ],
     ),
+    # EviOmni Table 12 (closed-book QA: the Zero baseline's reader) and Table 13 (CoT generation over the passages)
+    "eviomni_closed_book": (
+        ["user"],
+        {"question"},
+        [
+            [
+                "[Instruction]",
+                "answer it straight away",
+                "short answer",
+                "own knowledge",
+                "Question: {question}",
+                "Answer:",
+            ]
+        ],
+    ),
+    "eviomni_cot": (
+        ["user"],
+        {"question", "document"},
+        [
+            [
+                "[Instruction]",
+                "Read the documents",
+                "answer the question",
+                "Question: {question}",
+                "Document: {document}",
+                "step by step",
+            ]
+        ],
+    ),
     "grace_judge": (
         ["user"],
         {"question", "gold_answers", "evidence_status", "response"},

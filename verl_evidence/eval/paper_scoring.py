@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_evidence.eval.records import EvalRecord
-from verl_evidence.prompts import check_placeholders, load_prompt, render_prompt
+from verl_evidence.prompts import check_placeholders, load_prompt, placeholders, render_prompt
 from verl_evidence.text.tags import extract_last, strip_thinking
 
 logger = logging.getLogger(__name__)
@@ -157,7 +157,11 @@ class Reader:
 
     @classmethod
     def create(cls, target: str, served_model: str | None = None, prompt: str | Path | None = None) -> Reader:
-        template, digest = _template(prompt, READER_PROMPT, {"question", "document"}, "--reader")
+        # {document} may be absent: the closed-book prompt (eviomni_closed_book) is the papers' Zero baseline
+        template, digest = _template(prompt, READER_PROMPT, {"question"}, "--reader")
+        unknown = placeholders(template) - {"question", "document"}
+        if unknown:
+            raise PaperScoringError(f"--reader prompt has placeholder(s) the reader cannot fill: {sorted(unknown)}")
         model, identity = chat_model(target, served_model, "--reader")
         return cls(model, f"{identity}|prompt:{digest}", template)
 
