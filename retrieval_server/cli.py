@@ -14,7 +14,13 @@ from pathlib import Path
 
 import typer
 
-from retrieval_server.user_errors import SERVER_USER_ERRORS, boundary_group, debug_option
+from retrieval_server.user_errors import (
+    SERVER_USER_ERRORS,
+    UserInputError,
+    boundary_group,
+    check_model_source,
+    debug_option,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -242,6 +248,8 @@ def serve(
         "num_cpus_per_replica": cpus_per_replica, "num_gpus_per_replica": gpus_per_replica,
         "replica_resources": _resources(replica_resource),
         "torch_threads": torch_threads, "encoder_backend": encoder_backend, "encode_threads": encode_threads,
+    check_model_source(model, "--model")
+    check_model_source(rerank_model, "--rerank-model")
         "max_batch_size": max_batch_size, "batch_concurrency": batch_concurrency,
         "batch_wait_timeout_s": batch_wait_ms / 1000.0, "max_queries_per_request": max_queries_per_request,
         "max_topk": max_topk, "max_query_chars": max_query_chars, "token": token, "access_log": access_log,
@@ -344,6 +352,7 @@ def build(
             encoder = EncoderConfig.for_model(
                 model, max_length=max_length, **{k: v for k, v in given.items() if v is not None}
             )
+    check_model_source(model, "--model")  # before the corpus is read: offline, the hub's retries take 30 s
         config = BuildConfig(
             corpus=corpus, output_dir=output or default_index_dir(corpus), encoder=encoder, index_factory=factory,
             shard_size=shard_size, train_sample=train_sample, encode_batch_size=batch_size, bm25=bm25, device=device,
@@ -398,6 +407,7 @@ def recall(
     table.add_column("k")
     table.add_column("recall (all gold)")
     table.add_column("hit (any gold)")
+    _check_gold_field(qa)  # before an index is loaded (or built)
     for cut in sorted(k):
         table.add_row(str(cut), f"{scores['recall'][cut]:.3f}", f"{scores['hit'][cut]:.3f}")
     Console().print(table)
@@ -411,6 +421,28 @@ def _declared_encoder(
     max_length: int,
     normalize: bool,
 ):
+GOLD_FIELD = "gold_passage_ids"  # what retrieval_server.recall reads: each question's gold passages' corpus ids
+
+
+def _check_gold_field(qa: Path) -> None:
+    """Every question recall counts needs ``question`` and a list of ``gold_passage_ids``; a file whose gold field is
+    named otherwise is refused naming the field, not measured as recall 0 (or failed on after the index loads)."""
+    from retrieval_server.jsonl import read_jsonl
+
+    rows = read_jsonl(qa)
+    shape = '{"question": "...", "gold_passage_ids": ["<corpus id>", ...]} per line'
+    usable = [row for row in rows if isinstance(row.get(GOLD_FIELD), list) and row[GOLD_FIELD]]
+    if not usable:
+        fields = sorted({key for row in rows[:100] for key in row})
+        raise UserInputError(
+            f"{qa}: no question has a non-empty list {GOLD_FIELD} (the corpus ids of its gold passages), which "
+            f"--qa needs: {shape}; its rows have {fields}: rename your gold field to {GOLD_FIELD}"
+        )
+    unasked = next((number for number, row in enumerate(rows, 1) if row in usable and "question" not in row), None)
+    if unasked is not None:
+        raise UserInputError(f"{qa}:{unasked}: no question field, which --qa needs: {shape}")
+
+
     from retrieval_server.config import EncoderConfig
 
     overrides = {
@@ -455,8 +487,12 @@ def adopt(
         index, corpus, output, encoder, sample=verify_sample, link=link, bm25=bm25, device=device, seed=seed
     )
     typer.echo(json.dumps({k: manifest[k] for k in ("count", "dim", "index", "adopted")}, indent=2))
+    from retrieval_server.index import read_faiss_header
     typer.echo(f"adopted into {output}: retrieval-server serve --index-dir {output}")
 
+    check_model_source(model, "--model")
+    if index.is_file():  # a file faiss cannot read: one line now, not faiss's C++ error after the corpus is read
+        read_faiss_header(index)
 
 def convert(
     index_dir: Path = typer.Option(..., help="Flat index directory (built or adopted)"),

@@ -29,7 +29,8 @@ import numpy as np
 from pydantic import BaseModel
 
 from retrieval_server.config import BuildConfig, EncoderConfig
-from retrieval_server.docstore import file_sha256, iter_corpus, write_docstore
+from retrieval_server.docstore import CorpusFormatError, file_sha256, iter_corpus, write_docstore
+from retrieval_server.factory_check import check_factory
 
 logger = logging.getLogger(__name__)
 
@@ -411,7 +412,7 @@ def _build_files(config, encoder, show_progress, target_recall, corpus_sha256, s
     docstore_path = config.output_dir / DOCSTORE
     count = write_docstore(config.corpus, docstore_path)
     if count == 0:
-        raise ValueError(f"{config.corpus}: corpus is empty")
+        raise CorpusFormatError(f"{config.corpus}: corpus is empty")
     encoder = encoder or SentenceEncoder(config.encoder, device=config.device)
     progress.update(count=count, dim=encoder.dim)
     shard_paths, dim = encode_shards(config, corpus_sha256, count, encoder=encoder, show_progress=show_progress)
@@ -419,6 +420,7 @@ def _build_files(config, encoder, show_progress, target_recall, corpus_sha256, s
     # IVF's nprobe and HNSW's efSearch are written into the file: it is served at the setting chosen here.
     tuning = tune_on_shards(index, shard_paths, target_recall) if _has_speed_knob(index) else None
     faiss.write_index(index, str(config.output_dir / (DENSE_INDEX + ".tmp")))
+    check_factory(config.index_factory, encoder.dim, count, config.train_sample)  # before the encoding's hours
     (config.output_dir / (DENSE_INDEX + ".tmp")).replace(config.output_dir / DENSE_INDEX)
     if config.bm25:
         build_bm25(config)

@@ -29,9 +29,70 @@ SERVER_USER_ERRORS = (
     "retrieval_server.haproxy_front:PortInUseError",
     "retrieval_server.client:RetrievalError",  # the server is not there, or refuses the token
     "retrieval_server.encoders.onnx_runtime:OnnxExportError",  # --encoder-backend onnx on a model it cannot export
+    "retrieval_server.jsonl:JsonlError",  # a JSONL file given (QA set, passages) missing or not JSON
+    "retrieval_server.factory_check:IndexFactoryError",  # --factory faiss cannot make, or train on the corpus
+    "retrieval_server.user_errors:UserInputError",  # the commands' own checks of what they were given
 )
 
 _DEBUG = "user_errors.debug"  # key in the click context's meta, shared by every command under the root
+
+
+class UserInputError(ValueError):
+    """A file or value given to a command that it cannot use, found by the command's own checks before its long work;
+    the message names the option or file and the fix."""
+
+
+def model_source_problem(name: str, option: str) -> str | None:
+    """Why the model ``name`` (a local path or a Hugging Face hub id) cannot be loaded on this machine, else None.
+
+    Asked before a command loads the model: offline, the hub client retries for about 30 s and then prints a
+    two-line message about the internet connection, naming neither the option nor the way out.
+    """
+    import os
+    from pathlib import Path
+
+    if Path(name).expanduser().exists():
+        return None
+    if name.startswith((".", "/", "~")) or name.count("/") > 1 or not name.strip():
+        return f"{option} {name}: no such directory (a model is a local directory or a hub id such as org/name)"
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    cache = Path(constants.HF_HUB_CACHE)
+    if any((cache / repo_folder_name(repo_id=name, repo_type="model") / "snapshots").glob("*")):
+        return None
+    fix = (
+        f"pass a local directory holding the model, or download it where the hub is reachable (hf download {name}) "
+        f"and set HF_HOME to that cache (this machine's: {cache.parent})"
+    )
+    absent = f"{option} {name}: not on this machine (no such directory, not in {cache})"
+    truthy = {"1", "ON", "YES", "TRUE"}
+    offline = [var for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if os.environ.get(var, "").upper() in truthy]
+    if offline or constants.HF_HUB_OFFLINE:
+        return f"{absent} and {offline[0] if offline else 'HF_HUB_OFFLINE'} is set: {fix}"
+    import httpx
+
+    endpoint = os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
+    try:  # one request, no retries: the loader's own download retries with back-off for about 30 s
+        answer = httpx.get(f"{endpoint.rstrip('/')}/api/models/{name}", timeout=5.0)
+    except httpx.HTTPError as err:
+        return f"{absent} and {endpoint} is unreachable ({type(err).__name__}: {err}): {fix}"
+    if answer.status_code in (401, 403, 404):
+        return (
+            f"{absent} and {endpoint} has no public model of that name (HTTP "
+            f"{answer.status_code}): check the name, `hf auth login` for a gated or private model, or pass a local "
+            "directory"
+        )
+    return None
+
+
+def check_model_source(name: str | None, option: str) -> None:
+    """Raise :class:`UserInputError` if the model ``name`` given as ``option`` cannot be loaded here (None: the
+    command's default)."""
+    if name is not None:
+        problem = model_source_problem(str(name), option)
+        if problem is not None:
+            raise UserInputError(problem)
 
 
 def loaded_classes(names: Sequence[str]) -> tuple[type[BaseException], ...]:

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from retrieval_server.user_errors import check_model_source
 from verl_evidence.eval import options
 from verl_evidence.eval.paper_scoring import DEFAULT_BERTSCORE_MODEL
 
@@ -258,6 +259,7 @@ def eval_command(
         raise typer.BadParameter(f"unknown rollout(s) {bad}; choose from {', '.join(ROLLOUTS)}")
     for path in data or []:  # read before anything starts: a file that is not rows ends here, in one line
         load_rows(path)
+    check_model_source(nli_model, "--nli-model")
     if paper is not None and paper not in PAPERS:
         raise typer.BadParameter(f"--paper must be one of {', '.join(PAPERS)}, got {paper!r}")
     scorers = paper_scorers(

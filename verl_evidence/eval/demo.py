@@ -27,6 +27,7 @@ import typer
 from rich.console import Console
 from rich.panel import Panel
 
+from retrieval_server.user_errors import check_model_source
 from verl_evidence.eval import options
 from verl_evidence.eval.demo_report import (
     examples_markdown,
@@ -90,6 +91,7 @@ def demo_command(
     recipe = training_recipe() if train else None  # before the demo's minutes: a missing recipe fails now
     quiet_library_logs()
     policy, tokenizer = options.policy_and_tokenizer(trajectories, model, endpoint, served_model, tokenizer)
+    check_model_source(nli_model, "--nli-model")
     console.print(
         Panel.fit(
             "verl-evidence demo: retrieval server (bundled corpus, packaged MiniLM) -> search / EviOmni / GRACE "

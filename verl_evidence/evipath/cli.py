@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from retrieval_server.user_errors import check_model_source
 from verl_evidence.agent_loops.protocol import PLANNER_LAYOUTS as PLANNER_FORMATS
 from verl_evidence.evipath.demonstrations import DEFAULT_DEMONSTRATIONS
 from verl_evidence.evipath.evidence import DEFAULT_TAU, EvidenceSelector
@@ -118,6 +119,27 @@ def print_summary(summary: RunSummary, console: Console) -> None:
         console.print(f"{name}: {path}")
 
 
+def teacher_problem(base_url: str, model: str, api_key: str) -> str | None:
+    """Why the teacher cannot answer (the endpoint is not there, or does not serve ``model``), else None: asked once
+    before synthesis, where an absent endpoint fails every record after its retries and writes empty files."""
+    import httpx
+
+    try:
+        answer = httpx.get(f"{base_url.rstrip('/')}/models", headers={"Authorization": f"Bearer {api_key}"}, timeout=10)
+    except httpx.HTTPError as err:
+        return (
+            f"the teacher endpoint --base-url {base_url} does not answer ({type(err).__name__}: {err}): start the "
+            "OpenAI-compatible server (e.g. vllm serve <model>) or pass its URL (--base-url or EVIPATH_BASE_URL)"
+        )
+    try:
+        served = [entry["id"] for entry in answer.json()["data"]] if answer.status_code == 200 else []
+    except (ValueError, KeyError, TypeError):  # not a model list: the requests themselves will say what is wrong
+        served = []
+    if served and model not in served:
+        return f"the teacher endpoint {base_url} serves {served}, not --model {model!r}: pass one of them"
+    return None
+
+
 def synthesize(
     input_path: Path | None = typer.Option(
         None, "--input", "-i", help="Dataset file (JSON array or JSONL); omit for the bundled set."
@@ -171,6 +193,7 @@ def synthesize(
         raise typer.BadParameter("must be in [0, 1)", param_hint="--val-fraction")
     if planner_format not in PLANNER_FORMATS:
         raise typer.BadParameter(f"choose one of {', '.join(PLANNER_FORMATS)}", param_hint="--planner-format")
+    check_model_source(encoder, "--encoder")
     read_report = ReadReport()
     try:
         records = load_records(input_path, fmt, corpus_path=corpus, limit=limit, report=read_report)
@@ -190,6 +213,14 @@ def synthesize(
         except (FileNotFoundError, ValueError) as err:
             typer.echo(f"error: {err}", err=True)
             raise typer.Exit(2) from err
+    # after the local checks: a file problem is named without waiting for the network
+    cache = cache or out / "teacher_cache.sqlite"
+    problem = teacher_problem(base_url, model, api_key)
+    if problem is not None:
+        if not (cache.is_file() and cache.stat().st_size > 0):
+            typer.echo(f"error: {problem}", err=True)
+            raise typer.Exit(2)
+        console.print(f"warning: {problem}; synthesising from the replies cached in {cache}")
     config = SynthesisConfig(
         max_steps=max_steps,
         max_searches=max_searches,
@@ -216,7 +247,7 @@ def synthesize(
             records,
             teacher_config,
             out,
-            cache or out / "teacher_cache.sqlite",
+            cache,
             selector,
             config,
             planner_format=planner_format,
