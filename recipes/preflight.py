@@ -529,14 +529,21 @@ def row_problems(
 
 
 def prompt_lengths(cfg) -> PromptLengths | None:
-    """The policy's prompt counter, when verl filters overlong prompts and the tokenizer is on this machine."""
+    """The policy's prompt counter, when verl filters overlong prompts: its own tokenizer when on this machine, else
+    for a Qwen2.5/Qwen3 policy Qwen's vocabulary built offline (the same ids; said on stderr)."""
     if not cfg.data.get("filter_overlong_prompts"):
         return None
     model = str(cfg.actor_rollout_ref.model.path)
     found = tokenizer_dir(model)
-    if found is None:  # not a refusal: the trainer loads (downloads) the model and its tokenizer itself
-        print(f"# pre-flight: prompt lengths not checked: no tokenizer.json of {model} here yet", file=sys.stderr)
-        return None
+    if found is None:
+        from verl_evidence.local.qwen_tokenizer import describe_stand_in, qwen_family, qwen_tokenizer_dir
+
+        family = qwen_family(model)
+        if family is None:  # not a refusal: the trainer loads (downloads) the model and its tokenizer itself
+            print(f"# pre-flight: prompt lengths not checked: no tokenizer.json of {model} here yet", file=sys.stderr)
+            return None
+        print(f"# pre-flight: prompt {describe_stand_in(family, model)}", file=sys.stderr)
+        found = qwen_tokenizer_dir(family)
     return PromptLengths(found, plain(cfg.data.get("apply_chat_template_kwargs")) or {})
 
 

@@ -206,9 +206,14 @@ def _print_source_counts(available: Counter, written: Counter, sample: int | Non
 
 
 def token_counter(tokenizer_path: str) -> Callable[[str], int]:
-    from retrieval_server.user_errors import check_model_source
+    """Counts text tokens with ``tokenizer_path``'s tokenizer; a Qwen2.5/Qwen3 family name (``qwen2.5``, ``qwen3``) or a
+    model of theirs whose tokenizer is not on this machine counts with Qwen's vocabulary built offline. Says which."""
+    from verl_evidence.local.qwen_tokenizer import describe_stand_in, qwen_tokenizer_dir, stand_in_family
 
-    check_model_source(tokenizer_path, "--tokenizer")  # one line now, not the hub's retries and message
+    asked = tokenizer_path
+    family = stand_in_family(asked)
+    if family is not None:
+        tokenizer_path = str(qwen_tokenizer_dir(family))
     from transformers import AutoTokenizer
 
     from verl_evidence.dataprep.records import DataPrepError
@@ -217,6 +222,8 @@ def token_counter(tokenizer_path: str) -> Callable[[str], int]:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     except (OSError, ValueError) as err:
         raise DataPrepError(f"cannot load tokenizer {tokenizer_path!r}: {err}") from err
+    said = describe_stand_in(family, asked) if family else f"tokens counted with the tokenizer of {asked}"
+    console.print(said, soft_wrap=True, markup=False)
     return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -243,7 +250,11 @@ def read_passages_file(path: Path, records: Sequence[QARecord], topk: int) -> li
 def eviomni_command(
     source: str = typer.Argument(..., help="'bundled', a FlashRAG .jsonl or a Search-R1 .parquet"),
     output: Path = typer.Option(..., "--output", "-o"),
-    tokenizer: str = typer.Option(..., help="the policy's tokenizer (path or hub name): L_P is counted with it"),
+    tokenizer: str = typer.Option(
+        ...,
+        help="the policy's tokenizer (path or hub name; qwen2.5 / qwen3, or a Qwen2.5/Qwen3 model not on this "
+        "machine: Qwen's vocabulary built offline): L_P is counted with it",
+    ),
     method: ExtractMethod = typer.Option(ExtractMethod.eviomni),
     retrieval_url: str | None = typer.Option(None, help="retrieval server, e.g. http://127.0.0.1:8000"),
     passages_file: Path | None = typer.Option(None, help="JSONL of pre-retrieved passages per question id"),
@@ -257,7 +268,6 @@ def eviomni_command(
     new_data_source: bool = typer.Option(False, "--new-data-source"),
 ) -> None:
     """Rows for EviOmni / LEAR: top-k passages per question in the prompt, L_P recorded."""
-    from retrieval_server.user_errors import check_model_source
     from verl_evidence.dataprep import rows as rows_mod
     from verl_evidence.dataprep.records import DataPrepError, load_records
     from verl_evidence.dataprep.templates import load_template
@@ -265,7 +275,6 @@ def eviomni_command(
     chosen = [x for x in (retrieval_url, passages_file, retriever) if x]
     if len(chosen) != 1:
         raise DataPrepError("give exactly one of --retrieval-url, --passages-file, --retriever")
-    check_model_source(dense_model, "--dense-model")
     records = load_records(source, data_source, new_data_source)
     count_tokens = token_counter(tokenizer)
     if passages_file:
@@ -415,7 +424,6 @@ def grace_command(
 
     Counts per retriever are printed and written to <output stem>.summary.json.
     """
-    from retrieval_server.user_errors import check_model_source
     from verl_evidence.dataprep import grace as grace_mod
     from verl_evidence.dataprep import mix
     from verl_evidence.dataprep import rows as rows_mod
@@ -430,8 +438,6 @@ def grace_command(
     from verl_evidence.dataprep.retrievers import build_retriever
     from verl_evidence.dataprep.templates import load_template
 
-    check_model_source(dense_model, "--dense-model")
-    check_model_source(cross_encoder, "--cross-encoder")
     style = style or (GraceStyle.qa if source.endswith(".parquet") else GraceStyle.bundled)
     if construction is None:
         validating = split.lower() in rows_mod.VALIDATION_SPLITS
@@ -536,9 +542,5 @@ def inspect_command(path: Path, limit: int = typer.Option(1, help="rows to print
 
     if not path.is_file():
         raise DataPrepError(f"{path}: no such file")
-    try:
-        rows = rows_mod.read_parquet(path)
-    except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
-        raise DataPrepError(f"{path}: not a parquet file of rows ({err}); give one `verl-evidence data` wrote") from err
-    for row in rows[:limit]:
+    for row in rows_mod.read_parquet(path)[:limit]:
         typer.echo(json.dumps(row, indent=2, ensure_ascii=False, default=str))

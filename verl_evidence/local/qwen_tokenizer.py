@@ -220,3 +220,47 @@ def qwen_tokenizer(family: str = "qwen2.5"):
 
     Shared within a process: callers must not mutate it (copy it first)."""
     return _cached_tokenizer(_check_family(family))
+
+
+# -- standing in for a Qwen policy's tokenizer that is not on this machine -------------------------------------------
+
+_HUB_PREFIXES = {"qwen2.5-": "qwen2.5", "qwen3-": "qwen3"}  # "qwen3.5-"/"qwen3.6-" have another vocabulary
+
+
+def qwen_family(name: str) -> str | None:
+    """'qwen2.5' / 'qwen3' when ``name`` is that family's name or one of its models (``Qwen/Qwen2.5-7B-Instruct``,
+    ``qwen2.5-7b``, ``Qwen/Qwen3-4B``, ...): they share the family's vocabulary and added tokens. Else None."""
+    base = str(name).rstrip("/").rsplit("/", 1)[-1].lower()
+    if base in FAMILIES:
+        return base
+    return next((family for prefix, family in _HUB_PREFIXES.items() if base.startswith(prefix)), None)
+
+
+def _tokenizer_on_machine(name: str) -> bool:
+    """A local directory, or a hub id whose tokenizer the Hugging Face cache holds."""
+    if Path(name).expanduser().exists():
+        return True
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(name, "tokenizer.json"), str)
+    except Exception:  # not a valid hub id: not on the machine
+        return False
+
+
+def stand_in_family(name: str) -> str | None:
+    """The family whose offline build counts tokens for ``name``: a family name ('qwen2.5', 'qwen3') always, a
+    Qwen2.5/Qwen3 model only when its own tokenizer is not on this machine (the real files win). Else None."""
+    family = qwen_family(name)
+    if family is None or (family != str(name).lower() and _tokenizer_on_machine(name)):
+        return None
+    return family
+
+
+def describe_stand_in(family: str, name: str) -> str:
+    """One line saying which tokenizer counts for ``name``."""
+    stand_in = f"{'Qwen2.5' if family == 'qwen2.5' else 'Qwen3'}'s vocabulary built offline (qwen-tokenizer "
+    stand_in += f"{package_version()})"
+    if name.lower() == family:
+        return f"tokens counted with {stand_in}"
+    return f"tokens counted with {stand_in}: {name}'s own tokenizer is not on this machine"
