@@ -241,6 +241,8 @@ def serve(
         )
     _quiet_faiss_loader()
     token = _bearer_token(token, token_file)
+    check_model_source(model, "--model")
+    check_model_source(rerank_model, "--rerank-model")
     settings = {
         "corpus": corpus, "encoder_model": model, "method": method, "default_topk": topk,
         "rerank_model": rerank_model, "rerank_top_n": rerank_top_n, "search_params": search_params,
@@ -248,8 +250,6 @@ def serve(
         "num_cpus_per_replica": cpus_per_replica, "num_gpus_per_replica": gpus_per_replica,
         "replica_resources": _resources(replica_resource),
         "torch_threads": torch_threads, "encoder_backend": encoder_backend, "encode_threads": encode_threads,
-    check_model_source(model, "--model")
-    check_model_source(rerank_model, "--rerank-model")
         "max_batch_size": max_batch_size, "batch_concurrency": batch_concurrency,
         "batch_wait_timeout_s": batch_wait_ms / 1000.0, "max_queries_per_request": max_queries_per_request,
         "max_topk": max_topk, "max_query_chars": max_query_chars, "token": token, "access_log": access_log,
@@ -344,6 +344,7 @@ def build(
 
     _quiet_faiss_loader()
     corpus = corpus or _default_corpus(ctx, "--corpus", "pass the corpus to index")
+    check_model_source(model, "--model")  # before the corpus is read: offline, the hub's retries take 30 s
     with _settings_from_options():
         if model is None:
             encoder = packaged_minilm_encoder()
@@ -352,7 +353,6 @@ def build(
             encoder = EncoderConfig.for_model(
                 model, max_length=max_length, **{k: v for k, v in given.items() if v is not None}
             )
-    check_model_source(model, "--model")  # before the corpus is read: offline, the hub's retries take 30 s
         config = BuildConfig(
             corpus=corpus, output_dir=output or default_index_dir(corpus), encoder=encoder, index_factory=factory,
             shard_size=shard_size, train_sample=train_sample, encode_batch_size=batch_size, bm25=bm25, device=device,
@@ -399,6 +399,7 @@ def recall(
         if defaults.qa is None:
             raise typer.BadParameter("this command has no default QA set: pass one", param_hint="--qa")
         qa = Path(defaults.qa())
+    _check_gold_field(qa)  # before an index is loaded (or built)
     _quiet_faiss_loader()
     index_dir = index_dir or ensure_index(_default_corpus(ctx, "--index-dir", "pass the index to measure"))
     scores = recall_at_k(index_dir, qa, ks=sorted(k), method=method, search_params=search_params)
@@ -407,20 +408,11 @@ def recall(
     table.add_column("k")
     table.add_column("recall (all gold)")
     table.add_column("hit (any gold)")
-    _check_gold_field(qa)  # before an index is loaded (or built)
     for cut in sorted(k):
         table.add_row(str(cut), f"{scores['recall'][cut]:.3f}", f"{scores['hit'][cut]:.3f}")
     Console().print(table)
 
 
-def _declared_encoder(
-    model: str,
-    pooling: str | None,
-    query_prefix: str | None,
-    passage_prefix: str | None,
-    max_length: int,
-    normalize: bool,
-):
 GOLD_FIELD = "gold_passage_ids"  # what retrieval_server.recall reads: each question's gold passages' corpus ids
 
 
@@ -443,6 +435,14 @@ def _check_gold_field(qa: Path) -> None:
         raise UserInputError(f"{qa}:{unasked}: no question field, which --qa needs: {shape}")
 
 
+def _declared_encoder(
+    model: str,
+    pooling: str | None,
+    query_prefix: str | None,
+    passage_prefix: str | None,
+    max_length: int,
+    normalize: bool,
+):
     from retrieval_server.config import EncoderConfig
 
     overrides = {
@@ -479,20 +479,20 @@ def adopt(
 ) -> None:
     """Serve an index you already have: verify its encoder on a sample, convert the corpus once, write the manifest."""
     from retrieval_server.adopt import adopt_index
+    from retrieval_server.index import read_faiss_header
 
     _quiet_faiss_loader()
+    check_model_source(model, "--model")
+    if index.is_file():  # a file faiss cannot read: one line now, not faiss's C++ error after the corpus is read
+        read_faiss_header(index)
     with _settings_from_options():
         encoder = _declared_encoder(model, pooling, query_prefix, passage_prefix, max_length, normalize)
     manifest = adopt_index(
         index, corpus, output, encoder, sample=verify_sample, link=link, bm25=bm25, device=device, seed=seed
     )
     typer.echo(json.dumps({k: manifest[k] for k in ("count", "dim", "index", "adopted")}, indent=2))
-    from retrieval_server.index import read_faiss_header
     typer.echo(f"adopted into {output}: retrieval-server serve --index-dir {output}")
 
-    check_model_source(model, "--model")
-    if index.is_file():  # a file faiss cannot read: one line now, not faiss's C++ error after the corpus is read
-        read_faiss_header(index)
 
 def convert(
     index_dir: Path = typer.Option(..., help="Flat index directory (built or adopted)"),

@@ -415,12 +415,12 @@ def _build_files(config, encoder, show_progress, target_recall, corpus_sha256, s
         raise CorpusFormatError(f"{config.corpus}: corpus is empty")
     encoder = encoder or SentenceEncoder(config.encoder, device=config.device)
     progress.update(count=count, dim=encoder.dim)
+    check_factory(config.index_factory, encoder.dim, count, config.train_sample)  # before the encoding's hours
     shard_paths, dim = encode_shards(config, corpus_sha256, count, encoder=encoder, show_progress=show_progress)
     index = build_faiss_index(shard_paths, dim, config.index_factory, config.train_sample)
     # IVF's nprobe and HNSW's efSearch are written into the file: it is served at the setting chosen here.
     tuning = tune_on_shards(index, shard_paths, target_recall) if _has_speed_knob(index) else None
     faiss.write_index(index, str(config.output_dir / (DENSE_INDEX + ".tmp")))
-    check_factory(config.index_factory, encoder.dim, count, config.train_sample)  # before the encoding's hours
     (config.output_dir / (DENSE_INDEX + ".tmp")).replace(config.output_dir / DENSE_INDEX)
     if config.bm25:
         build_bm25(config)
