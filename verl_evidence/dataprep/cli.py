@@ -214,6 +214,9 @@ def token_counter(tokenizer_path: str) -> Callable[[str], int]:
     family = stand_in_family(asked)
     if family is not None:
         tokenizer_path = str(qwen_tokenizer_dir(family))
+    from retrieval_server.user_errors import check_model_source
+
+    check_model_source(tokenizer_path, "--tokenizer")  # one line now, not the hub's retries and message
     from transformers import AutoTokenizer
 
     from verl_evidence.dataprep.records import DataPrepError
@@ -268,6 +271,7 @@ def eviomni_command(
     new_data_source: bool = typer.Option(False, "--new-data-source"),
 ) -> None:
     """Rows for EviOmni / LEAR: top-k passages per question in the prompt, L_P recorded."""
+    from retrieval_server.user_errors import check_model_source
     from verl_evidence.dataprep import rows as rows_mod
     from verl_evidence.dataprep.records import DataPrepError, load_records
     from verl_evidence.dataprep.templates import load_template
@@ -275,6 +279,7 @@ def eviomni_command(
     chosen = [x for x in (retrieval_url, passages_file, retriever) if x]
     if len(chosen) != 1:
         raise DataPrepError("give exactly one of --retrieval-url, --passages-file, --retriever")
+    check_model_source(dense_model, "--dense-model")
     records = load_records(source, data_source, new_data_source)
     count_tokens = token_counter(tokenizer)
     if passages_file:
@@ -424,6 +429,7 @@ def grace_command(
 
     Counts per retriever are printed and written to <output stem>.summary.json.
     """
+    from retrieval_server.user_errors import check_model_source
     from verl_evidence.dataprep import grace as grace_mod
     from verl_evidence.dataprep import mix
     from verl_evidence.dataprep import rows as rows_mod
@@ -438,6 +444,8 @@ def grace_command(
     from verl_evidence.dataprep.retrievers import build_retriever
     from verl_evidence.dataprep.templates import load_template
 
+    check_model_source(dense_model, "--dense-model")
+    check_model_source(cross_encoder, "--cross-encoder")
     style = style or (GraceStyle.qa if source.endswith(".parquet") else GraceStyle.bundled)
     if construction is None:
         validating = split.lower() in rows_mod.VALIDATION_SPLITS
@@ -542,5 +550,9 @@ def inspect_command(path: Path, limit: int = typer.Option(1, help="rows to print
 
     if not path.is_file():
         raise DataPrepError(f"{path}: no such file")
-    for row in rows_mod.read_parquet(path)[:limit]:
+    try:
+        rows = rows_mod.read_parquet(path)
+    except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
+        raise DataPrepError(f"{path}: not a parquet file of rows ({err}); give one `verl-evidence data` wrote") from err
+    for row in rows[:limit]:
         typer.echo(json.dumps(row, indent=2, ensure_ascii=False, default=str))
