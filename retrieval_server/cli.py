@@ -567,15 +567,22 @@ def verify(
     search_params: str = typer.Option("", help='faiss parameters to check against the index, e.g. "nprobe=64"'),
     record: bool = typer.Option(
         False,
-        help="Record the files' checksums in the manifest after every other check passes (upgrades a version-1 "
-        "manifest; after replacing a file on purpose)",
+        help="Record the files' and the encoder's checksums in the manifest after every other check passes "
+        "(upgrades an older manifest; after replacing a file on purpose)",
+    ),
+    full: bool = typer.Option(
+        False, "--full", help="Hash every byte of the served files, not only the sampled blocks serve checks"
     ),
 ) -> None:
     """Check an index directory as `serve` does at start-up, without starting anything; --record its checksums."""
+    import time
+
     from retrieval_server.index import (
         check_search_params,
+        encoder_files_summary,
         read_manifest,
         recorded_encoder,
+        sampling_summary,
         verify_and_record,
         verify_index,
     )
@@ -584,8 +591,12 @@ def verify(
     requested = None
     if model is not None:
         requested = recorded_encoder(read_manifest(index_dir)).model_copy(update={"model": model})
-    check = verify_and_record if record else verify_index
-    manifest = check(index_dir, corpus=corpus, encoder=requested)
+    started = time.perf_counter()
+    if record:
+        manifest = verify_and_record(index_dir, corpus=corpus, encoder=requested)
+    else:
+        manifest = verify_index(index_dir, corpus=corpus, encoder=requested, full=full)
+    seconds = time.perf_counter() - started
     check_search_params(index_dir, manifest, search_params)
     said = manifest["index"]
     typer.echo(
@@ -593,6 +604,9 @@ def verify(
         f"{' served at ' + said['search_params'] if said.get('search_params') else ''}; files "
         f"{'recorded' if record else 'match their checksums'}"
     )
+    typer.echo(encoder_files_summary(index_dir, manifest))
+    if not record:
+        typer.echo(sampling_summary(index_dir, manifest, full, seconds))
 
 
 app.command("serve")(serve)

@@ -40,10 +40,13 @@ DENSE_INDEX = "dense.faiss"
 BM25_DIR = "bm25"
 SHARDS_DIR = "shards"
 BM25_TOKENIZER_VOCAB = "vocab.tokenizer.json"
-# 2: the served files' sizes and checksums ("files", "checksum"); 1 (before them): refused by serve until
-# `index verify --record` (or a rebuild) records them.
-MANIFEST_VERSION = 2
-READABLE_MANIFEST_VERSIONS = (1, 2)
+# 3: also the encoder's files, hashed whole ("encoder_files": the model directory and the ONNX exports beside the index)
+# and each served file's hash of every byte ("full_xxh3_128", for `index verify --full`); 2: the served files' sizes
+# and sampled checksums ("files", "checksum"). Older ones are refused by serve until `index verify --record` (or a
+# rebuild) records what they lack.
+MANIFEST_VERSION = 3
+READABLE_MANIFEST_VERSIONS = (1, 2, 3)
+ENCODERS_DIR = "encoders"  # ONNX exports beside the index (retrieval_server.encoders.onnx_export)
 
 
 class IndexMismatchError(RuntimeError):
@@ -397,8 +400,10 @@ def _build_index_locked(config: BuildConfig, encoder, show_progress: bool, targe
 def _files_still_written(index_dir: Path, manifest: dict, manifest_path: Path) -> bool:
     """The files hold what the manifest says (and, once recorded, are the files it recorded): else rebuild them."""
     problems = _open_problems(index_dir, manifest, manifest_path)
-    if not problems and manifest["version"] >= MANIFEST_VERSION:
-        problems = _checksum_problems(index_dir, manifest, manifest_path)
+    if not problems and manifest["version"] >= 2:
+        problems = _served_file_problems(index_dir, manifest, manifest_path)
+    if not problems and manifest["version"] >= 3:  # weights changed in place (same sizes): the vectors are stale
+        problems = _model_problems(manifest, manifest["encoder"]["model"], manifest_path)
     for problem in problems:
         logger.warning("%s: rebuilding", problem)
     return not problems
@@ -642,15 +647,195 @@ def served_files(index_dir: Path, manifest: dict) -> list[str]:
     return names
 
 
-def record_checksums(index_dir: Path, manifest: dict) -> dict:
-    """``manifest`` at the current version with the checksums of the files it serves (the caller writes it)."""
-    files = {name: file_checksum(Path(index_dir) / name) for name in served_files(index_dir, manifest)}
-    return {**manifest, "version": MANIFEST_VERSION, "checksum": CHECKSUM_METHOD, "files": files}
+def record_checksums(index_dir: Path, manifest: dict, model: str | None = None, strict: bool = False) -> dict:
+    """``manifest`` at the current version with the checksums of the files it serves and of its encoder's files (the
+    caller writes it). ``model``: the model directory to record (default: the manifest's, or a known copy of it).
+
+    An ONNX export beside the index is recorded only if it still holds the files it recorded when it was made; one
+    that does not is left out with a warning (``strict``: refused), so nothing altered is ever recorded.
+    """
+    from retrieval_server.encoders.fingerprint import full_checksum
+
+    files = {}
+    for name in served_files(index_dir, manifest):
+        path = Path(index_dir) / name
+        files[name] = {**file_checksum(path), "full_xxh3_128": full_checksum(path)["xxh3_128"]}
+    encoder_files = _encoder_record(Path(index_dir), manifest, model, strict)
+    return {
+        **manifest, "version": MANIFEST_VERSION, "checksum": CHECKSUM_METHOD, "files": files,
+        "encoder_files": encoder_files,
+    }  # fmt: skip
 
 
-def _checksum_problems(index_dir: Path, manifest: dict, manifest_path: Path) -> list[str]:
-    if manifest["version"] < MANIFEST_VERSION:
+def exports_beside(index_dir: Path) -> list[Path]:
+    """The ONNX exports beside an index that this verl-evidence can load: those of its export format (the format is
+    part of the directory's key, so an older one is never loaded, and has no record of its files to check)."""
+    from retrieval_server.encoders.onnx_export import ONNX_EXPORT_FORMAT
+
+    found = []
+    for export_dir in sorted((Path(index_dir) / ENCODERS_DIR).glob("onnx-*")):
+        try:
+            meta = json.loads((export_dir / "export.json").read_text())
+        except (OSError, ValueError):
+            continue  # being made (it appears whole, by one rename), or not an export
+        if isinstance(meta, dict) and meta.get("format") == ONNX_EXPORT_FORMAT:
+            found.append(export_dir)
+    return found
+
+
+def _loadable_model(manifest: dict) -> str:
+    """The model directory a server would load for ``manifest``: the recorded one, or a known copy of it if gone."""
+    from retrieval_server.encoders import model_fingerprint
+
+    recorded = manifest["encoder"]
+    if Path(recorded["model"]).exists() or recorded["fingerprint"].startswith("name:"):
+        return recorded["model"]
+    copy = next((m for m in known_model_copies() if model_fingerprint(m) == recorded["fingerprint"]), None)
+    return copy or recorded["model"]
+
+
+def _encoder_record(index_dir: Path, manifest: dict, model: str | None, strict: bool) -> dict:
+    from retrieval_server.encoders.fingerprint import (
+        ENCODER_CHECKSUM,
+        checksum_files,
+        export_files,
+        export_problems,
+        model_files,
+    )
+
+    model = model or _loadable_model(manifest)
+    names = model_files(model)
+    exports = {}
+    for export_dir in exports_beside(index_dir):
+        problems = export_problems(export_dir)
+        if problems and strict:
+            raise IndexMismatchError(f"refusing to record the ONNX export {export_dir}: {'; '.join(problems)}")
+        if problems:
+            logger.warning("ONNX export not recorded in %s: %s", index_dir / MANIFEST, "; ".join(problems))
+            continue
+        exports[export_dir.name] = checksum_files(export_dir, export_files(export_dir))
+    return {
+        "checksum": ENCODER_CHECKSUM,
+        "model": None if names is None else checksum_files(Path(model), names),  # None: a hub name, no files
+        "exports": exports,
+    }
+
+
+def record_export(index_dir: Path, export_dir: Path) -> bool:
+    """Add an ONNX export beside the index to its manifest (checked against the export's own record first); False
+    when the manifest cannot be written (a read-only index: every start then checks the export's own record)."""
+    from filelock import FileLock
+
+    from retrieval_server.encoders.fingerprint import checksum_files, export_files, export_problems
+
+    index_dir, export_dir = Path(index_dir), Path(export_dir)
+    try:
+        with FileLock(index_dir / ".manifest.lock", timeout=30):
+            manifest = read_manifest(index_dir)
+            record = manifest.get("encoder_files")
+            if manifest["version"] < 3 or not isinstance(record, dict):
+                return False  # refused at start-up anyway, with the command that records everything
+            if export_dir.name in (record.get("exports") or {}):
+                return True
+            problems = export_problems(export_dir)
+            if problems:
+                raise IndexMismatchError(f"refusing the ONNX export {export_dir}: " + "; ".join(problems))
+            exports = {
+                **(record.get("exports") or {}),
+                export_dir.name: checksum_files(export_dir, export_files(export_dir)),
+            }
+            _write_json_atomic(index_dir / MANIFEST, {**manifest, "encoder_files": {**record, "exports": exports}})
+    except OSError as err:  # read-only or full: the export's own record still guards it
+        logger.info("ONNX export %s not recorded in %s: %s", export_dir, index_dir / MANIFEST, err)
+        return False
+    logger.info("recorded the ONNX export %s in %s", export_dir.name, index_dir / MANIFEST)
+    return True
+
+
+def _checksum_problems(index_dir: Path, manifest: dict, manifest_path: Path, full: bool = False) -> list[str]:
+    if manifest["version"] < 2:
         return [f"{manifest_path} records no checksums of the files it serves (manifest version {manifest['version']})"]
+    problems = _served_file_problems(index_dir, manifest, manifest_path, full=full and manifest["version"] >= 3)
+    if not problems and manifest["version"] < 3:
+        problems = [
+            f"{manifest_path} records no checksums of its encoder's files (manifest version {manifest['version']})"
+        ]
+    return problems
+
+
+def _model_problems(manifest: dict, model: str, manifest_path: Path) -> list[str]:
+    """How the model directory to load differs from the one the manifest recorded (every byte of its files)."""
+    from retrieval_server.encoders.fingerprint import ENCODER_CHECKSUM, file_problems, model_files
+
+    record = manifest.get("encoder_files")
+    if not isinstance(record, dict) or record.get("checksum") != ENCODER_CHECKSUM:
+        return [f"{manifest_path} records no checksums of its encoder's files in this verl-evidence's way"]
+    names = model_files(model)
+    if record.get("model") is None or names is None:  # a hub name: nothing on disk to compare
+        return []
+    return file_problems(Path(model), record["model"], names, manifest_path)
+
+
+def _export_problems(index_dir: Path, manifest: dict, manifest_path: Path) -> list[str]:
+    """Each ONNX export beside the index against the manifest's record of it, or (not yet recorded) its own."""
+    from retrieval_server.encoders.fingerprint import export_problems
+
+    recorded = (manifest.get("encoder_files") or {}).get("exports") or {}
+    problems = []
+    for export_dir in exports_beside(index_dir):
+        found = export_problems(export_dir, recorded.get(export_dir.name), manifest_path)
+        if found:
+            problems.append(f"{'; '.join(found)} (remove {export_dir}: it is exported again at the next start)")
+    return problems
+
+
+def unhashed_bytes(index_dir: Path, manifest: dict) -> tuple[int, int]:
+    """(bytes a sampled check never reads, bytes served): each file over 16 MiB is read in 256 blocks of 64 KiB."""
+    never = total = 0
+    for name in served_files(index_dir, manifest):
+        size = (Path(index_dir) / name).stat().st_size
+        total += size
+        if size > CHECKSUM_BLOCK_BYTES * CHECKSUM_BLOCKS:
+            never += size - CHECKSUM_BLOCK_BYTES * CHECKSUM_BLOCKS
+    return never, total
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**30:.1f} GiB" if count >= 2**30 else f"{count / 2**20:.1f} MiB"
+
+
+def sampling_summary(index_dir: Path, manifest: dict, full: bool, seconds: float) -> str:
+    """What `index verify` hashed of the served files: every byte (``full``, with its time), or what a sampled check
+    never reads."""
+    never, total = unhashed_bytes(index_dir, manifest)
+    if full:
+        return f"every byte of the {_size(total)} served hashed in {seconds:.1f} s (--full)"
+    if never == 0:
+        return f"every byte of the {_size(total)} served hashed (no file over 16 MiB)"
+    return (
+        f"sampled checksums: {never / total:.1%} of the {_size(total)} served ({_size(never)}) never hashed, so a "
+        "change there goes unseen; --full hashes every byte"
+    )
+
+
+def encoder_files_summary(index_dir: Path, manifest: dict) -> str:
+    """What `index verify` checked of the encoder: its model files and ONNX exports, each hashed whole."""
+    record = manifest.get("encoder_files") or {}
+    model = record.get("model")
+    exports = [p.name for p in exports_beside(index_dir)]
+    recorded = set(record.get("exports") or {})
+    model_part = (
+        f"encoder model {manifest['encoder']['model']}: {len(model)} files hashed whole"
+        if model is not None
+        else f"encoder model {manifest['encoder']['model']}: a hub name, no files to hash"
+    )
+    export_part = ", ".join(f"{name} ({'recorded' if name in recorded else 'its own record'})" for name in exports)
+    return f"{model_part}; ONNX exports beside the index: {export_part or 'none'}"
+
+
+def _served_file_problems(index_dir: Path, manifest: dict, manifest_path: Path, full: bool = False) -> list[str]:
+    from retrieval_server.encoders.fingerprint import full_checksum
+
     if manifest.get("checksum") != CHECKSUM_METHOD or not isinstance(manifest.get("files"), dict):
         return [f"{manifest_path} records no checksums of its files in this verl-evidence's way ({CHECKSUM_METHOD})"]
     recorded = manifest["files"]
@@ -662,13 +847,21 @@ def _checksum_problems(index_dir: Path, manifest: dict, manifest_path: Path) -> 
             continue
         if not path.exists():
             continue  # reported as missing
-        now = file_checksum(path)
+        if full:
+            if "full_xxh3_128" not in recorded[name]:
+                problems.append(f"{manifest_path} records no hash of every byte of {path} (written before --full)")
+                continue
+            now = full_checksum(path)
+            now["xxh3_128"], recorded_hash = now["xxh3_128"], recorded[name]["full_xxh3_128"]
+        else:
+            now = file_checksum(path)
+            recorded_hash = recorded[name].get("xxh3_128")
         if now["size"] != recorded[name].get("size"):
             problems.append(
                 f"{path} is {now['size']} bytes, {manifest_path} recorded {recorded[name].get('size')}: "
                 "truncated, extended or replaced since the index was written"
             )
-        elif now["xxh3_128"] != recorded[name].get("xxh3_128"):
+        elif now["xxh3_128"] != recorded_hash:
             problems.append(
                 f"{path} is not the file {manifest_path} recorded (same size, other content): "
                 "replaced or rewritten since the index was written"
@@ -805,7 +998,11 @@ def check_search_params(index_dir: Path, manifest: dict, search_params: str) -> 
 
 
 def verify_index(
-    index_dir: Path, corpus: Path | None = None, encoder: EncoderConfig | None = None, checksums: bool = True
+    index_dir: Path,
+    corpus: Path | None = None,
+    encoder: EncoderConfig | None = None,
+    checksums: bool = True,
+    full: bool = False,
 ) -> dict:
     """Check that manifest, corpus, model and index files agree; raise :class:`IndexMismatchError` naming the files.
 
@@ -813,7 +1010,13 @@ def verify_index(
     without them, version 1, is refused with the command that records them), and hold what it says: the
     docstore ``count`` passages, the dense index ``ntotal`` vectors of ``dim`` under the recorded factory's
     type, BM25 ``count`` documents. Opening them is cheap (an Arrow footer, a faiss header), so every
-    start does it, in the launching process before any replica.
+    start does it, in the launching process before any replica. ``full``: every byte of the served files is
+    hashed, not only the sampled blocks (``index verify --full``).
+
+    The encoder's files are hashed whole (a loader reads them whole anyway): the model directory to load and every
+    ONNX export beside the index must be the files the manifest recorded (an export not recorded yet: the files the
+    export recorded when it matched torch). A manifest without those records (version 2) is refused with the
+    command that records them.
 
     Content decides, not location. A recorded corpus that no longer exists is no
     reason to refuse (the index holds its own copy of the passages, and its
@@ -890,12 +1093,16 @@ def verify_index(
             problems.append(f"{required} listed in {manifest_path} is missing")
     problems += _open_problems(index_dir, manifest, manifest_path)
     if checksums and not problems:
-        checksum_problems = _checksum_problems(index_dir, manifest, manifest_path)
+        checksum_problems = _checksum_problems(index_dir, manifest, manifest_path, full)
+        if not checksum_problems:
+            checksum_problems = _model_problems(manifest, recorded["model"], manifest_path)
         if checksum_problems:
             problems += checksum_problems[:-1] + [
                 f"{checksum_problems[-1]}; if these are the files to serve, record them with "
                 f"`verl-evidence index verify --index-dir {index_dir} --record`, else rebuild or re-adopt the index"
             ]
+        else:
+            problems += _export_problems(index_dir, manifest, manifest_path)
     if problems:  # one line, however many: a log or a terminal shows it whole
         raise IndexMismatchError("refusing to serve this index: " + "; ".join(problems))
     return manifest
@@ -903,7 +1110,8 @@ def verify_index(
 
 def verify_and_record(index_dir: Path, corpus: Path | None = None, encoder: EncoderConfig | None = None) -> dict:
     """``index verify --record``: every check of :func:`verify_index` but the checksums, a full (mapped) read of the
-    dense index, then the files' checksums written into the manifest (upgrading a version-1 manifest). Returns it."""
+    dense index, then the files' and the encoder's checksums written into the manifest (upgrading an older manifest;
+    an ONNX export beside the index that no longer holds the files it recorded is refused). Returns it."""
     manifest = verify_index(index_dir, corpus=corpus, encoder=encoder, checksums=False)
     dense_path = Path(index_dir) / manifest["index"]["file"]
     try:
@@ -911,6 +1119,6 @@ def verify_and_record(index_dir: Path, corpus: Path | None = None, encoder: Enco
     except RuntimeError as err:
         raise IndexMismatchError(f"{dense_path} cannot be read by faiss (truncated?): {err}".splitlines()[0]) from None
     stored = read_manifest(index_dir)  # the file's own locations, not the ones this check substituted
-    updated = record_checksums(index_dir, stored)
+    updated = record_checksums(index_dir, stored, model=manifest["encoder"]["model"], strict=True)
     _write_json_atomic(Path(index_dir) / MANIFEST, updated)
     return updated

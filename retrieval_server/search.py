@@ -15,9 +15,11 @@ import numpy as np
 from retrieval_server.config import EncoderConfig, ServerConfig
 from retrieval_server.docstore import DocumentStore
 from retrieval_server.index import (
+    ENCODERS_DIR,
     IndexMismatchError,
     check_search_params,
     read_manifest,
+    record_export,
     recorded_encoder,
     verify_index,
 )
@@ -156,9 +158,11 @@ def check_server_config(config: ServerConfig, prepare: bool = True) -> tuple[dic
         from retrieval_server.encoders import prepare_query_encoder
 
         check_search_params(Path(config.index_dir), manifest, config.search_params)
-        prepare_query_encoder(
+        export_dir = prepare_query_encoder(
             encoder, config.encoder_backend, config.device, config.num_gpus_per_replica, Path(config.index_dir)
         )
+        if export_dir is not None and export_dir.parent == Path(config.index_dir) / ENCODERS_DIR:
+            record_export(Path(config.index_dir), export_dir)  # from now on its replicas check it against the manifest
     return manifest, encoder
 
 

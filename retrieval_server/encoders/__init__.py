@@ -133,19 +133,21 @@ def replica_backend(backend: str, device: str | None, num_gpus: float) -> str:
 
 def prepare_query_encoder(
     config: EncoderConfig, backend: str, device: str | None, num_gpus: float, index_dir: Path | None
-) -> None:
-    """Make the ONNX export the replicas will load, before any starts (``serve``'s own process, via a subprocess).
+) -> Path | None:
+    """Make the ONNX export the replicas will load, before any starts (``serve``'s own process, via a subprocess);
+    its directory, or None when the replicas run torch.
 
     Replicas starting together would otherwise wait for one of them to export, inside Serve's start-up deadline.
     ``auto`` on a model that cannot be exported (or without onnxruntime) warns: its replicas use torch.
     """
     backend_to_run = replica_backend(backend, device, num_gpus)
     if backend_to_run not in ("onnx", "onnx-int8"):
-        return
+        return None
     try:
         _require_onnxruntime()
-        ensure_onnx_export(config, index_dir, quantized=backend_to_run == "onnx-int8")
+        return ensure_onnx_export(config, index_dir, quantized=backend_to_run == "onnx-int8")
     except (ImportError, OnnxExportError) as err:
         if backend != "auto":
             raise
         logger.warning("ONNX encoder unavailable (%s); replicas will use torch", err)
+        return None

@@ -19,14 +19,24 @@ import numpy as np
 from filelock import FileLock
 
 from retrieval_server.config import EncoderConfig, cache_dir
-from retrieval_server.encoders.fingerprint import model_fingerprint, weights_stamp
+from retrieval_server.encoders.fingerprint import (
+    INT8_RECORD,
+    checksum_files,
+    export_files,
+    export_problems,
+    full_checksum,
+    model_fingerprint,
+    weights_stamp,
+)
 from retrieval_server.encoders.onnx_runtime import ONNX_OUTPUT, OnnxEncoder, OnnxExportError
 from retrieval_server.encoders.torch_encoder import SentenceEncoder
 
 logger = logging.getLogger(__name__)
 
 ONNX_TOLERANCE = 1e-4  # largest |torch - onnx| allowed in any coordinate of any probe vector
-ONNX_EXPORT_FORMAT = 1  # part of the cache key: bump it when the export changes, and old caches are not reused
+# Part of the cache key: bump it when the export changes, and old caches are not reused. 2: export.json records the
+# checksums of the export's files.
+ONNX_EXPORT_FORMAT = 2
 ONNX_OPSET = 17
 # What an export is checked on: a padded batch of mixed lengths and each text alone (padding and sequence length
 # are what a trace can freeze), a text past max_length (truncation), non-ASCII text and the empty string.
@@ -89,6 +99,11 @@ def ensure_onnx_export(config: EncoderConfig, index_dir: Path | None, quantized:
     An export is made once per machine: it is also published to the user cache, and an index directory without one
     gets the cached files linked in (no second export, no second copy on disk), so every index built with the same
     encoder starts its replicas without exporting again.
+
+    Links, not copies, and every use checked: a file changed in one place is changed in every index that links it,
+    and each of them refuses it (the export's own record, written when it matched torch, and the index manifest's).
+    Copies would only confine a change to one index while costing a copy of the weights per index; the check is
+    needed either way, since a copy can be changed too.
     """
     target = onnx_export_dir(config, index_dir, quantized)
     needed = "model.int8.onnx" if quantized else "export.json"
@@ -96,14 +111,26 @@ def ensure_onnx_export(config: EncoderConfig, index_dir: Path | None, quantized:
     if not (target / needed).exists():
         with FileLock(target.parent / f".{target.name}.lock"):  # one exporter at a time: replicas start together
             if target != cached and (cached / "export.json").exists():
+                _refuse_altered(cached)  # never lend an altered export to another index
                 _publish(cached, target)  # what the cache holds; an int8 graph it lacks is made below
             if not (target / "export.json").exists():  # another replica may have made it while we waited
                 make_export(config, target)
             if quantized and not (target / "model.int8.onnx").exists():
                 quantize_onnx(target)
+    _refuse_altered(target)
     if target != cached and not (cached / needed).exists():
         _publish(target, cached)
     return target
+
+
+def _refuse_altered(export_dir: Path) -> None:
+    """Raise (one line naming the files) unless the export's files are those it recorded when it was made: its files
+    are hard-linked between the user cache and every index given them, so one changed file reaches all of those."""
+    problems = export_problems(export_dir)
+    if problems:
+        from retrieval_server.index import IndexMismatchError
+
+        raise IndexMismatchError(f"refusing the ONNX export {export_dir}: " + "; ".join(problems))
 
 
 def _publish(source: Path, destination: Path) -> None:
@@ -203,6 +230,8 @@ def export_onnx(config: EncoderConfig, target: Path) -> dict:
                 "probe texts; not cached. Serve it with encoder_backend='torch'"
             )
         meta.update(max_abs_diff_vs_torch=diff, export_seconds=round(time.perf_counter() - started, 2))
+        # The files as they matched torch: every later use is checked against this (fingerprint.export_problems).
+        meta["files"] = checksum_files(work, export_files(work, own_record=True))
         (work / "export.json").write_text(json.dumps(meta, indent=2))
         os.replace(work, target)
     except BaseException:
@@ -276,6 +305,10 @@ def quantize_onnx(export_dir: Path) -> None:
         quantize_dynamic(str(export_dir / "model.onnx"), str(work), weight_type=QuantType.QInt8, per_channel=True)
     finally:
         logging.disable(previous)
+    # Its record first: a record without its graph is ignored (and rewritten), a graph without its record is refused.
+    record = export_dir / f".{INT8_RECORD}.partial"
+    record.write_text(json.dumps(full_checksum(work)))
+    os.replace(record, export_dir / INT8_RECORD)
     os.replace(work, export_dir / "model.int8.onnx")
 
 

@@ -136,7 +136,7 @@ def test_adopt_verifies_and_writes_a_manifest(adopted, search_r1_index):
         "ntotal": PASSAGES,
     }
     # The served files' checksums; the linked index's are its target's.
-    assert manifest["version"] == 2 and set(manifest["files"]) == {"docstore.arrow", "dense.faiss"}
+    assert manifest["version"] == 3 and set(manifest["files"]) == {"docstore.arrow", "dense.faiss"}
     assert manifest["files"]["dense.faiss"]["size"] == search_r1_index["index"].stat().st_size
     assert manifest["encoder"]["passage_prefix"] == "passage: " and manifest["encoder"]["query_prefix"] == "query: "
     assert manifest["encoder"]["pooling"] == "mean" and manifest["encoder"]["fingerprint"].startswith("sha256:")

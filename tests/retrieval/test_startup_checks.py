@@ -182,7 +182,7 @@ def test_a_version_1_manifest_is_refused_until_its_files_are_recorded(index_dir,
 
     recorded = CliRunner().invoke(app, ["index", "verify", "--index-dir", str(index_dir), "--record"])
     assert recorded.exit_code == 0, recorded.output
-    assert json.loads((index_dir / "manifest.json").read_text())["version"] == 2
+    assert json.loads((index_dir / "manifest.json").read_text())["version"] == 3
     assert verify_index(index_dir)["files"]["dense.faiss"]["size"] == (index_dir / "dense.faiss").stat().st_size
 
     # --record checks before it records: a truncated docstore is refused, not blessed.
@@ -204,7 +204,7 @@ def test_the_builder_upgrades_its_own_version_1_manifest(index_dir, minilm):
         corpus=corpus, output_dir=index_dir, encoder=packaged_minilm_encoder(), shard_size=3, bm25=False
     )
     manifest = build_index(config, encoder=UnusableEncoder(), show_progress=False)
-    assert manifest["version"] == 2 and verify_index(index_dir)["count"] == len(PASSAGES)
+    assert manifest["version"] == 3 and verify_index(index_dir)["count"] == len(PASSAGES)
 
 
 # ---------------------------------------------------------------- search parameters
