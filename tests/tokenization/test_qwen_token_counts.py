@@ -110,3 +110,15 @@ def test_preflight_refuses_prompts_too_long_in_qwen_tokens(tmp_path: Path, capsy
     said = " ".join(capsys.readouterr().err.split())
     assert "# pre-flight: prompt tokens counted with Qwen2.5's vocabulary built offline" in said
     assert preflight.check([*args, f"data.max_prompt_length={messages_only}"]) == []
+
+
+def test_eval_takes_a_qwen_name_as_its_tokenizer(tmp_path: Path):
+    from verl_evidence.eval.session import policy_tokenizer_dir
+
+    directory, said = policy_tokenizer_dir(Path("Qwen/Qwen3-8B"))
+    assert directory == builder.qwen_tokenizer_dir("qwen3")
+    assert said.startswith("tokens counted with Qwen3's vocabulary built offline")
+    assert policy_tokenizer_dir(tmp_path) == (tmp_path, None)
+    # A path that is not there stays a path (its error is the loader's), whatever its name
+    assert policy_tokenizer_dir(tmp_path / "qwen2.5-7b") == (tmp_path / "qwen2.5-7b", None)
+    assert builder.qwen_family("./Qwen2.5-7B-Instruct") is None

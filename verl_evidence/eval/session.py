@@ -93,6 +93,17 @@ def _set_loop_settings(
         rollout.response_length = int(response_length)
 
 
+def policy_tokenizer_dir(tokenizer: str | Path) -> tuple[Path, str | None]:
+    """``--tokenizer`` as a directory: itself, or for ``qwen2.5`` / ``qwen3`` / a Qwen2.5/Qwen3 model whose tokenizer is
+    not on this machine, Qwen's vocabulary built offline, with the line that says so."""
+    from verl_evidence.local.qwen_tokenizer import describe_stand_in, qwen_tokenizer_dir, stand_in_family
+
+    family = stand_in_family(str(tokenizer))
+    if family is None:
+        return Path(tokenizer), None
+    return qwen_tokenizer_dir(family), describe_stand_in(family, str(tokenizer))
+
+
 @contextmanager
 def open_session(
     work_dir: str | Path,
@@ -131,6 +142,11 @@ def open_session(
     if tokenizer_dir is None:
         tokenizer_dir = save_tiny_tokenizer(work / "tokenizer")
         notes.append("Token counts (L_r, L_e, L_P, context tokens) use the offline test tokenizer (byte-level BPE).")
+    else:
+        tokenizer_dir, stand_in = policy_tokenizer_dir(tokenizer_dir)
+        if stand_in:
+            notes.append(f"Token counts (L_r, L_e, L_P, context tokens): {stand_in}.")
+            logger.info(stand_in)
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     if score and nli_model is None:
         nli_model = str(tiny_nli_model(work / "random-nli"))

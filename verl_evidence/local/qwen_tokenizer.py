@@ -230,7 +230,10 @@ _HUB_PREFIXES = {"qwen2.5-": "qwen2.5", "qwen3-": "qwen3"}  # "qwen3.5-"/"qwen3.
 def qwen_family(name: str) -> str | None:
     """'qwen2.5' / 'qwen3' when ``name`` is that family's name or one of its models (``Qwen/Qwen2.5-7B-Instruct``,
     ``qwen2.5-7b``, ``Qwen/Qwen3-4B``, ...): they share the family's vocabulary and added tokens. Else None."""
-    base = str(name).rstrip("/").rsplit("/", 1)[-1].lower()
+    name = str(name)
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1:  # a filesystem path, never a stand-in's name
+        return None
+    base = name.rstrip("/").rsplit("/", 1)[-1].lower()
     if base in FAMILIES:
         return base
     return next((family for prefix, family in _HUB_PREFIXES.items() if base.startswith(prefix)), None)
