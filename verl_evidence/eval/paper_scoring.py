@@ -147,6 +147,65 @@ def parse_verdict(text: str) -> bool | None:
     return None if not found else found[-1] == "CORRECT"
 
 
+READER_MERGE_DIR = "with_lora"
+
+
+def reader_cache_dir() -> Path:
+    """Where merged reader checkpoints go: ``$VERL_EVIDENCE_CACHE/readers`` (default ``~/.cache/verl-evidence``)."""
+    root = os.environ.get("VERL_EVIDENCE_CACHE") or "~/.cache/verl-evidence"
+    return Path(root).expanduser() / "readers"
+
+
+def reader_model_dir(target: str | Path, cache_dir: str | Path | None = None) -> Path:
+    """A Hugging Face model directory for ``--reader``: ``target`` itself, or the merge of a verl SFT checkpoint.
+
+    A ``global_step_N`` directory of ``recipes/eviomni_reader_sft.sh`` holds FSDP shards: verl's model merger writes
+    the base weights and, for a LoRA run, the adapter beside them (``lora_adapter/``), which is applied to the
+    weights here with peft (once per checkpoint, cached under ``cache_dir``), so the reader answers as trained.
+    """
+    from verl_evidence.eval.checkpoints import CheckpointError, find_checkpoint, merge_checkpoint
+
+    directory = Path(target).expanduser()
+    if (directory / "config.json").is_file():
+        return apply_lora_adapter(directory)  # a model directory, perhaps verl's merge of a LoRA run
+    if not directory.is_dir():
+        return directory  # chat_model says what is wrong
+    try:
+        merged = merge_checkpoint(find_checkpoint(directory), cache_dir or reader_cache_dir()).model_dir
+    except CheckpointError as err:
+        raise PaperScoringError(str(err).replace("--checkpoint", "--reader", 1)) from err
+    return apply_lora_adapter(merged)
+
+
+def apply_lora_adapter(model_dir: Path) -> Path:
+    """``model_dir`` with its ``lora_adapter/`` (verl's merger layout) merged into the weights, saved once beside it;
+    ``model_dir`` itself when it has no adapter."""
+    adapter = model_dir / "lora_adapter"
+    if not (adapter / "adapter_config.json").is_file():
+        return model_dir
+    target = model_dir / READER_MERGE_DIR
+    if (target / "config.json").is_file():
+        return target
+    from filelock import FileLock
+
+    with FileLock(str(model_dir / f".{READER_MERGE_DIR}.lock")):
+        if (target / "config.json").is_file():
+            return target
+        try:
+            from peft import PeftModel
+        except ImportError as err:
+            raise PaperScoringError(f"--reader {model_dir}: a LoRA checkpoint needs peft: pip install peft") from err
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        partial = model_dir / f".{READER_MERGE_DIR}.partial-{os.getpid()}"
+        base = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype="auto")
+        PeftModel.from_pretrained(base, adapter).merge_and_unload().save_pretrained(partial)
+        AutoTokenizer.from_pretrained(model_dir).save_pretrained(partial)
+        os.replace(partial, target)
+    logger.info("reader: LoRA adapter %s merged into %s", adapter, target)
+    return target
+
+
 @dataclass
 class Reader:
     """EviOmni/LEAR's separate QA generator: answers from the extracted evidence only."""
@@ -162,6 +221,8 @@ class Reader:
         unknown = placeholders(template) - {"question", "document"}
         if unknown:
             raise PaperScoringError(f"--reader prompt has placeholder(s) the reader cannot fill: {sorted(unknown)}")
+        if not str(target).startswith(("http://", "https://")):
+            target = str(reader_model_dir(target))  # a verl SFT checkpoint (the reader recipe's) is merged first
         model, identity = chat_model(target, served_model, "--reader")
         return cls(model, f"{identity}|prompt:{digest}", template)
 
