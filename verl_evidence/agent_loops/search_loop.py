@@ -87,6 +87,21 @@ logger = logging.getLogger(__name__)
 LOOP_NAME = "evidence_search"
 
 
+OBSERVATION_SEPARATOR = "\n\n"  # between a turn's action and an inline observation (INFORMATION_OPEN starts with it)
+
+
+def carried_newlines(turn_text: str) -> int:
+    """How much of :data:`OBSERVATION_SEPARATOR` a turn already ends with.
+
+    An engine returns the token that completes a stop string whole, and in a real vocabulary that token often carries
+    the model's next characters (Qwen's ``'>\\n\\n'`` after ``</search>``). Those stay the policy's (mask 1, as
+    generated); the observation then opens with only the newlines still missing, so the text the policy reads next is
+    ``</search>\\n\\n<information>`` whichever way the separator was tokenized, never four newlines.
+    """
+    tail = len(turn_text) - len(turn_text.rstrip("\n"))
+    return min(tail, len(OBSERVATION_SEPARATOR))
+
+
 class TurnState(Enum):
     """Where a trajectory is: the states of :meth:`EvidenceSearchAgentLoop.run`."""
 
@@ -299,13 +314,16 @@ class EvidenceSearchAgentLoop(SettingsAgentLoop):
             data.context_tokens += len(body)
             data.raw_context_tokens += raw_tokens
             inline_ids = body
+        # the blank line before an inline observation counts what the turn's last token already wrote of it
+        carried = carried_newlines(data.turn_text)
         if s.action_format == "search":
             user_content = information_text(texts[0])
-            opening, closing = (encode_cached(self.tokenizer, t) for t in (INFORMATION_OPEN, INFORMATION_CLOSE))
+            opening = INFORMATION_OPEN[carried:]
+            opening, closing = (encode_cached(self.tokenizer, t) for t in (opening, INFORMATION_CLOSE))
             inline_ids = opening + inline_ids + closing
         else:
             user_content = observation_text(texts)
-            inline_ids = encode(self.tokenizer, f"\n\n{user_content}\n\n")
+            inline_ids = encode(self.tokenizer, f"{OBSERVATION_SEPARATOR[carried:]}{user_content}\n\n")
         data.observation_messages += 1
         return self._append_context(data, user_content, inline_ids, retrieved=True)
 
