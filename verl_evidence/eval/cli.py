@@ -159,6 +159,7 @@ def eval_command(
     tokenizer: options.Tokenizer = None,
     retrieval_url: options.RetrievalUrl = None,
     nli_model: options.NliModel = None,
+    decoding: options.Decoding = None,
     max_response_tokens: options.MaxResponseTokens = 4096,
     max_turn_tokens: options.MaxTurnTokens = 512,
     nli_device: str = typer.Option("cpu", help="device of the NLI judge"),
@@ -275,6 +276,7 @@ def eval_command(
         policy, tokenizer = options.policy_and_tokenizer(trajectories, model, endpoint, served_model, tokenizer)
         policies, labels = [policy], {policy.policy_id: policy_label(policy)}
     policy = policies[0]
+    decoding_choice = options.decoding_from_option(decoding, policy.kind)
     if search_settings and policy.kind == "replay":
         raise typer.BadParameter(
             "--evipath / --search-setting need a live policy (--model or --endpoint); "
@@ -300,6 +302,9 @@ def eval_command(
         max_tokens_per_turn=max_turn_tokens,
         search_settings=search_settings,
     ) as session:
+        session.notes.append(
+            decoding_choice.describe() if decoding_choice else "Decoding: none (replayed texts, decoded already)."
+        )
         if policy.kind == "replay":
             examples = replay.replay_examples(
                 replay.load_trajectories(policy.target),
@@ -329,6 +334,7 @@ def eval_command(
         for policy in policies:
             console.print(f"[bold]evaluating[/] {policy.policy_id} on {len(examples)} examples; cache {cache_path}")
             runner = make_runner(session, policy, concurrency=concurrency)
+            runner.decoding = decoding_choice
             label = labels.pop(policy.policy_id)
             if search_settings:  # results of another loop protocol must not come from the cache
                 import json

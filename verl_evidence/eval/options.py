@@ -29,6 +29,14 @@ RetrievalUrl = Annotated[
 NliModel = Annotated[
     str | None, typer.Option(help="NLI judge for EviNote's EQR (default: a tiny RANDOM model, flagged)")
 ]
+Decoding = Annotated[
+    str | None,
+    typer.Option(
+        help="how a live policy samples: 'paper' (the default: each method as its paper states, GRACE temperature "
+        "0.6 / top_p 0.9, the others greedy), 'greedy', or settings for every method, e.g. temperature=0.6,top_p=0.9 "
+        "(keys temperature, top_p, top_k); recorded with each result"
+    ),
+]
 MaxResponseTokens = Annotated[int, typer.Option(help="token budget of one trajectory (all turns and observations)")]
 MaxTurnTokens = Annotated[int, typer.Option(help="token budget of one search-loop generation")]
 
@@ -71,3 +79,22 @@ def policy_and_tokenizer(
     if policy.kind == "endpoint" and tokenizer is None:
         raise typer.BadParameter("--endpoint needs --tokenizer: the served model's tokenizer directory")
     return policy, tokenizer
+
+
+def decoding_from_option(decoding: str | None, policy_kind: str):
+    """The ``--decoding`` choice for a policy: None for replayed texts (they were decoded already); a value that
+    names no setting, or one given with replayed texts, ends the command in one line."""
+    from verl_evidence.eval.decoding import DecodingError, parse_decoding
+
+    try:
+        choice = parse_decoding(decoding)
+    except DecodingError as err:
+        raise typer.BadParameter(str(err)) from err
+    if policy_kind != "replay":
+        return choice
+    if decoding is not None:
+        raise typer.BadParameter(
+            "--decoding needs a live policy (--model, --endpoint or --checkpoint): replayed trajectories are texts "
+            "decoded already"
+        )
+    return None

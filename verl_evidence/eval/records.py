@@ -38,6 +38,8 @@ class EvalRecord:
       ``eval --bertscore``), computed with ``bertscore_model``.
     - ``judge_correct``: the LLM judge's verdict (GRACE's LJ, ``eval --judge``): a right answer on
       an answerable example, a signalled lack of evidence on an unanswerable one; ``judge`` names it.
+    - ``decoding``: the sampling the policy generated with (``eval --decoding``: temperature, top_p, top_k
+      and where they come from); ``None`` for replayed texts.
     """
 
     policy: str
@@ -68,6 +70,7 @@ class EvalRecord:
     bertscore_f1: float | None = None
     judge: str | None = None
     judge_correct: bool | None = None
+    decoding: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

@@ -25,6 +25,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from verl_evidence.eval.cache import ResultsCache
+from verl_evidence.eval.decoding import DecodingChoice, Sampling
 from verl_evidence.eval.records import EvalRecord
 from verl_evidence.eval.scoring import RewardScorer, build_reward_dataproto
 from verl_evidence.text.ground_truth import coerce_ground_truth
@@ -141,6 +142,8 @@ class EvalRunner:
 
     ``config`` is the composed verl trainer config the agent loops read
     (``actor_rollout_ref.rollout.*`` including ``custom.<loop>`` settings).
+    ``decoding`` (``eval --decoding``) sets each example's temperature / top_p / top_k in place of
+    ``val_kwargs``' and is recorded with its result; None (replayed texts): ``val_kwargs`` as they are.
     """
 
     config: DictConfig
@@ -150,17 +153,33 @@ class EvalRunner:
     scorer: RewardScorer | None = None
     managers_by_rollout: Mapping[str, Sequence[str]] = field(default_factory=lambda: dict(DEFAULT_MANAGERS_BY_ROLLOUT))
     concurrency: int = 4
+    decoding: DecodingChoice | None = None
 
-    def sampling_params(self) -> dict[str, Any]:
-        """Validation sampling, as ``AgentLoopWorker.generate_sequences`` sets it when ``validate``."""
+    def sampling(self, example: EvalExample | None) -> Sampling | None:
+        """The ``--decoding`` settings of ``example`` (by its method), or None without a decoding choice."""
+        if self.decoding is None or example is None:
+            return None
+        return self.decoding.for_row(example.row, example.rollout)
+
+    def sampling_params(self, example: EvalExample | None = None) -> dict[str, Any]:
+        """Validation sampling, as ``AgentLoopWorker.generate_sequences`` sets it when ``validate`` (temperature,
+        top_p, top_k from ``val_kwargs``), with the example's ``--decoding`` settings in their place."""
         rollout = self.config.actor_rollout_ref.rollout
-        return {
+        params = {
             "temperature": rollout.val_kwargs.temperature,
             "top_p": rollout.val_kwargs.top_p,
             "top_k": rollout.val_kwargs.top_k,
             "repetition_penalty": 1.0,
             "logprobs": False,
         }
+        sampling = self.sampling(example)
+        if sampling is not None:
+            params.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
+        return params
+
+    def recorded_decoding(self, example: EvalExample) -> dict[str, Any] | None:
+        sampling = self.sampling(example)
+        return None if sampling is None else sampling.as_record()
 
     def _make_loop(self, agent_name: str, backend: Any):
         import hydra
@@ -189,11 +208,12 @@ class EvalRunner:
         kwargs = loop_kwargs_from_row(validation_row(example.row))
         agent_name = kwargs.get("agent_name") or kwargs["extra_info"].get("agent_name")
         loop = self._make_loop(str(agent_name), self.backend_for(example))
-        return await loop.run(self.sampling_params(), **kwargs)
+        return await loop.run(self.sampling_params(example), **kwargs)
 
     async def evaluate(self, example: EvalExample) -> EvalRecord:
         """Roll out, score with every manager of the rollout family, and summarise as a record."""
         record = base_record(self.policy_id, example)
+        record.decoding = self.recorded_decoding(example)
         try:
             output = await self.rollout(example)
         except Exception as err:  # one broken example must not end the run: record why, go on
@@ -228,7 +248,8 @@ class EvalRunner:
         todo: list[EvalExample] = []
         for example in examples:
             cached = cache.get(self.policy_id, example.example_id) if cache is not None else None
-            if cached is not None and cached.error is None:
+            # a result decoded otherwise (another --decoding) is not this run's
+            if cached is not None and cached.error is None and cached.decoding == self.recorded_decoding(example):
                 done[example.example_id] = cached
                 if on_done is not None:
                     on_done(cached)
