@@ -8,7 +8,15 @@
 VE_RECIPES="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck disable=SC2034  # used by the recipes that source this file
 VE_PRESETS="$VE_RECIPES/presets"
-VE_PYTHON="${PYTHON:-python}"
+# The interpreter: PYTHON, else this repository's .venv, else a python3 that imports the project (recipes/_python.sh)
+# shellcheck source-path=SCRIPTDIR source=_python.sh
+source "$VE_RECIPES/_python.sh"
+ve_find_python "$(dirname "$VE_RECIPES")"
+# `verl-evidence serve` lives beside the interpreter (a venv need not be activated)
+if [ -n "$VE_PYTHON" ] && [ -x "$(dirname "$(command -v "$VE_PYTHON")")/verl-evidence" ]; then
+  case ":$PATH:" in *":$(dirname "$(command -v "$VE_PYTHON")"):"*) ;; *) PATH="$(dirname "$(command -v "$VE_PYTHON")"):$PATH" ;; esac
+fi
+VE_PYTHON="${VE_PYTHON:-python3}"  # printed in a --dry-run; anything that runs it calls ve_need_python first
 DRY_RUN=0
 SMOKE=0
 SMOKE_ARGS=()  # the CPU training mode's overrides (--smoke); before EXTRA_ARGS so the user's still win
@@ -72,8 +80,7 @@ ve_smoke() {
   # No idle Ray workers started ahead of need: verl's actors run in runtime-env workers of their own, so the idle ones
   # only cost start-up CPU (~7 CPU-s of a ~100 CPU-s smoke run on 2 cores, measured).
   export RAY_prestart_worker_first_driver="${RAY_prestart_worker_first_driver:-0}"
-  # The retrieval server command lives beside the interpreter (a venv need not be activated).
-  PATH="$(dirname "$(command -v "$VE_PYTHON")"):$PATH"
+  ve_need_python
   echo "# smoke run on CPU: preparing the tiny policy and the $method data (cached after the first run)" >&2
   prepared="$("$VE_PYTHON" -m verl_evidence.local.smoke prepare "$method")" || exit 1
   local name value
@@ -390,6 +397,7 @@ ve_run() {
   echo "# trainer:"
   ve_print "${cmd[@]}"
   if [ "$DRY_RUN" = 1 ]; then return 0; fi
+  ve_need_python
   if [ "${#HYDRA_FLAGS[@]}" = 0 ] && [ "${PREFLIGHT:-1}" != 0 ]; then
     "$VE_PYTHON" "$VE_RECIPES/preflight.py" "$@" "${SMOKE_ARGS[@]}" "${EXTRA_ARGS[@]}" || exit 2
   fi

@@ -48,4 +48,5 @@ cmd=("${LAUNCH[@]}" -m verl.trainer.sft_trainer
 echo "# trainer:"
 ve_print "${cmd[@]}"
 if [ "$DRY_RUN" = 1 ]; then exit 0; fi
+ve_need_python
 "${cmd[@]}"
