@@ -139,11 +139,12 @@ def compose(config_path: Path, config_name: str, overrides: list[str]):
     from omegaconf.errors import OmegaConfBaseException
 
     verl_config = Path(next(iter(spec.submodule_search_locations))) / "trainer" / "config"
+    overrides = [user_searchpath(override, verl_config) for override in overrides]
     try:
         with initialize_config_dir(config_dir=str(config_path.resolve()), version_base=None):
             return hydra_compose(
                 config_name=config_name,
-                overrides=[*overrides, f"hydra.searchpath=[file://{verl_config}]"],
+                overrides=[*overrides, f"hydra.searchpath=[file://{verl_config}]"],  # unless the user gave one
                 return_hydra_config=True,
             )
     except (HydraException, OmegaConfBaseException) as err:
@@ -154,6 +155,26 @@ def compose(config_path: Path, config_name: str, overrides: list[str]):
             f"the trainer config does not compose with the overrides given: {what} "
             "(a misspelt key, preset or value? `--cfg job` prints the config the recipe composes)"
         ) from err
+
+
+SEARCHPATH_EXAMPLE = "'hydra.searchpath=[pkg://verl.trainer.config,file:///abs/path/to/my_presets]'"
+
+
+def user_searchpath(override: str, verl_config: Path) -> str:
+    """A ``hydra.searchpath=[...]`` override of the user's (presets kept in a directory of their own), with verl's
+    config found without importing verl; refused when it leaves verl's config out.
+
+    Hydra reads the first such override instead of the presets' own ``hydra.searchpath`` (verl's
+    ``pkg://verl.trainer.config``, where ``ppo_trainer`` is), so the user's list must name it too.
+    """
+    if not override.lstrip("+").startswith("hydra.searchpath="):
+        return override
+    if "pkg://verl.trainer.config" not in override:
+        raise PreflightError(
+            f"the override {override!r} replaces the presets' search path, which holds verl's trainer config "
+            f"(ppo_trainer): keep verl's first, e.g. {SEARCHPATH_EXAMPLE} (docs/reward-managers.md)"
+        )
+    return override.replace("pkg://verl.trainer.config", f"file://{verl_config}")
 
 
 def one_line(text: str) -> str:
@@ -171,12 +192,51 @@ def load_yaml(path: Path) -> dict:
     return yaml.safe_load(path.read_text()) or {}
 
 
-def rollout_loops(config_path: Path) -> dict[str, str]:
-    """Rollout preset name -> the agent loop it selects (read from recipes/presets/rollout_preset/*.yaml)."""
-    return {
-        path.stem: load_yaml(path)["agent"]["default_agent_loop"]
-        for path in sorted((config_path / "rollout_preset").glob("*.yaml"))
-    }
+def preset_dirs(cfg) -> list[Path]:
+    """The directories Hydra looked for presets in, in its order (the recipes' presets, then the user's
+    ``hydra.searchpath`` directories): the first holding a preset is the one it read."""
+    sources = cfg.hydra.runtime.config_sources
+    return [Path(source.path) for source in sources if source.schema == "file" and Path(source.path).is_dir()]
+
+
+def preset_file(cfg, group: str, name: str) -> Path | None:
+    """The file Hydra read for ``group=name``."""
+    return next((d / group / f"{name}.yaml" for d in preset_dirs(cfg) if (d / group / f"{name}.yaml").is_file()), None)
+
+
+def rollout_loops(cfg) -> dict[str, str]:
+    """Rollout preset name -> the agent loop it selects (read from every preset directory's rollout_preset/*.yaml; the
+    first directory holding a name wins, as in Hydra)."""
+    loops: dict[str, str] = {}
+    for directory in preset_dirs(cfg):
+        for path in sorted((directory / "rollout_preset").glob("*.yaml")):
+            loop = (load_yaml(path).get("agent") or {}).get("default_agent_loop")
+            if loop:
+                loops.setdefault(path.stem, loop)
+    return loops
+
+
+# What a reward preset file of one's own looks like (docs/reward-managers.md shows it whole).
+PRESET_SHAPE = (
+    "`# @package reward` as its first line, then reward_manager:, reward_kwargs: and (for a reward function of your "
+    "own) requires: at the top level, with no `reward:` key above them"
+)
+
+
+def preset_shape_problem(cfg, preset: str, path: Path) -> str | None:
+    """A reward preset whose keys Hydra did not put under ``reward`` (a top-level ``reward:`` key, or no
+    ``# @package reward`` line): the run would score with verl's default reward, not the file's."""
+    if cfg.reward.get("reward") is not None:
+        where = "reward.reward (a top-level `reward:` key in a file Hydra already reads into reward)"
+    elif cfg.get("reward_preset") is not None:
+        where = "reward_preset (no `# @package reward` first line)"
+    else:
+        return None
+    return (
+        f"reward preset {preset!r} ({path}) is not read as a reward preset: its keys landed under {where}, so the "
+        f"run would score with verl's {cfg.reward.reward_manager.name!r} manager instead; write it with {PRESET_SHAPE} "
+        "(docs/reward-managers.md, 'A reward preset of your own')"
+    )
 
 
 def plain(value: Any) -> Any:
@@ -551,12 +611,16 @@ def check(argv: list[str]) -> list[str]:
     """Problems with this trainer command, one line each (empty: reward, rollout, data and devices fit)."""
     config_path, config_name, overrides = split_argv(argv)
     cfg = compose(config_path, config_name, overrides)
-    preset = cfg.hydra.runtime.choices.get("reward_preset") or config_name
-    needs = [
-        (part, needs_of(part, cfg, config_path / "reward_preset" / f"{preset}.yaml")) for part in reward_parts(cfg)
-    ]
+    chosen = cfg.hydra.runtime.choices.get("reward_preset")
+    preset = chosen or config_name
+    found = preset_file(cfg, "reward_preset", chosen) if chosen else config_path / f"{config_name}.yaml"
+    path = found or config_path / "reward_preset" / f"{preset}.yaml"
+    shape = preset_shape_problem(cfg, preset, path)
+    if shape:
+        raise PreflightError(shape)
+    needs = [(part, needs_of(part, cfg, path)) for part in reward_parts(cfg)]
     default_loop = cfg.actor_rollout_ref.rollout.agent.default_agent_loop
-    allowed_loops, reward_problems = rollout_fit(needs, rollout_loops(config_path), default_loop)
+    allowed_loops, reward_problems = rollout_fit(needs, rollout_loops(cfg), default_loop)
     problems = [p for p in [gpu_problem(cfg), shared_cluster_problem(cfg), overlong_buffer_problem(cfg)] if p]
     lengths = prompt_lengths(cfg)
     for path, keys in data_files(cfg).items():
