@@ -406,3 +406,79 @@ def test_search_loop_survives_a_dead_extractor_endpoint(base_config, search_url,
     assert out["extra"]["termination"] == "answer"
     context = tokenizer.decode([t for t, m in zip(out["response_ids"], out["response_mask"], strict=True) if m == 0])
     assert "Doc 1 (Title: " in context  # raw passages kept
+
+
+# --- what the engines return at a stop (issue 52, item 4) ---
+# vLLM (v1 detokenizer) and SGLang append each sampled token and then look for the stop strings in the new text: the
+# ids end with the token that completes one, whatever it carries past it; only the *text* is cut at the stop string
+# (after it with include_stop_str_in_output / no_stop_trim). verl's vLLM server reports stop and length alike as
+# "completed"; its SGLang server passes SGLang's finish reason ("stop" / "length") on.
+
+
+def through_first_stop(tokenizer, ids: list[int], stop: str) -> list[int]:
+    """``ids`` up to and including the first token at which the decoded text contains ``stop`` (all of ``ids`` if
+    none): the engines' cut, stated without our stop helpers."""
+    end = next((n for n in range(1, len(ids) + 1) if stop in tokenizer.decode(ids[:n])), len(ids))
+    return ids[:end]
+
+
+@pytest.mark.parametrize("engine, reasons", [("vllm", ("completed",) * 3), ("sglang", ("stop", "stop", "length"))])
+def test_scripted_backend_returns_ids_and_stop_reasons_as_the_engines_do(vocab, engine, reasons):
+    from verl.workers.rollout.replica import TokenOutput
+
+    tokenizer = vocab.tokenizer
+    text = "<think> look it up </think><search> longest river </search>\n\nThe results will tell."
+    backend = ScriptedBackend(tokenizer, turns=[text, text, text], engine=engine)
+    at_stop = generate(backend, [1, 2], stop=["</search>"], max_tokens=64)
+    at_eos = generate(backend, [1, 2], max_tokens=64)
+    at_length = generate(backend, [1, 2], stop=["</search>"], max_tokens=4)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert at_stop.token_ids == through_first_stop(tokenizer, ids, "</search>")
+    if vocab.name != "test":  # Qwen: the completing token is '>\n\n', kept whole, as the engines keep it
+        assert tokenizer.decode(at_stop.token_ids).endswith("</search>\n\n")
+    assert at_eos.token_ids == ids + [tokenizer.eos_token_id]
+    assert at_length.token_ids == ids[:4]
+    outputs = (at_stop, at_eos, at_length)
+    assert tuple(out.stop_reason for out in outputs) == reasons
+    for out in outputs:  # verl's contract: the pydantic model it validates, round-tripped
+        assert TokenOutput.model_validate(out.model_dump()) == out
+    with pytest.raises(ValueError, match="engine must be one of"):
+        ScriptedBackend(tokenizer, turns=[], engine="tgi")
+
+
+@pytest.fixture(scope="module")
+def qwen_vocab_backend(qwen_tokenizer):
+    """A randomly initialised 1-layer Qwen2 over Qwen2.5's real vocabulary (its greedy output is multi-character
+    tokens, as a real policy's is) in the CPU backend."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=len(qwen_tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        eos_token_id=qwen_tokenizer.eos_token_id,
+    )
+    return HFGenerationBackend(Qwen2ForCausalLM(config), qwen_tokenizer)
+
+
+def test_hf_backend_keeps_the_token_that_completes_a_stop_string_with_what_it_carries(qwen_vocab_backend):
+    hf_backend, tokenizer = qwen_vocab_backend, qwen_vocab_backend.tokenizer
+    prompt = chat_prompt(tokenizer, "Who wrote the report?")
+    free = generate(hf_backend, prompt, temperature=0, max_tokens=24, ignore_eos=True).token_ids
+    # a stop string that ends inside one of the model's own tokens: that token's text less its last character
+    index = next(i for i in range(3, 24) if len(tokenizer.decode(free[i : i + 1])) >= 2)
+    stop = tokenizer.decode(free[index - 2 : index + 1])[:-1]
+    cut = generate(hf_backend, prompt, temperature=0, max_tokens=24, stop=[stop], ignore_eos=True)
+    assert cut.token_ids == through_first_stop(tokenizer, free, stop)
+    assert not tokenizer.decode(cut.token_ids).endswith(stop)  # the completing token carries a character past it
+    assert cut.stop_reason == "completed"  # as verl's vLLM server reports it
+    sglang_like = HFGenerationBackend(hf_backend.model, tokenizer, engine="sglang")
+    assert generate(sglang_like, prompt, temperature=0, max_tokens=24, stop=[stop], ignore_eos=True) == cut.model_copy(
+        update={"stop_reason": "stop"}
+    )
+    assert generate(sglang_like, prompt, temperature=0, max_tokens=5, ignore_eos=True).stop_reason == "length"

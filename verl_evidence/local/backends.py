@@ -17,8 +17,12 @@ model, a script, or a remote OpenAI-compatible server:
 Sampling parameters follow vLLM's names, which is what verl's agent loops send:
 ``temperature`` (0 = greedy), ``top_p``, ``top_k`` (-1 = off), ``max_tokens``
 (or SGLang's ``max_new_tokens``), ``stop`` (strings), ``stop_token_ids``,
-``logprobs``. As in vLLM, ``token_ids`` always include the tokens that complete
-a stop string, and the EOS token when generation ended on it.
+``logprobs``. As vLLM and SGLang return them, ``token_ids`` run up to and
+including the token that completes a stop string (that token may carry
+characters past it: Qwen's ``'>\n\n'`` after ``</search>``), the stop token, or
+the EOS token, and ``stop_reason`` is what verl's rollout server for the engine
+reports (:func:`engine_stop_reason`): a loop cannot learn more here than from a
+real engine.
 """
 
 from __future__ import annotations
@@ -48,6 +52,22 @@ from verl_evidence.text.stops import cut_at_stop, ends_at_stop
 logger = logging.getLogger(__name__)
 
 
+ENGINES = ("vllm", "sglang")
+
+
+def engine_stop_reason(engine: str, ended: str) -> str:
+    """``TokenOutput.stop_reason`` as verl's rollout server for ``engine`` reports a generation that ``ended`` at a
+    stop string, stop token or EOS (``"stop"``) or at ``max_tokens`` (``"length"``).
+
+    verl's vLLM server reports both as ``"completed"`` (vllm_async_server.py: finish reasons stop and length);
+    its SGLang server passes SGLang's finish-reason type on (``"stop"`` for EOS, stop tokens and stop strings
+    alike). Neither says whether a stop *string* was hit: the loops read that from the ids.
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    return "completed" if engine == "vllm" else ended
+
+
 def _stop_token_ids(sampling_params: dict[str, Any], eos_token_id: int | None) -> set[int]:
     ids = {int(t) for t in (sampling_params.get("stop_token_ids") or [])}
     if eos_token_id is not None and not sampling_params.get("ignore_eos", False):
@@ -58,8 +78,10 @@ def _stop_token_ids(sampling_params: dict[str, Any], eos_token_id: int | None) -
 class _OwnRoutingClient(LLMServerClient):
     """An ``LLMServerClient`` that generates itself instead of through verl's load balancer."""
 
-    def __init__(self, config: Any = None) -> None:
+    def __init__(self, config: Any = None, engine: str = "vllm") -> None:
         super().__init__(config=config, load_balancer_handle=None)
+        engine_stop_reason(engine, "stop")  # an unknown engine fails here, naming it
+        self.engine = engine  # whose stop_reason this backend reports (engine_stop_reason)
         self.calls: list[dict[str, Any]] = []
         self.record_calls = False
         # The weight version the "engine" generates with. verl's rollout servers report it in
@@ -96,10 +118,11 @@ class ScriptedBackend(_OwnRoutingClient):
         responder: Callable[[str], str] | None = None,
         append_eos: bool = True,
         record_calls: bool = True,
+        engine: str = "vllm",
     ) -> None:
         if (turns is None) == (responder is None):
             raise ValueError("ScriptedBackend needs exactly one of `turns` or `responder`")
-        super().__init__()
+        super().__init__(engine=engine)
         self.tokenizer = tokenizer
         self._turns = list(turns) if turns is not None else None
         self._responder = responder
@@ -133,13 +156,18 @@ class ScriptedBackend(_OwnRoutingClient):
         eos = self.tokenizer.eos_token_id
         if self.append_eos and eos is not None:
             token_ids = token_ids + [eos]
-        token_ids, _ = cut_at_stop(
+        token_ids, ended = cut_at_stop(
             token_ids, self.tokenizer, stop_strings_of(sampling_params), _stop_token_ids(sampling_params, eos)
         )
-        token_ids = token_ids[: max_tokens_of(sampling_params, DEFAULT_MAX_TOKENS)]
+        limit = max_tokens_of(sampling_params, DEFAULT_MAX_TOKENS)
+        if len(token_ids) > limit:
+            token_ids, ended = token_ids[:limit], "length"
         log_probs = [0.0] * len(token_ids) if sampling_params.get("logprobs") else None
         return TokenOutput(
-            token_ids=token_ids, log_probs=log_probs, stop_reason="completed", extra_fields=self._engine_fields()
+            token_ids=token_ids,
+            log_probs=log_probs,
+            stop_reason=engine_stop_reason(self.engine, ended),
+            extra_fields=self._engine_fields(),
         )
 
 
@@ -345,10 +373,11 @@ class HFGenerationBackend(_OwnRoutingClient):
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         seed: int | None = 0,
         max_batch_size: int = 64,
+        engine: str = "vllm",
     ) -> None:
         from retrieval_server.batching import BacklogBatcher
 
-        super().__init__()
+        super().__init__(engine=engine)
         self.model = model.eval()
         share_key_value_heads(self.model)
         self.tokenizer = tokenizer
@@ -427,12 +456,12 @@ class HFGenerationBackend(_OwnRoutingClient):
             self.batch_sizes[len(requests)] += 1
         outputs = []
         for new_ids, row_scores in zip(generated, scores):
-            kept, _ = cut_at_stop(new_ids, self.tokenizer, stops, stop_ids)
+            kept, ended = cut_at_stop(new_ids, self.tokenizer, stops, stop_ids)
             outputs.append(
                 TokenOutput(
                     token_ids=kept,
                     log_probs=row_scores[: len(kept)] if row_scores is not None else None,
-                    stop_reason="completed",
+                    stop_reason=engine_stop_reason(self.engine, ended),
                     extra_fields=self._engine_fields(),
                 )
             )
@@ -475,8 +504,9 @@ class OpenAIBackend(_OwnRoutingClient, OpenAIEndpoint):
         timeout: float = 120.0,
         max_retries: int = 2,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        engine: str = "vllm",
     ) -> None:
-        _OwnRoutingClient.__init__(self)
+        _OwnRoutingClient.__init__(self, engine=engine)
         OpenAIEndpoint.__init__(
             self,
             base_url,
@@ -525,6 +555,10 @@ class OpenAIBackend(_OwnRoutingClient, OpenAIEndpoint):
         if want_logprobs and choice.logprobs is not None and choice.logprobs.token_logprobs:
             log_probs = [float(x or 0.0) for x in choice.logprobs.token_logprobs][: len(token_ids)]
             log_probs += [0.0] * (len(token_ids) - len(log_probs))
+        ended = "length" if choice.finish_reason == "length" else "stop"
         return TokenOutput(
-            token_ids=list(token_ids), log_probs=log_probs, stop_reason="completed", extra_fields=self._engine_fields()
+            token_ids=list(token_ids),
+            log_probs=log_probs,
+            stop_reason=engine_stop_reason(self.engine, ended),
+            extra_fields=self._engine_fields(),
         )
