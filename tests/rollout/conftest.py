@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -77,3 +78,40 @@ def search_url(request) -> str:
     handle = start_server(default_server_config(bundled.corpus_path(), port=0), ray_num_cpus=2)
     request.addfinalizer(handle.shutdown)
     return handle.url
+
+
+class Vocab(NamedTuple):
+    """One policy vocabulary the loops run on: its name, tokenizer and the verl config whose model path holds it."""
+
+    name: str
+    tokenizer: object
+    config: object
+
+
+@pytest.fixture(scope="session")
+def qwen_model_dir(model_dir, tmp_path_factory) -> Path:
+    """The tiny model's config beside Qwen2.5's real tokenizer (verl's worker reads both from the model path; the
+    scripted engine never runs the model)."""
+    import shutil
+
+    from verl_evidence.local.qwen_tokenizer import qwen_tokenizer_dir
+
+    directory = tmp_path_factory.mktemp("qwen_vocab")
+    shutil.copy(model_dir / "config.json", directory / "config.json")
+    for path in qwen_tokenizer_dir("qwen2.5").iterdir():
+        shutil.copy(path, directory / path.name)
+    return directory
+
+
+@pytest.fixture(scope="session", params=["test", "qwen2.5"])
+def vocab(request, base_config, tokenizer) -> Vocab:
+    """Each vocabulary in turn: the offline test tokenizer (a ~500-token byte BPE) and Qwen2.5's 151k-token BPE,
+    whose tokens glue tags to what follows (``'><'``, ``'>The'``, ``'>\\n\\n'``)."""
+    if request.param == "test":
+        return Vocab("test", tokenizer, base_config)
+    from rollout_helpers import with_settings
+    from transformers import AutoTokenizer
+
+    directory = request.getfixturevalue("qwen_model_dir")
+    config = with_settings(base_config, {"actor_rollout_ref.model.path": str(directory)})
+    return Vocab(request.param, AutoTokenizer.from_pretrained(directory), config)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from rollout_helpers import make_row, run_worker, unpad, with_settings
+from rollout_helpers import continues_a_reply, ids_through_stop, make_row, run_worker, unpad, with_settings
 
 from retrieval_server.client import RetrievalClient
 from verl_evidence.local.backends import RequestSeeds, ScriptedBackend
@@ -29,16 +29,11 @@ def responder_for(script: dict):
             kind = "e" if "Reasoning: [hidden]" in prompt else "r"
             script.setdefault("masked", {})[kind] = prompt
             return "<answer> Nile </answer>" if kind == "r" else "<answer> the Nile river </answer>"
-        if prompt.endswith("</extract>"):
-            return ANSWER_F
+        if continues_a_reply(prompt):
+            return script.get("answer", ANSWER_F)
         return script.get("first", FIRST)
 
     return respond
-
-
-def contains_run(haystack: list[int], needle: list[int]) -> bool:
-    n = len(needle)
-    return any(haystack[i : i + n] == needle for i in range(len(haystack) - n + 1))
 
 
 def expected_prompt(tokenizer, passages: str, rationale: str, evidence: str) -> list[int]:
@@ -49,12 +44,14 @@ def expected_prompt(tokenizer, passages: str, rationale: str, evidence: str) -> 
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
-def test_trained_response_and_hard_masked_answer_prompts(base_config, tokenizer):
+def test_trained_response_and_hard_masked_answer_prompts(vocab):
+    tokenizer = vocab.tokenizer
     script: dict = {}
     backend = ScriptedBackend(tokenizer, responder=responder_for(script))
-    out = unpad(run_worker(base_config, backend, [make_row(QUESTION, "eviomni", passages=PASSAGES)]))
+    out = unpad(run_worker(vocab.config, backend, [make_row(QUESTION, "eviomni", passages=PASSAGES)]))
 
-    first_ids = tokenizer.encode(FIRST.split("</extract>")[0] + "</extract>", add_special_tokens=False)
+    # with Qwen's vocabulary the token closing </extract> is '><': it carries the '<' of '<answer>'
+    first_ids = ids_through_stop(tokenizer, FIRST, "</extract>")
     answer_ids = tokenizer.encode(ANSWER_F, add_special_tokens=False)
     # y~ = (r, e, o_f): everything trained, nothing else in the response
     assert out["response_ids"] == first_ids + answer_ids
@@ -70,43 +67,58 @@ def test_trained_response_and_hard_masked_answer_prompts(base_config, tokenizer)
     assert extra["eviomni_len_p"] == len(tokenizer.encode(passages_block, add_special_tokens=False))
     assert extra["question"] == QUESTION
 
-    # hard masking on the input, checked on the token ids the model actually received
+    # hard masking on the input, checked on the token ids the model actually received: each prompt is exactly the
+    # ids of the answer template rendered with the masked parts replaced by the placeholder. (Not "no run of the
+    # evidence's own ids": text tokenizes differently in context, so such runs prove nothing on a real vocabulary.)
     prompts = {}
     for call in backend.calls:
         text = tokenizer.decode(call["prompt_ids"])
         if "Some parts may be hidden" in text:
             prompts["e" if "Reasoning: [hidden]" in text else "r"] = call["prompt_ids"]
     assert set(prompts) == {"r", "e"}
-    evidence_ids = tokenizer.encode(EVIDENCE, add_special_tokens=False)
-    rationale_ids = tokenizer.encode(RATIONALE, add_special_tokens=False)
-    passage_ids = tokenizer.encode(passages_block, add_special_tokens=False)
-
-    # o_r: question, passages and rationale present; the extract block is gone
-    o_r = prompts["r"]
-    assert contains_run(o_r, rationale_ids) and contains_run(o_r, passage_ids)
-    assert "Evidence: [hidden]" in tokenizer.decode(o_r)
-    assert EVIDENCE not in tokenizer.decode(o_r) and not contains_run(o_r, evidence_ids)
-    # both are exactly the answer template with the masked parts replaced by the placeholder
+    o_r, o_e = prompts["r"], prompts["e"]
     assert o_r == expected_prompt(tokenizer, passages_block, RATIONALE, "[hidden]")
-    o_e = prompts["e"]
     assert o_e == expected_prompt(tokenizer, "[hidden]", "[hidden]", EVIDENCE)
-    # ... and no token run of the masked passages (outside the quoted evidence) or rationale is in it
+    # ... and the text they decode to (lossless) holds what each may see and none of what it may not
+    r_text, e_text = tokenizer.decode(o_r), tokenizer.decode(o_e)
+    assert RATIONALE in r_text and passages_block in r_text and "Evidence: [hidden]" in r_text
+    assert EVIDENCE not in r_text
     masked_pieces = [
         "The Nile flows north through eleven countries",
         "The Amazon carries more water than any other river",
     ]
     for piece in masked_pieces + [RATIONALE]:
-        assert piece not in tokenizer.decode(o_e)
-        assert not contains_run(o_e, tokenizer.encode(" " + piece, add_special_tokens=False)[1:])
-        assert not contains_run(o_e, tokenizer.encode(piece, add_special_tokens=False))
-    assert contains_run(o_e, evidence_ids)
+        assert piece not in e_text
+    assert EVIDENCE in e_text
     # neither masked-answer prompt is part of the trained trajectory
-    assert not contains_run(out["prompt_ids"] + out["response_ids"], tokenizer.encode("Some parts may be hidden"))
+    assert "Some parts may be hidden" not in tokenizer.decode(out["prompt_ids"] + out["response_ids"])
 
 
-def test_passages_fetched_from_the_server_when_the_row_has_none(base_config, search_url, tokenizer):
+@pytest.mark.parametrize("after", ["<answer> Nile </answer>", "The answer is Nile.", "\n\n<answer> Nile </answer>"])
+def test_the_answer_follows_when_the_token_closing_a_tag_carries_the_next_text(vocab, after):
+    """Whether generation ended at ``</extract>`` (and at ``</answer>``) is decided from why it ended, not from the
+    decoded text's last characters: Qwen's tokens ``'><'``, ``'>The'``, ``'>\n\n'`` and ``'>.'`` complete the tag and
+    carry more. Decided on the text, such a first turn ended as ``no_extract`` with no answer o_f."""
+    tokenizer = vocab.tokenizer
+    first = f"<reason> {RATIONALE} </reason><extract> {EVIDENCE} </extract>{after}"
+    script = {"first": first, "answer": " <answer> Nile </answer>."}
+    backend = ScriptedBackend(tokenizer, responder=responder_for(script))
+    out = unpad(run_worker(vocab.config, backend, [make_row(QUESTION, "eviomni", passages=PASSAGES)]))
+    first_ids = ids_through_stop(tokenizer, first, "</extract>")
+    answer_ids = ids_through_stop(tokenizer, script["answer"], "</answer>")
+    if vocab.name != "test":  # the case under test: the closing tokens carry text past the tags
+        assert not tokenizer.decode(first_ids).endswith("</extract>")
+        assert not tokenizer.decode(answer_ids).endswith("</answer>")
+    assert len(backend.calls) == 4  # (r, e), o_f, o_r, o_e
+    assert out["response_ids"] == first_ids + answer_ids
+    assert out["extra"]["termination"] == "answer"
+    assert out["extra"]["eviomni_len_e"] == len(tokenizer.encode(EVIDENCE, add_special_tokens=False))
+
+
+def test_passages_fetched_from_the_server_when_the_row_has_none(vocab, search_url):
+    tokenizer = vocab.tokenizer
     config = with_settings(
-        base_config, {"actor_rollout_ref.rollout.custom": {"eviomni": {"retrieval_url": search_url, "topk": 4}}}
+        vocab.config, {"actor_rollout_ref.rollout.custom": {"eviomni": {"retrieval_url": search_url, "topk": 4}}}
     )
     backend = ScriptedBackend(tokenizer, responder=responder_for({}))
     out = unpad(run_worker(config, backend, [make_row(QUESTION, "eviomni")]))
@@ -117,10 +129,11 @@ def test_passages_fetched_from_the_server_when_the_row_has_none(base_config, sea
     assert block in tokenizer.decode(backend.calls[0]["prompt_ids"])
 
 
-def test_no_extract_block_means_no_continuation_and_zero_lengths(base_config, tokenizer):
+def test_no_extract_block_means_no_continuation_and_zero_lengths(vocab):
+    tokenizer = vocab.tokenizer
     script = {"first": "I do not know the format."}
     backend = ScriptedBackend(tokenizer, responder=responder_for(script))
-    out = unpad(run_worker(base_config, backend, [make_row(QUESTION, "eviomni", passages=PASSAGES)]))
+    out = unpad(run_worker(vocab.config, backend, [make_row(QUESTION, "eviomni", passages=PASSAGES)]))
     assert out["response_ids"] == tokenizer.encode(script["first"], add_special_tokens=False) + [tokenizer.eos_token_id]
     assert len(backend.calls) == 3  # first part, o_r, o_e: no o_f after EOS
     assert out["extra"]["eviomni_len_r"] == 0 and out["extra"]["eviomni_len_e"] == 0
@@ -130,12 +143,13 @@ def test_no_extract_block_means_no_continuation_and_zero_lengths(base_config, to
 # --- failure paths (issue 12, item 4) ---
 
 
-def test_no_passages_and_no_server_is_kept_out_of_the_loss(base_config, tokenizer):
+def test_no_passages_and_no_server_is_kept_out_of_the_loss(vocab):
     from retrieval_server.haproxy_front import free_port
 
+    tokenizer = vocab.tokenizer
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     config = with_settings(
-        base_config,
+        vocab.config,
         {
             "actor_rollout_ref.rollout.custom": {
                 "eviomni": {"retrieval_url": dead, "search_max_retries": 0, "search_timeout": 2}
@@ -153,7 +167,8 @@ def test_no_passages_and_no_server_is_kept_out_of_the_loss(base_config, tokenize
     # scored 0 by the manager: tests/rollout/test_end_to_end_rewards.py
 
 
-def test_masked_text_cannot_reach_the_masked_prompts_through_a_system_message(base_config, tokenizer):
+def test_masked_text_cannot_reach_the_masked_prompts_through_a_system_message(vocab):
+    tokenizer = vocab.tokenizer
     script: dict = {}
     system = (
         f"Context for the assistant. Passages: {PASSAGES[0].split(chr(10))[1]} {PASSAGES[1].split(chr(10))[1]} "
@@ -161,7 +176,7 @@ def test_masked_text_cannot_reach_the_masked_prompts_through_a_system_message(ba
     )
     messages = [{"role": "system", "content": system}, {"role": "user", "content": QUESTION}]
     backend = ScriptedBackend(tokenizer, responder=responder_for(script))
-    run_worker(base_config, backend, [make_row(QUESTION, "eviomni", messages=messages, passages=PASSAGES)])
+    run_worker(vocab.config, backend, [make_row(QUESTION, "eviomni", messages=messages, passages=PASSAGES)])
     prompts = {}
     for call in backend.calls:
         text = tokenizer.decode(call["prompt_ids"])
@@ -188,22 +203,23 @@ class NumberedLogprobBackend(ScriptedBackend):
         return output
 
 
-def test_response_running_out_of_budget_is_cut_with_matching_logprobs(base_config, tokenizer):
+def test_response_running_out_of_budget_is_cut_with_matching_logprobs(vocab):
     from rollout_helpers import RESPONSE_LENGTH  # not `from conftest`: another directory's conftest may own that name
 
+    tokenizer = vocab.tokenizer
     long_answer = " <answer> " + "Nile " * RESPONSE_LENGTH + "</answer>"
     script = {"first": FIRST}
 
     def respond(prompt: str) -> str:
-        if prompt.endswith("</extract>"):
+        if continues_a_reply(prompt):
             return long_answer
         return responder_for(script)(prompt)
 
-    config = with_settings(base_config, {"actor_rollout_ref.rollout.calculate_log_probs": True})
+    config = with_settings(vocab.config, {"actor_rollout_ref.rollout.calculate_log_probs": True})
     backend = NumberedLogprobBackend(tokenizer, responder=respond)
     output = run_worker(config, backend, [make_row(QUESTION, "eviomni", passages=PASSAGES)])
     out = unpad(output)
-    first_ids = tokenizer.encode(FIRST.split("</extract>")[0] + "</extract>", add_special_tokens=False)
+    first_ids = ids_through_stop(tokenizer, FIRST, "</extract>")
     assert len(out["response_ids"]) == RESPONSE_LENGTH  # o_f ran out of the budget: cut, not overflowing
     assert out["response_mask"] == [1] * RESPONSE_LENGTH
     logprobs = output.batch["rollout_log_probs"][0, :RESPONSE_LENGTH].tolist()
@@ -214,9 +230,10 @@ def test_response_running_out_of_budget_is_cut_with_matching_logprobs(base_confi
     assert continuation == pytest.approx([continuation[0] - i / 1000 for i in range(len(continuation))])
 
 
-def test_requests_are_named_by_the_samples_place_under_full_determinism(base_config, tokenizer):
+def test_requests_are_named_by_the_samples_place_under_full_determinism(vocab):
     """verl's rollout.full_determinism names a sample's requests by its place in the batch (a deterministic engine
     seeds by the name); each of this loop's concurrent requests gets a name of its own. Otherwise: fresh uuids."""
+    tokenizer, base_config = vocab.tokenizer, vocab.config
     rows = [make_row(QUESTION, "eviomni", passages=PASSAGES)] * 2
     backend = ScriptedBackend(tokenizer, responder=responder_for({}))
     run_worker(with_settings(base_config, {"actor_rollout_ref.rollout.full_determinism": True}), backend, rows)
@@ -246,15 +263,16 @@ class SeedReplyBackend(ScriptedBackend):
     def _respond(self, prompt: str) -> str:
         if "Some parts may be hidden" in prompt:
             return f"<answer> draw {self._seed} </answer>"
-        if prompt.endswith("</extract>"):
+        if continues_a_reply(prompt):
             return ANSWER_F
         return self.firsts.pop(0)
 
 
-def test_a_masked_answer_stays_with_its_sample_whatever_order_the_samples_arrive_in(base_config, tokenizer):
+def test_a_masked_answer_stays_with_its_sample_whatever_order_the_samples_arrive_in(vocab):
     """Two samples with one rationale and different evidence ask the same answer-without-evidence prompt. Under
     full determinism each gets the draw of its own trajectory, in every run and whichever sample's request comes
     first: seeded by prompt and arrival, they traded draws (and rewards) from run to run."""
+    tokenizer, base_config = vocab.tokenizer, vocab.config
     first_a = f"<reason> {RATIONALE} </reason><extract> {EVIDENCE} </extract>"
     first_b = f"<reason> {RATIONALE} </reason><extract> Amazon drains into the Atlantic Ocean </extract>"
     rows = [make_row(QUESTION, "eviomni", passages=PASSAGES)] * 2
@@ -298,3 +316,21 @@ def test_a_side_generations_seed_is_its_trajectorys_and_only_under_full_determin
     assert len({seeded["seed"], *(other["seed"] for other in others)}) == 4
     assert seeded_by_trajectory(params, config, "sglang", [1, 2, 3], "o_r") == params  # SGLang: another key
     assert seeded_by_trajectory(params, SimpleNamespace(full_determinism=False, seed=42), "vllm", [1], "o_r") == params
+
+
+def test_an_eval_replay_gives_the_answer_to_the_continuation_when_the_closing_token_carries_text(vocab):
+    """``verl-evidence eval``'s replay of an EviOmni script routes each call by its prompt: the continuation of the
+    first turn gets o_f. Routed by "the prompt ends in </extract>", a first turn closed by Qwen's ``'>The'`` sent
+    o_f's call the answer without evidence (its prompt shows the rationale too)."""
+    from verl_evidence.eval.runner import EvalExample
+    from verl_evidence.eval.session import replay_backend
+
+    tokenizer = vocab.tokenizer
+    row = make_row(QUESTION, "eviomni", passages=PASSAGES)
+    first = f"<reason> {RATIONALE} </reason><extract> {EVIDENCE} </extract>The"
+    script = [first, " answer is <answer> Nile </answer>", "<answer> o_r </answer>", "<answer> o_e </answer>"]
+    backend = replay_backend(EvalExample("e1", row, script=script), tokenizer)
+    out = unpad(run_worker(vocab.config, backend, [row]))
+    expected = ids_through_stop(tokenizer, first, "</extract>") + ids_through_stop(tokenizer, script[1], "</answer>")
+    assert out["response_ids"] == expected
+    assert (out["extra"]["eviomni_answer_r"], out["extra"]["eviomni_answer_e"]) == (script[2], script[3])

@@ -94,6 +94,36 @@ def test_observation_truncated_to_token_budget(base_config, search_url, tokenize
     assert out["extra"]["raw_context_tokens"] > 12
 
 
+@pytest.mark.parametrize("after", ["\n\nI will read the results.", "\nThe results:", "The results follow."])
+@pytest.mark.parametrize("action_format", ["search", "paper"])
+def test_the_observation_opens_with_the_newlines_the_turn_has_not_written(vocab, search_url, after, action_format):
+    """The token that completes the stop string stays the policy's whole (mask 1), with what it carries past it
+    (Qwen's ``'>\\n\\n'``, ``'>\\n'``, ``'>The'``); the inline observation then opens with only the newlines still
+    missing, so the policy reads the action, one blank line and the observation, never four newlines."""
+    tokenizer = vocab.tokenizer
+    if action_format == "search":
+        action, stop, opening = SEARCH_TURN, "</search>", "<information>"
+    else:
+        action, stop, opening = '<action> Search("longest river in Africa") </action>', "</action>", "Observation:"
+    turn = action + after
+    backend = ScriptedBackend(tokenizer, turns=[turn, "<answer> Nile </answer>"])
+    config = search_config(vocab.config, search_url, action_format=action_format)
+    out = unpad(run_worker(config, backend, [make_row(QUESTION, "evidence_search")]))
+    runs = segments(out["response_ids"], out["response_mask"])
+    assert [m for m, _ in runs] == [1, 0, 1]
+    policy_text, observation = tokenizer.decode(runs[0][1]), tokenizer.decode(runs[1][1])
+    # the turn as generated, through the token that completes the stop string
+    assert runs[0][1] == tokenizer.encode(turn, add_special_tokens=False)[: len(runs[0][1])]
+    assert stop in policy_text and stop not in tokenizer.decode(runs[0][1][:-1])
+    carried = policy_text.split(stop, 1)[1]
+    if vocab.name != "test" and after.startswith("\n"):
+        assert carried.startswith("\n")  # the case under test: the stop's token carries the separator's start
+    newlines = len(carried) - len(carried.rstrip("\n"))
+    assert observation.startswith("\n\n"[newlines:] + opening)
+    assert f"{stop}{carried.rstrip(chr(10))}\n\n{opening}" in policy_text + observation
+    assert "\n\n\n" not in policy_text + observation
+
+
 @pytest.mark.parametrize("invalid", ["I am not sure what to do.", "<search>  </search>"])
 def test_invalid_action_gets_masked_correction(base_config, search_url, tokenizer, invalid):
     turns = [invalid, SEARCH_TURN, "<answer> Nile </answer>"]
