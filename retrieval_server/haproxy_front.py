@@ -250,6 +250,27 @@ def bind_to_host(config_text: str, host: str) -> str:
     return _ANY_INTERFACE_BIND.sub(lambda m: f"{m.group(1)}{host}:{m.group(2)}", config_text)
 
 
+FRONT_SECTION = "http_frontend"  # the HTTP front's section in Ray Serve's HAProxy template
+_SECTION = re.compile(r"^(?:global|defaults|frontend|backend|listen)\b[ \t]*(\S*)")
+_BIND = re.compile(r"^(\s*bind\s+)(\S*):(\d+)\b")
+
+
+def bind_listeners(config_text: str, host: str) -> str:
+    """The HAProxy config with its HTTP front bound to ``host`` and every other listener (its Prometheus page, its
+    stats page) to 127.0.0.1: whatever ``host`` is, the front is the server's only door (issue 54)."""
+    lines, section = [], ""
+    for line in config_text.splitlines(keepends=True):
+        header = _SECTION.match(line)
+        if header:
+            section = header.group(1)
+        bind = _BIND.match(line)
+        if bind:
+            where = host if section == FRONT_SECTION else "127.0.0.1"
+            line = f"{bind.group(1)}{where}:{bind.group(3)}{line[bind.end() :]}"
+        lines.append(line)
+    return "".join(lines)
+
+
 @dataclass(frozen=True)
 class FrontLimits:
     """What one client may take of the front: time to send a request, idle time, connections, body size."""
@@ -387,7 +408,7 @@ def _rewrite_config(config_path: Path, host: str, limits: FrontLimits) -> None:
         text = config_path.read_text()
         for event, page in front_error_pages(limits).items():
             error_page_path(config_path.parent, event).write_bytes(page)
-        bound = limit_front(bind_to_host(text, host), limits, error_dir=config_path.parent)
+        bound = limit_front(bind_listeners(text, host), limits, error_dir=config_path.parent)
         if bound != text:
             config_path.write_text(bound)
 

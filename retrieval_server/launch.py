@@ -10,6 +10,8 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +56,32 @@ def serve_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 # Ray's message when its new node's raylet did not register within Ray's fixed 30 s (not configurable in Ray 2.x)
 RAY_NODE_START_TIMEOUT = "timed out during startup"
+
+
+# Where everything of a cluster started here listens but the front: Ray's own servers (GCS, raylet, object manager,
+# workers, dashboard and runtime-env agents, metrics export), Serve's replicas and fallback proxy, HAProxy's pages.
+INTERNAL_HOST = "127.0.0.1"
+
+
+@contextmanager
+def _ray_keeps_a_loopback_node() -> Iterator[None]:
+    """While a local cluster starts: Ray keeps ``_node_ip_address=127.0.0.1`` instead of replacing it.
+
+    Ray binds its servers, agents and metrics page to loopback only when the node's address is a loopback one, but on
+    Linux ``ray.init`` swaps a loopback address for the machine's outward one (for nodes that might join), unless Ray
+    is told the cluster stays on this machine: ``ray_constants.ENABLE_RAY_CLUSTER`` (the environment's
+    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, read at Ray's import, so set here on the module), read only by
+    ``services.get_node_ip_address`` while no node runs. Ray 2.60; tests/retrieval/test_side_doors.py fails if Ray
+    listens beyond loopback again.
+    """
+    from ray._private import ray_constants
+
+    kept = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = kept
 
 
 def init_local_ray(attempts: int = 2, **init_args) -> None:
@@ -384,12 +412,17 @@ def _start_once(config: ServerConfig, address: str | None, ray_num_cpus: int | N
                     env_vars |= haproxy_environment(
                         workdir, stats_port, metrics_port, launcher, fallback_http, fallback_grpc
                     )
-                init_local_ray(
-                    num_cpus=ray_num_cpus,
-                    include_dashboard=False,
-                    log_to_driver=False,
-                    runtime_env={"env_vars": env_vars},
-                )
+                with _ray_keeps_a_loopback_node():  # no side doors: only the front listens beyond loopback
+                    init_local_ray(
+                        num_cpus=ray_num_cpus,
+                        include_dashboard=False,
+                        log_to_driver=False,
+                        runtime_env={
+                            "env_vars": env_vars,
+                            "worker_process_setup_hook": "retrieval_server.loopback.keep_grpc_on_loopback",
+                        },
+                        _node_ip_address=INTERNAL_HOST,
+                    )
             owns_ray = True
         if not _serve_is_running():
             if not claims and owns_ray and not address:
@@ -399,10 +432,13 @@ def _start_once(config: ServerConfig, address: str | None, ray_num_cpus: int | N
             else:
                 port = config.port or free_port(config.host)
             config = config.model_copy(update={"port": port})
+            # Serve's host is where its replicas' own ports and its proxies listen: behind HAProxy (which the launcher
+            # binds to config.host) that is loopback; Serve's Python proxy is the front itself.
+            serve_host = INTERNAL_HOST if ingress == "haproxy" else config.host
             # Serve's Python proxy (no HAProxy): of the front's limits, it takes the idle and the request timeouts.
             serve.start(
                 http_options={
-                    "host": config.host,
+                    "host": serve_host,
                     "port": port,
                     "keep_alive_timeout_s": config.keep_alive_timeout_s,
                     "request_timeout_s": FrontLimits.of(config).server_timeout_s,
