@@ -56,10 +56,11 @@ class Case:
     args: tuple[str, ...]  # {tmp}, {missing}, {bad_json}, {wrong_qa}, {corpus}, {text}, {minilm} filled in
     named: tuple[str, ...]  # in the message (filled in the same way)
     progs: tuple[str, ...] = ("verl-evidence", "retrieval-server")
+    slow: bool = False  # imports torch or transformers first
 
 
-def case(*args: str, named: tuple[str, ...], progs: tuple[str, ...] = tuple(APPS)) -> Case:
-    return Case(args, named, progs)
+def case(*args: str, named: tuple[str, ...], progs: tuple[str, ...] = tuple(APPS), slow: bool = False) -> Case:
+    return Case(args, named, progs, slow)
 
 
 OFFLINE_MODEL = ("not on this machine", "HF_HUB_OFFLINE is set", "pass a local directory", "HF_HOME")
@@ -126,6 +127,17 @@ CASES: dict[tuple[str, ...], list[Case]] = {
             named=(f"--tokenizer {HUB_MODEL}", *OFFLINE_MODEL),
         ),  # fmt: skip
         case("bundled", "-o", "{tmp}/e.parquet", "--tokenizer", "{minilm}", named=("exactly one of",)),
+        case(
+            "bundled",
+            "-o",
+            "{tmp}/e.parquet",
+            "--tokenizer",
+            "{tmp}",
+            "--passages-file",
+            "{missing}/p.jsonl",
+            named=("--tokenizer {tmp}: cannot load a tokenizer from it", "pass the policy's model directory"),
+            slow=True,
+        ),  # fmt: skip
     ],
     ("data", "grace"): [
         case("{wrong_qa}", "-o", "{tmp}/g.parquet", named=("--corpus",)),
@@ -153,7 +165,10 @@ CASES: dict[tuple[str, ...], list[Case]] = {
     ],
     ("smoke", "prepare"): [
         case("bogus", named=("'bogus' is not one of",)),
-        case("eviomni", "--warmup", "bogus", named=("--warmup", "unknown warm-up 'bogus'")),
+        case("eviomni", "--warmup", "bogus", named=("--warmup", "'bogus' is not a warm-up of eviomni")),
+        # another family's warm-up (was "unknown warm-up 'search'; one of ..., search, ...")
+        case("lear", "--warmup", "search", named=("'search' is not a warm-up of lear", "'eviomni' family's format")),
+        case("evipath_sft", "--warmup", "search", named=("evipath_sft trains an untrained policy: no warm-up",)),
     ],
     ("eval",): [
         case("--data", "{bad_json}", "--out", "{tmp}/ev", named=("{bad_json}:1: not valid JSON",)),
@@ -215,7 +230,7 @@ def params(slow: bool) -> list:
     found = []
     for prog, path, _ in every_command():
         for number, each in enumerate(CASES.get(key(prog, path), [])):
-            if prog in each.progs and (path in IMPORTS_VERL) == slow:
+            if prog in each.progs and (path in IMPORTS_VERL or each.slow) == slow:
                 found.append(pytest.param(prog, path, each, id=f"{prog} {' '.join(path)} #{number + 1}"))
     return found
 
@@ -241,9 +256,9 @@ def test_bad_input_is_refused_in_one_line_naming_it(prog, path, each, files) -> 
     check(prog, path, each, files)
 
 
-@pytest.mark.slow  # eval and demo import verl (the evaluation session) before their checks
+@pytest.mark.slow  # eval and demo import verl (the evaluation session) before their checks; others transformers
 @pytest.mark.parametrize(("prog", "path", "each"), params(slow=True))
-def test_bad_input_to_eval_and_demo_is_refused_in_one_line_naming_it(prog, path, each, files) -> None:
+def test_bad_input_to_heavy_commands_is_refused_in_one_line_naming_it(prog, path, each, files) -> None:
     check(prog, path, each, files)
 
 

@@ -224,7 +224,11 @@ def token_counter(tokenizer_path: str) -> Callable[[str], int]:
     try:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     except (OSError, ValueError) as err:
-        raise DataPrepError(f"cannot load tokenizer {tokenizer_path!r}: {err}") from err
+        reason = " ".join(str(err).split())  # transformers' reasons span lines
+        raise DataPrepError(
+            f"--tokenizer {tokenizer_path}: cannot load a tokenizer from it ({reason}); pass the policy's model "
+            "directory (with its tokenizer.json) or its hub name"
+        ) from err
     said = describe_stand_in(family, asked) if family else f"tokens counted with the tokenizer of {asked}"
     console.print(said, soft_wrap=True, markup=False)
     return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])

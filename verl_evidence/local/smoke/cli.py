@@ -7,7 +7,15 @@ from __future__ import annotations
 
 import logging
 
-from verl_evidence.local.smoke.settings import METHODS, WARMUP_ENV, locked, smoke_dir, smoke_method, warmup_family
+from verl_evidence.local.smoke.settings import (
+    METHODS,
+    WARMUP_ENV,
+    WARMUP_VARIANTS,
+    locked,
+    smoke_dir,
+    smoke_method,
+    warmup_family,
+)
 
 
 def prepare(method: str, warmup: str | None = None) -> dict[str, str]:
@@ -65,6 +73,16 @@ def register(root) -> None:
         """Build (or reuse) the smoke policy, data and judge; print them as shell assignments for the recipes."""
         if method not in METHODS:
             raise typer.BadParameter(f"{method!r} is not one of {', '.join(METHODS)}", param_hint="METHOD")
+        family = smoke_method(method).family
+        fitting = [family, *sorted(name for name, of in WARMUP_VARIANTS.items() if of == family)]
+        if warmup and family is None:
+            raise typer.BadParameter(f"{method} trains an untrained policy: no warm-up", param_hint="--warmup")
+        if warmup and warmup not in fitting:  # another family's warm-up writes another format
+            raise typer.BadParameter(
+                f"{warmup!r} is not a warm-up of {method}, which trains the {family!r} family's format: one of "
+                f"{', '.join(fitting)}",
+                param_hint="--warmup",
+            )
         try:
             lines = shell_assignments(method, warmup)
         except ValueError as err:
