@@ -813,7 +813,7 @@ def sampling_summary(index_dir: Path, manifest: dict, full: bool, seconds: float
     if never == 0:
         return f"every byte of the {_size(total)} served hashed (no file over 16 MiB)"
     return (
-        f"sampled checksums: {never / total:.1%} of the {_size(total)} served ({_size(never)}) never hashed, so a "
+        f"sampled checksums: {never / total:.2%} of the {_size(total)} served ({_size(never)}) never hashed, so a "
         "change there goes unseen; --full hashes every byte"
     )
 

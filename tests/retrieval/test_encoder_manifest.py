@@ -235,7 +235,7 @@ def test_verify_says_what_sampling_misses_and_full_hashes_every_byte(tmp_path):
     assert result.exit_code == 0, result.output
     never = size - CHECKSUM_BLOCK_BYTES * CHECKSUM_BLOCKS
     total = size + (index_dir / "docstore.arrow").stat().st_size
-    assert f"sampled checksums: {never / total:.1%} of the" in result.output, result.output
+    assert f"sampled checksums: {never / total:.2%} of the" in result.output, result.output
     assert "--full hashes every byte" in result.output and "files hashed whole" in result.output
 
     between = (size - CHECKSUM_BLOCK_BYTES) * 100 // (CHECKSUM_BLOCKS - 1) - 4096  # before block 100, after block 99
