@@ -12,10 +12,10 @@ two-line script (:func:`write_launcher`) that runs this module, which does two
 things and then *becomes* HAProxy (``exec``: same pid and command line, so Ray's
 reloads and signals reach HAProxy itself):
 
-- every listener in the config is bound to the server's host. Ray's template puts
-  the stats and metrics listeners on all interfaces whatever the host it was given;
-  the stats page (HAProxy's view of every backend) is bound to 127.0.0.1 whatever
-  the host;
+- only the HTTP front is bound to the server's host (:func:`bind_listeners`); every
+  other listener, which Ray's template puts on all interfaces whatever the host it
+  was given (the stats page, HAProxy's view of every backend, and the Prometheus
+  page), is bound to 127.0.0.1;
 - the front gets limits (:class:`FrontLimits`, :func:`limit_front`): Ray's template
   lets a client hold a connection for an hour (``timeout client 3600s``) and take as
   long as it likes to send a request, so a few thousand slow connections starve every
