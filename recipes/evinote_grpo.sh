@@ -24,13 +24,13 @@ case "$ABLATION" in
        "force_summary_eqr" >&2; exit 2 ;;
 esac
 EXPERIMENT="${EXPERIMENT:-evinote-grpo-$MODEL${ABLATION:+-$ABLATION}}"
-# Sources: [paper] EviNote-RAG §4.4; [S-R1] Search-R1's released train_grpo.sh, which EviNote builds on; [ours] no
-# paper gives it, the reason follows. search_r1_baseline.sh uses these same values so the two compare like for like.
-LR="${LR:-1e-5}"                  # [paper]
-TEMPERATURE="${TEMPERATURE:-1.0}" # [paper]
-BATCH="${BATCH:-600}"             # [paper] prompts per step
-GROUP_SIZE="${GROUP_SIZE:-4}"     # [paper] rollouts per prompt
-MAX_SEARCHES="${MAX_SEARCHES:-5}" # [paper] retrievals per question
+# Sources: the paper's values name where it states them (checked by tests/recipes/test_paper_tags.py); [S-R1]
+# Search-R1's released train_grpo.sh, which EviNote builds on; [ours] no paper gives it, the reason follows. search_r1_baseline.sh uses these same values so the two compare like for like.
+LR="${LR:-1e-5}"                  # [paper: EviNote §4.4]
+TEMPERATURE="${TEMPERATURE:-1.0}" # [paper: EviNote §4.4] sampling temperature of the rollouts
+BATCH="${BATCH:-600}"             # [paper: EviNote §4.4] prompts per step
+GROUP_SIZE="${GROUP_SIZE:-4}"     # [paper: EviNote §4.4] rollouts per prompt
+MAX_SEARCHES="${MAX_SEARCHES:-5}" # [paper: EviNote §4.4] retrievals per question
 KL_COEF="${KL_COEF:-0.001}"       # [S-R1] low_var_kl loss
 TOPK="${TOPK:-3}"                 # [S-R1] passages per search
 MINI_BATCH="${MINI_BATCH:-300}"   # [ours] two updates per step, as Search-R1's 512/256

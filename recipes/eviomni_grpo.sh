@@ -13,16 +13,19 @@ GPUS_PER_NODE="${GPUS_PER_NODE:-${RECIPE_GPUS_PER_NODE:-8}}"
 DATA_DIR="${RECIPE_DATA:-data/eviomni}"
 TRAIN_FILES="${TRAIN_FILES:-$DATA_DIR/train.parquet}"; VAL_FILES="${VAL_FILES:-$DATA_DIR/test.parquet}"
 EXPERIMENT="${EXPERIMENT:-${RECIPE_NAME:-eviomni-grpo}-$MODEL}"
-# Sources: [paper] EviOmni Appendix A (LEAR reports the same settings); [ours] no paper gives it, the reason follows.
-LR="${LR:-1e-6}"; KL_COEF="${KL_COEF:-0.01}"; CLIP="${CLIP:-0.2}"; EPS_STD="${EPS_STD:-0.1}"  # [paper]
-EPOCHS="${EPOCHS:-1}"; TEMPERATURE="${TEMPERATURE:-1.0}"  # [paper] 1 epoch on NQ; [ours] verl's sampling default
+# Sources: the paper's values name where it states them (EviOmni Appendix A.2; LEAR §4.1 reports the same; checked by
+# tests/recipes/test_paper_tags.py); [ours] no paper gives it, the reason follows; ours from the paper's grid: chosen
+# by us from the grid the paper searched (it does not say which value it kept).
+LR="${LR:-1e-6}"; KL_COEF="${KL_COEF:-0.01}"; CLIP="${CLIP:-0.2}"; EPS_STD="${EPS_STD:-0.1}"  # [paper: EviOmni A.2]
+EPOCHS="${EPOCHS:-1}"             # [paper: EviOmni A.2] 1 epoch on NQ
+TEMPERATURE="${TEMPERATURE:-1.0}" # [ours] verl's sampling default (the papers state none)
 GROUP_SIZE="${GROUP_SIZE:-8}"     # [ours] enough samples for a reward spread within a group at 1.5-7B
 BATCH="${BATCH:-128}"             # [ours] ~600 steps over NQ's 79k questions
 MINI_BATCH="${MINI_BATCH:-64}"    # [ours] two updates per step
 PROMPT_LEN="${PROMPT_LEN:-2048}"  # [ours] question + top-5 100-word passages (~900 tokens) with room
 RESPONSE_LEN="${RESPONSE_LEN:-768}" # [ours] the paper's generation limit in its latency test (Table 5)
-L1="${L1:-0.8}"; L2="${L2:-0.1}"; L3="${L3:-0.1}"; OMEGA="${OMEGA:-0.9}"  # [paper]
-TAU="${TAU:-0.5}"; GAMMA="${GAMMA:-0.5}"  # [paper] from its grids {0.1,0.2,0.5,1} / {0.1,0.3,0.5,0.8,1}
+L1="${L1:-0.8}"; L2="${L2:-0.1}"; L3="${L3:-0.1}"; OMEGA="${OMEGA:-0.9}"  # [paper: EviOmni A.2]
+TAU="${TAU:-0.5}"; GAMMA="${GAMMA:-0.5}"  # [ours, from the paper's grid: EviOmni A.2] {0.1,0.2,0.5,1} / {0.1,0.3,0.5,0.8,1}
 VARIANT="${VARIANT:-eviomni}"; PRESET="${PRESET:-eviomni_grpo}"
 
 ve_common_overrides

@@ -20,8 +20,9 @@ MODEL="${MODEL:-qwen2.5-1.5b}"; ve_model_preset
 NNODES="${NNODES:-1}"; GPUS_PER_NODE="${GPUS_PER_NODE:-1}"
 TRAIN_FILES="${TRAIN_FILES:-data/eviomni_reader/train.parquet}"; VAL_FILES="${VAL_FILES:-null}"
 EXPERIMENT="${EXPERIMENT:-eviomni-reader-sft-$MODEL}"
-# Sources: [paper] EviOmni App. A / LEAR §4.1; [ours] the papers do not give it, the reason follows.
-LORA_RANK="${LORA_RANK:-8}"                    # [paper] LoRA rank of the QA generators
+# Sources: the papers' values name where they state them (EviOmni App. A.2; LEAR §4.1 the same; checked by
+# tests/recipes/test_paper_tags.py); [ours] the papers do not give it, the reason follows.
+LORA_RANK="${LORA_RANK:-8}"                    # [paper: EviOmni A.2] LoRA rank of the QA generators
 LORA_ALPHA="${LORA_ALPHA:-16}"                 # [ours] verl's default alpha (2 x rank)
 TARGET_MODULES="${TARGET_MODULES:-all-linear}" # [ours] every linear layer, verl's default
 LR="${LR:-1e-4}"                               # [ours] a usual LoRA rate (full fine-tuning rates are ~100x smaller)

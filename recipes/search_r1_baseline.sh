@@ -11,14 +11,14 @@ GPUS_PER_NODE="${GPUS_PER_NODE:-8}"
 TRAIN_FILES="${TRAIN_FILES:-data/search_r1/train.parquet}"; VAL_FILES="${VAL_FILES:-data/search_r1/test.parquet}"
 EXPERIMENT="${EXPERIMENT:-search-r1-grpo-$MODEL}"
 # The baseline EviNote-RAG compares against (§4.5) trained in EviNote's setup, so only the reward and the note differ:
-# every default below is evinote_grpo.sh's, with its source ([paper] EviNote-RAG §4.4; [S-R1] Search-R1's released
-# train_grpo.sh; [ours] no paper gives it). Search-R1's own script differs: LR=1e-6 BATCH=512 MINI_BATCH=256
+# every default below is evinote_grpo.sh's, with its source (the EviNote paper's, naming where it states them;
+# [S-R1] Search-R1's released train_grpo.sh; [ours] no paper gives it). Search-R1's own script differs: LR=1e-6 BATCH=512 MINI_BATCH=256
 # GROUP_SIZE=5 RESPONSE_LEN=500 per turn; set those to reproduce Search-R1 itself.
-LR="${LR:-1e-5}"                  # [paper]
-TEMPERATURE="${TEMPERATURE:-1.0}" # [paper]
-BATCH="${BATCH:-600}"             # [paper] prompts per step
-GROUP_SIZE="${GROUP_SIZE:-4}"     # [paper] rollouts per prompt
-MAX_SEARCHES="${MAX_SEARCHES:-5}" # [paper] retrievals per question
+LR="${LR:-1e-5}"                  # [paper: EviNote §4.4]
+TEMPERATURE="${TEMPERATURE:-1.0}" # [paper: EviNote §4.4]
+BATCH="${BATCH:-600}"             # [paper: EviNote §4.4] prompts per step
+GROUP_SIZE="${GROUP_SIZE:-4}"     # [paper: EviNote §4.4] rollouts per prompt
+MAX_SEARCHES="${MAX_SEARCHES:-5}" # [paper: EviNote §4.4] retrievals per question
 KL_COEF="${KL_COEF:-0.001}"       # [S-R1] low_var_kl loss
 TOPK="${TOPK:-3}"                 # [S-R1] passages per search
 MINI_BATCH="${MINI_BATCH:-300}"   # [ours] two updates per step, as Search-R1's 512/256
