@@ -1,9 +1,11 @@
 """The Ray Serve application. One request, top to bottom (``RetrievalServer._retrieve``):
 
-    receive the body (413 past --max-body-bytes, before it is read whole) -> parse JSON -> validate (pydantic, 422
-    on any bad input) -> admit (503 + Retry-After when the queue is full) -> split into pieces of bounded work ->
-    batch with other requests' pieces -> answer repeats from the result cache -> encode each distinct query once ->
-    one index search -> one document-store lookup -> the hits as JSON (in the batch's thread) -> respond
+    receive the body (413 past --max-body-bytes, before it is read whole; 408 past --http-request-timeout-s) ->
+    parse JSON -> validate (pydantic, 422 on any bad input) -> admit (503 + Retry-After when the queue is full, or
+    when answers not yet taken by their clients hold --max-unsent-answer-bytes) -> split into pieces of bounded work
+    -> batch with other requests' pieces (a small request in a lane of its own) -> answer repeats from the result
+    cache -> encode each distinct query once -> one index search -> one document-store lookup -> the hits as JSON (in
+    the batch's thread) -> respond, a large answer in chunks no faster than its client takes them
 
 A request waits at most --request-timeout-s, and its queued pieces are dropped when its client leaves. Anything
 unexpected after validation becomes a 503 with a message (clients retry it); nothing reaches the caller as a 500.
@@ -11,19 +13,22 @@ unexpected after validation becomes a 503 with a message (clients retry it); not
 
 # No `from __future__ import annotations` here: FastAPI must see real types (Request) on the ingress methods.
 import asyncio
+import ctypes
+import ctypes.util
 import hmac
 import itertools
 import logging
 import os
 import sys
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -130,18 +135,34 @@ def too_large(err: BodyTooLarge) -> JSONResponse:
     return problem(413, f"{err}; send fewer or shorter queries per request")
 
 
-async def receive_body(request: Request, limit: int) -> bytes:
+class BodyTooSlow(Exception):
+    pass
+
+
+async def receive_body(request: Request, limit: int, within_s: float | None = None) -> bytes:
     """The request's body, refused (:class:`BodyTooLarge`) as soon as its Content-Length or the bytes so far pass
-    ``limit``: a 60 MB body is never held whole."""
+    ``limit``: a 60 MB body is never held whole; and (:class:`BodyTooSlow`) when it has not arrived within
+    ``within_s``. HAProxy waits for a body only as far as one of its buffers (16 KiB) holds it, so a larger body that
+    stalls past that point reaches the replica, which must not hold it for Serve's tens of seconds."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge(f"request body of {int(declared)} bytes is larger than this server's cap of {limit} bytes")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"request body is larger than this server's cap of {limit} bytes")
-        chunks.append(chunk)
+
+    async def read() -> None:
+        nonlocal size
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge(f"request body is larger than this server's cap of {limit} bytes")
+            chunks.append(chunk)
+
+    try:
+        await asyncio.wait_for(read(), within_s)
+    except asyncio.TimeoutError:
+        raise BodyTooSlow(
+            f"the request body did not arrive within {within_s:g} s ({size} bytes came); send it whole"
+        ) from None
     return b"".join(chunks)
 
 
@@ -162,6 +183,101 @@ def hits_json(documents: list[dict], scores: list[float], return_scores: bool) -
     if return_scores:
         return orjson.dumps([{"document": doc, "score": score} for doc, score in zip(documents, scores)])
     return orjson.dumps([{"document": doc} for doc in documents])
+
+
+# ---------------------------------------------------------------- answers not yet taken
+# The replica's handlers run on the event loop of its HTTP server, so that sending a chunk of an answer waits until
+# the connection takes it. Serve's default runs them on a loop of their own, whose sends only fill a queue: a slow
+# reader's answer then sat whole in the replica (issue 54: ~25 MB per connection). Measured equal in speed (issue 22).
+REPLICA_ENVIRONMENT = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
+# Answers up to this size go out as one body; larger ones in chunks of about this size, each sent once the client
+# has taken the one before (the replica's HTTP server holds at most ~64 KiB per connection before it waits).
+ANSWER_CHUNK_BYTES = 256 * 2**10
+# Estimated size of one hit's JSON until this replica has measured its own (bundled corpus: ~490 bytes).
+FIRST_BYTES_PER_HIT = 1024
+
+
+class AnswerBudget:
+    """Bytes of answers this replica holds that their clients have not taken yet, against a bound.
+
+    A request is admitted with an estimate of its answer's size (its hits times the bytes per hit measured so far),
+    which becomes the real size once the answer is written, and comes off chunk by chunk as the client takes it. A
+    slow reader therefore holds at most its own answer, and past the bound new work is refused instead of memory
+    growing with every connection. Requests of one small piece keep a reserve of an eighth of the bound.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.held, self.bytes_per_hit = limit, 0, float(FIRST_BYTES_PER_HIT)
+        self.released_since_trim = 0
+
+    def estimate(self, hits: int) -> int:
+        return int(hits * self.bytes_per_hit) + 64
+
+    def fits(self, size: int, small: bool) -> bool:
+        return self.held + size <= self.limit + (self.limit // 8 if small else 0)
+
+    def lease(self, size: int) -> "AnswerLease":
+        self.held += size
+        return AnswerLease(self, size)
+
+    def measured(self, hits: int, size: int) -> None:
+        if hits:
+            self.bytes_per_hit = max(self.bytes_per_hit * 0.9 + 0.1 * size / hits, size / hits)
+
+
+class AnswerLease:
+    """One answer's share of the :class:`AnswerBudget`; whatever is left of it comes back when it is closed (or
+    collected: a response Starlette never started still gives its share back)."""
+
+    def __init__(self, budget: AnswerBudget, size: int) -> None:
+        self.budget, self.size = budget, size
+
+    def resize(self, size: int) -> None:
+        self.budget.held += size - self.size
+        self.size = size
+
+    def taken(self, size: int) -> None:
+        size = min(size, self.size)
+        self.size -= size
+        self.budget.held -= size
+        self.budget.released_since_trim += size
+
+    def close(self) -> None:
+        self.taken(self.size)
+
+    __del__ = close
+
+
+def _malloc_trim() -> None:
+    """Give freed heap pages back to the system. An answer is many small byte strings built in a batch's thread; glibc
+    keeps the pages they freed in that thread's arena, and a replica that once held slow readers' answers kept their
+    size in RSS (issue 54: 3.4 GB after the connections had gone)."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c")) if sys.platform.startswith("linux") else None
+# After this many bytes of answers were released, the next idle moment trims the heap.
+TRIM_AFTER_BYTES = 16 * 2**20
+
+
+async def stream_answer(parts: list[bytes], lease: AnswerLease) -> AsyncIterator[bytes]:
+    """``{"result":[...]}`` from each query's JSON, in chunks of about ANSWER_CHUNK_BYTES; each chunk's bytes come
+    off the lease once the server has passed it on (its send returns only when the connection can take more)."""
+    try:
+        chunk, size, first = [b'{"result":['], 11, True
+        for i, part in enumerate(parts):
+            parts[i] = b""  # not kept past its chunk
+            chunk.append(part if first else b"," + part)
+            size, first = size + len(part) + 1, False
+            if size >= ANSWER_CHUNK_BYTES:
+                yield b"".join(chunk)
+                lease.taken(size)
+                chunk, size = [], 0
+        chunk.append(b"]}")
+        yield b"".join(chunk)
+    finally:
+        lease.close()
 
 
 def _client_left(request: Request) -> "asyncio.Task[None]":
@@ -275,6 +391,18 @@ class RetrievalServer:
             strict=True,
             max_items=self.config.max_batch_size,
         )
+        # Small requests' own lane: one more batch at a time, of small requests only. Behind a flood of 512-query
+        # requests a one-query request waited for a running batch of large pieces and then ran inside the next one
+        # (p99 1.15 s in issue 54's flood); here it waits for neither.
+        self.small_lane = BacklogBatcher(
+            self._retrieve_batch,
+            self.config.max_batch_queries,
+            concurrency=1,
+            size_of=lambda piece: piece_cost(piece[0], piece[1], self.config),
+            strict=True,
+            max_items=self.config.max_batch_size,
+        )
+        self.answers = AnswerBudget(self.config.max_unsent_answer_bytes)
         logger.info("retrieval replica ready: %d passages, method=%s", self.retriever.size, self.config.method)
 
     def _unauthorized(self, request: Request, endpoint: str) -> JSONResponse | None:
@@ -298,10 +426,13 @@ class RetrievalServer:
             return denied
         # 1. receive (behind Serve's proxy, reading the body is a round trip to the proxy: timed)
         try:
-            raw = await receive_body(request, self.config.max_body_bytes)
+            raw = await receive_body(request, self.config.max_body_bytes, self.config.http_request_timeout_s)
         except BodyTooLarge as err:
             self.metrics.requests.labels("retrieve", "413").inc()
             return too_large(err)
+        except BodyTooSlow as err:
+            self.metrics.requests.labels("retrieve", "408").inc()
+            return problem(408, str(err))
         self.metrics.stage.labels("receive_body").observe(time.perf_counter() - started)
         # 2. parse + validate
         try:
@@ -313,23 +444,38 @@ class RetrievalServer:
         # 3. admit: a full queue sheds the request at once (a small one still fits where a large one does not)
         pieces = [(queries, topk, body.return_scores) for queries in request_pieces(body.queries, topk, self.config)]
         cost = sum(piece_cost(queries, topk, self.config) for queries, _, _ in pieces)
+        small = len(pieces) == 1 and 0 < cost <= self.config.small_request_queries
+        lane = self.small_lane if small else self.batcher
         # The last batch's worth of room is kept for requests of one piece: a flood of large requests never sheds
         # the small ones, which then go into the next batch (the pieces take turns).
         room = self.config.max_queued_queries - (self.config.max_batch_queries if len(pieces) > 1 else 0)
-        if self.batcher.queued_size and self.batcher.queued_size + cost > room:
+        if lane.queued_size and lane.queued_size + cost > room:
             self.metrics.shed.inc()
             self.metrics.requests.labels("retrieve", "503").inc()
             return problem(
                 503,
-                f"server busy: {self.batcher.queued_size} queries queued, this request's {len(body.queries)} would "
+                f"server busy: {lane.queued_size} queries queued, this request's {len(body.queries)} would "
                 f"pass the bound max_queued_queries={self.config.max_queued_queries} (large requests: "
                 f"{room}); retry later",
                 headers={"Retry-After": "1"},
             )
+        # ... and so do answers that their clients are slow to take (a small request keeps a reserve)
+        estimate = self.answers.estimate(len(body.queries) * topk)
+        if not self.answers.fits(estimate, small):
+            self.metrics.shed.inc()
+            self.metrics.requests.labels("retrieve", "503").inc()
+            return problem(
+                503,
+                f"server busy: {self.answers.held / 2**20:.1f} MiB of answers are waiting for their clients to take "
+                f"them; this request's (~{estimate / 2**20:.1f} MiB) would pass the bound max_unsent_answer_bytes="
+                f"{self.config.max_unsent_answer_bytes}; retry later",
+                headers={"Retry-After": "1"},
+            )
+        lease = self.answers.lease(estimate)
         # 4. batch -> 5. encode -> 6. search -> 7. look up (in _retrieve_batch, shared with concurrent requests)
         queued = time.perf_counter()
         request_id = next(self.request_ids)  # its pieces take turns with other requests' as one group
-        waiting = [self.batcher.enqueue(piece, group=request_id) for piece in pieces]  # queued before any await
+        waiting = [lane.enqueue(piece, group=request_id) for piece in pieces]  # queued before any await
         answer, left = asyncio.gather(*waiting), _client_left(request)
         try:
             done, _ = await asyncio.wait({answer, left}, timeout=self.config.request_timeout_s,
@@ -355,13 +501,37 @@ class RetrievalServer:
             left.cancel()
             for piece in waiting:  # pieces still queued (timed out, client left, a sibling failed) are never run
                 piece.cancel()
+            if not answer.done() or answer.cancelled() or answer.exception() is not None:
+                lease.close()
+                self._trim_when_due()
         self.metrics.stage.labels("batch_wait_and_run").observe(time.perf_counter() - queued)
-        # 8. respond: the hits are JSON already (built in the batch's thread); here they are only joined
+        # 8. respond: the hits are JSON already (built in the batch's thread); here they are only joined, and a large
+        # answer is sent in chunks as its client takes them
         self.metrics.requests.labels("retrieve", "200").inc()
         self.metrics.queries.inc(len(body.queries))
         self.metrics.latency.observe(time.perf_counter() - started)
-        hits = b",".join(query_hits for piece in per_piece for query_hits in piece)
-        return Response(b'{"result":[' + hits + b"]}", media_type="application/json")
+        parts = [query_hits for piece in per_piece for query_hits in piece]
+        size = sum(len(part) + 1 for part in parts) + 12
+        self.answers.measured(len(body.queries) * topk, size)
+        if size <= ANSWER_CHUNK_BYTES:
+            lease.close()
+            return Response(b'{"result":[' + b",".join(parts) + b"]}", media_type="application/json")
+        lease.resize(size)
+        return StreamingResponse(self._send_answer(parts, lease), media_type="application/json")
+
+    async def _send_answer(self, parts: list[bytes], lease: AnswerLease) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in stream_answer(parts, lease):
+                yield chunk
+        finally:
+            lease.close()
+            self._trim_when_due()
+
+    def _trim_when_due(self) -> None:
+        # malloc_trim walks the heap (milliseconds for a few hundred MB): after enough was released, in a thread
+        if self.answers.released_since_trim >= TRIM_AFTER_BYTES:
+            self.answers.released_since_trim = 0
+            asyncio.get_running_loop().run_in_executor(None, _malloc_trim)
 
     async def _retrieve_batch(self, pieces: list[Piece]) -> list[list[bytes]]:
         """One encoder pass, one index search and one store lookup for the distinct queries of every waiting piece.

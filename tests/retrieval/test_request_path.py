@@ -115,7 +115,7 @@ def test_a_big_request_is_split_into_batches_bounded_by_queries_and_hits(serve_i
 
 
 def test_a_small_request_overtakes_a_big_one_that_is_running(serve_in_process, monkeypatch):
-    replica, client = serve_in_process(max_batch_queries=4, result_cache_size=0)
+    replica, client = serve_in_process(max_batch_queries=4, result_cache_size=0, small_request_queries=0)
     gate, batches = _gate_search(replica, monkeypatch)
 
     async def scenario() -> list[str]:
@@ -139,8 +139,36 @@ def test_a_small_request_overtakes_a_big_one_that_is_running(serve_in_process, m
     assert batches[1] == ["Nile"]  # the very next batch, not after the big request's 7 remaining pieces
 
 
+def test_a_small_request_runs_in_its_own_lane_while_big_batches_hold_every_slot(serve_in_process, monkeypatch):
+    """Issue 54's flood: a one-query request waited for a running batch of large pieces, then ran inside the next
+    one (honest p99 1.15 s). In its lane it is answered while the large batches are still held."""
+    replica, client = serve_in_process(max_batch_queries=4, batch_concurrency=2, result_cache_size=0)
+    real_search, held = replica.retriever.search, threading.Event()
+
+    def search_holding_big_batches(queries, vectors, k):
+        if "Nile" not in queries:
+            held.wait(30)
+        return real_search(queries, vectors, k)
+
+    monkeypatch.setattr(replica.retriever, "search", search_holding_big_batches)
+
+    async def scenario() -> tuple[int, bool]:
+        async with client() as http:
+            big = [asyncio.create_task(http.post("/retrieve", json={"queries": QUESTIONS, "topk": 2})) for _ in "ab"]
+            await _until(lambda: replica.batcher._running == 2, "both batch slots to be taken by big pieces")
+            small = await asyncio.wait_for(http.post("/retrieve", json={"queries": ["Nile"], "topk": 2}), 10)
+            still_held = not any(task.done() for task in big)
+            held.set()
+            await asyncio.wait_for(asyncio.gather(*big), 30)
+        return small.status_code, still_held
+
+    assert asyncio.run(scenario()) == (200, True)
+
+
 def test_a_full_queue_sheds_a_big_request_with_503_and_retry_after_but_takes_a_small_one(serve_in_process, monkeypatch):
-    replica, client = serve_in_process(max_batch_queries=4, max_queued_queries=30, result_cache_size=0)
+    replica, client = serve_in_process(
+        max_batch_queries=4, max_queued_queries=30, result_cache_size=0, small_request_queries=0
+    )
     gate, batches = _gate_search(replica, monkeypatch)
 
     async def scenario() -> tuple[httpx.Response, float, list[int]]:
@@ -168,7 +196,9 @@ def test_a_full_queue_sheds_a_big_request_with_503_and_retry_after_but_takes_a_s
 
 def test_concurrent_large_requests_cannot_all_pass_the_queue_bound(serve_in_process, monkeypatch):
     """Admission and queueing happen with no await between: requests arriving together are counted one by one."""
-    replica, client = serve_in_process(max_batch_queries=4, max_queued_queries=12, result_cache_size=0)
+    replica, client = serve_in_process(
+        max_batch_queries=4, max_queued_queries=12, result_cache_size=0, small_request_queries=0
+    )
     gate, batches = _gate_search(replica, monkeypatch)
 
     async def scenario() -> tuple[list[int], int]:
@@ -209,7 +239,7 @@ def test_a_request_that_waits_past_its_time_gets_503_with_the_cause(serve_in_pro
 def test_the_queued_pieces_of_a_client_that_left_are_never_searched(serve_in_process, monkeypatch):
     from retrieval_server.app import fastapi_app
 
-    replica, client = serve_in_process(max_batch_queries=4, result_cache_size=0)
+    replica, client = serve_in_process(max_batch_queries=4, result_cache_size=0, small_request_queries=0)
     gate, batches = _gate_search(replica, monkeypatch)
 
     async def leaving_client() -> None:
