@@ -13,6 +13,9 @@ SOURCE=(--rows "${SOURCE_ROWS:-data/eviomni/train.parquet}")
 if [ "$SMOKE" = 1 ]; then  # the bundled questions with their BM25 top 5 and the smoke runs' tiny base policy
   SOURCE=(--bundled)
   TRAIN_FILES="${TRAIN_FILES:-${TMPDIR:-/tmp}/verl-evidence-smoke/eviomni_reader/train.parquet}"
+  EXPERIMENT="${EXPERIMENT:-smoke-eviomni_reader}"  # (not the EviPath smoke run's name and directory)
+  CHECKPOINT_DIR="${CHECKPOINT_DIR:-${TMPDIR:-/tmp}/verl-evidence-smoke/eviomni_reader}"
+  MAX_LENGTH="${MAX_LENGTH:-2560}"  # the tiny tokenizer spends up to ~2040 tokens on a prompt with 5 passages
 fi
 ve_smoke evipath_sft  # (the CPU settings of verl's SFT trainer, shared with the EviPath SFT recipe)
 
@@ -39,7 +42,7 @@ cmd=("$VE_PYTHON" -m torch.distributed.run --standalone --nnodes=1 --nproc_per_n
   model.target_modules="$TARGET_MODULES"
   data.train_files="$TRAIN_FILES" data.val_files="$VAL_FILES" data.messages_key=messages
   data.train_batch_size="$BATCH" data.micro_batch_size_per_gpu="$MICRO_BATCH"
-  data.max_length="$MAX_LENGTH" data.truncation=left data.pad_mode=no_padding  # left: a long prompt loses its start, never the answer
+  data.max_length="$MAX_LENGTH" data.truncation=error data.pad_mode=no_padding  # error: verl would cut the answer off
   optim.lr="$LR" optim.lr_warmup_steps_ratio="$WARMUP_RATIO"
   trainer.total_epochs="$EPOCHS" trainer.nnodes="$NNODES" trainer.n_gpus_per_node="$GPUS_PER_NODE"
   trainer.project_name="${PROJECT:-verl-evidence}" trainer.experiment_name="$EXPERIMENT"

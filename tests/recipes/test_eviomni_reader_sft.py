@@ -52,4 +52,4 @@ def test_the_trainer_overrides_compose_with_verls_sft_config() -> None:
         cfg = compose(
             config_name="sft_trainer_engine", overrides=[a for a in trainer if "=" in a and "." in a.split("=")[0]]
         )
-    assert cfg.model.lora_rank == 8 and cfg.model.target_modules == "all-linear" and cfg.data.truncation == "left"
+    assert cfg.model.lora_rank == 8 and cfg.model.target_modules == "all-linear" and cfg.data.truncation == "error"
