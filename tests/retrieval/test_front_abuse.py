@@ -164,3 +164,35 @@ def test_the_fronts_own_refusals_are_json_with_their_status(tmp_path):
         assert status == 408 and headers["content-type"] == "application/json", body
         big = httpx.post(f"http://127.0.0.1:{front}/retrieve", content=b"x" * 2000, timeout=10)
         assert big.status_code == 413 and "cap of 1024 bytes" in big.json()["detail"]
+
+
+def test_the_replica_cuts_a_body_that_stalls_past_the_fronts_buffer_with_a_json_408(bundled_index_dir):
+    """HAProxy holds a body only as far as its 16 KiB buffer: a longer one that stalls reaches the replica, which
+    ends it at the same http-request timeout instead of Serve's tens of seconds."""
+    import asyncio
+
+    from starlette.requests import Request
+
+    from retrieval_server.app import RetrievalServer
+    from retrieval_server.config import ServerConfig
+
+    deployment_class = RetrievalServer.func_or_class.__bases__[0]  # the class under Serve's ASGI wrapper
+    config = ServerConfig(index_dir=bundled_index_dir, method="bm25", http_request_timeout_s=1)
+    replica = deployment_class(config.model_dump(mode="json"))
+    sent = [{"type": "http.request", "body": b'{"queries": ["' + b"x" * 20000, "more_body": True}]
+
+    async def receive() -> dict:
+        if sent:
+            return sent.pop()
+        await asyncio.Event().wait()  # the rest never comes
+
+    scope = {"type": "http", "method": "POST", "path": "/retrieve", "headers": [(b"content-length", b"40000")]}
+
+    async def post():
+        started = time.monotonic()
+        response = await replica.retrieve(Request({**scope, "query_string": b""}, receive))
+        return response, time.monotonic() - started
+
+    response, took = asyncio.run(asyncio.wait_for(post(), 10))  # before the fix: held until the test gave up
+    assert response.status_code == 408 and 0.9 < took < 5, (response.status_code, took)
+    assert json.loads(response.body)["detail"].startswith("the request body did not arrive within 1 s (20014 bytes")
