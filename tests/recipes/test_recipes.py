@@ -56,6 +56,7 @@ VARIANTS = {
     "tool_agent": ("search_r1_baseline.sh", [], {"ROLLOUT_PRESET": "tool_agent"}),
     "renamed": ("eviomni_grpo.sh", ["reward.reward_manager.name=grace"], {}),
     "clip": ("evinote_grpo.sh", [], {"CLIP": "0.27"}),
+    "evinote_fs_sr": ("evinote_grpo.sh", [], {"ABLATION": "force_summary_sr"}),  # EviNote Tables 4-5
 }
 # A perfect GRACE answer on an answerable question: 0.5 + 1 + alpha + beta, so 6.5 in training (alpha 2, beta 3)
 # and 3.5 on a validation row (alpha = beta = 1), whatever training weights the preset passes.
@@ -373,6 +374,19 @@ def test_switching_presets(composed: dict[str, dict]) -> None:
     assert grace["ok"] and grace["manager"].endswith("GraceRewardManager"), grace
     assert tool["ok"] and tool["agent_loop"] == "tool_agent" and tool["tools"] == ["SearchTool"], tool
     assert renamed["ok"] and renamed["manager"].endswith("GraceRewardManager"), renamed
+
+
+@pytest.mark.slow  # the composition subprocess (verl + Hydra, every recipe)
+@pytest.mark.timeout(600)  # its own limit
+@pytest.mark.one_worker_group("composed")
+def test_an_evinote_ablation_composes_its_reward_and_rollout_presets(composed: dict[str, dict]) -> None:
+    """ABLATION=force_summary_sr: its reward preset and the Force Summary instructions, in verl's real config."""
+    report = composed["evinote_fs_sr"]
+    assert report["ok"] and report["manager"].endswith("EviNoteRewardManager"), report
+    assert report["config"]["reward"]["reward_kwargs"]["ablation"] == "force_summary_sr"
+    loop = report["config"]["actor_rollout_ref"]["rollout"]["custom"]["evidence_search"]
+    assert loop["prompt"] == "evinote_force_summary" and report["agent_loop"] == "evidence_search"
+    assert report["config"]["trainer"]["experiment_name"].endswith("-force_summary_sr")
 
 
 @pytest.mark.slow  # a fresh interpreter importing verl
