@@ -142,6 +142,50 @@ def score_records(records, scorers: dict, cache, concurrency: int) -> list[str]:
     return notes
 
 
+def paper_and_noise_options(paper, table, noise_passages, data, corpus, trajectories) -> tuple[str | None, tuple]:
+    """--table and --noise-passages checked before anything starts: (the compared rollout family, the counts k)."""
+    from verl_evidence.eval.noise import parse_noise_levels
+    from verl_evidence.eval.paper_results import paper_layout
+
+    family = None
+    if table is not None and paper is None:
+        raise typer.BadParameter("--table names a table of a paper: give --paper too")
+    if paper is not None:
+        try:
+            family = paper_layout(paper, table).family
+        except ValueError as err:
+            raise typer.BadParameter(str(err)) from None
+    if noise_passages is None:
+        return family, ()
+    try:
+        levels = parse_noise_levels(noise_passages)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    if trajectories is not None:
+        raise typer.BadParameter("--noise-passages changes the prompts: it needs a live policy, not --trajectories")
+    if data and corpus is None:
+        raise typer.BadParameter("--noise-passages with --data: give --corpus, the corpus to draw the passages from")
+    return family, levels
+
+
+def noisy_rows(rows: list[dict], levels: tuple, corpus: Path | None, session, qa_path: Path | None = None) -> list:
+    """``rows`` with EviOmni's added irrelevant passages (--noise-passages), or as they are without it."""
+    if not levels:
+        return rows
+    from verl_evidence.dataprep.records import read_corpus
+    from verl_evidence.eval.datasets import bundled_qa_records
+    from verl_evidence.eval.noise import with_noise_passages
+
+    pool = read_corpus(corpus) if corpus is not None and qa_path is None else bundled_qa_records(qa_path, corpus)[1]
+    tokenizer = session.tokenizer
+    try:
+        return with_noise_passages(
+            rows, pool, levels, lambda text: len(tokenizer.encode(text, add_special_tokens=False))
+        )
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+
+
 def eval_command(
     data: list[Path] = typer.Option(
         None,
@@ -195,6 +239,17 @@ def eval_command(
         None,
         help="also give the results in this paper's main table (eviomni, lear, evinote, grace), its reported "
         "numbers as reference rows beside yours: printed, and written to OUT/paper_<PAPER>.md and .csv",
+    ),
+    table: str = typer.Option(
+        None,
+        help="with --paper: another of its tables, e.g. an ablation (evinote 2-5, eviomni 4 and fig5, lear 6 and "
+        "fig6, grace 5; docs/evaluation.md); written to OUT/paper_<PAPER>_table<N>.md and .csv",
+    ),
+    noise_passages: str = typer.Option(
+        None,
+        help="EviOmni's noise test (Fig. 5): each EviOmni/LEAR row once per count k, with k irrelevant corpus "
+        "passages after its own, e.g. 0,2,4,6,8; data sources become <source>+noise<k>; passages come from --corpus "
+        "(default: the bundled corpus, with the bundled questions)",
     ),
     reader: str = typer.Option(
         None,
@@ -263,6 +318,7 @@ def eval_command(
     check_model_source(nli_model, "--nli-model")
     if paper is not None and paper not in PAPERS:
         raise typer.BadParameter(f"--paper must be one of {', '.join(PAPERS)}, got {paper!r}")
+    paper_family, noise_levels = paper_and_noise_options(paper, table, noise_passages, data, corpus, trajectories)
     scorers = paper_scorers(
         (reader, reader_model, reader_prompt),
         (bertscore, bertscore_model, bertscore_layers),
@@ -317,17 +373,17 @@ def eval_command(
             )
         elif data:
             rows = [row for path in data for row in load_rows(path)]
-            examples = examples_from_rows(rows[:limit] if limit else rows)
+            examples = examples_from_rows(noisy_rows(rows[:limit] if limit else rows, noise_levels, corpus, session))
         else:
             rows = bundled_rows(
                 wanted, session.retrieval_url, session.tokenizer, limit=limit, qa_path=qa, corpus_path=corpus
             )
-            examples = examples_from_rows(rows)
+            examples = examples_from_rows(noisy_rows(rows, noise_levels, corpus, session, qa_path=qa))
         if not examples:
             raise typer.BadParameter("nothing to evaluate: no rows (check --data / --rollouts / --limit)")
-        if paper is not None and not any(e.rollout == PAPERS[paper]["family"] for e in examples):
+        if paper is not None and not any(e.rollout == paper_family for e in examples):
             raise typer.BadParameter(
-                f"--paper {paper} compares {PAPERS[paper]['family']!r} rollouts; none among the examples "
+                f"--paper {paper} compares {paper_family!r} rollouts; none among the examples "
                 "(check --data / --rollouts)"
             )
         records = []
@@ -349,8 +405,11 @@ def eval_command(
         row_header = "checkpoint" if checkpoint else "policy"
         extra_sections, paper_files, layout = [], (), None
         if paper is not None:
-            layout = build_paper_layout_table(records, paper, lambda p: labels.get(p, p), policy_order=list(labels))
-            paper_files = write_paper_table(layout, out, row_header=row_header, stem=f"paper_{paper}")
+            layout = build_paper_layout_table(
+                records, paper, lambda p: labels.get(p, p), policy_order=list(labels), table=table
+            )
+            stem = f"paper_{paper}" + (f"_table{table}" if table else "")
+            paper_files = write_paper_table(layout, out, row_header=row_header, stem=stem)
             extra_sections.append((f"As in the {paper} paper", paper_table_markdown(layout, row_header)))
         report = write_report(
             records,
