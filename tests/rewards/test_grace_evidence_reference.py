@@ -60,3 +60,28 @@ def test_an_unknown_reference_rule_fails_at_start_up() -> None:
     with pytest.raises(ValueError, match="evidence_reference"):
         build_scorer("grace", {"evidence_reference": "best"})
     assert build_scorer("grace", {"evidence_reference": "per_sentence"}).name == "grace"
+
+
+@pytest.mark.parametrize(("override", "expected"), [(None, "joined"), ("per_sentence", "per_sentence")])
+def test_the_recipe_preset_names_the_setting(override: str | None, expected: str, tmp_path) -> None:
+    """The grace_dapo preset (the recipe's) sets evidence_reference; a command-line override reaches the scoring
+    function verl loads from it."""
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    from verl_evidence.local.tiny_models import save_tiny_tokenizer
+
+    presets = Path(__file__).resolve().parents[2] / "recipes" / "presets"
+    overrides = [f"actor_rollout_ref.model.path={save_tiny_tokenizer(tmp_path)}", "data.max_response_length=3072"]
+    if override:
+        overrides.append(f"++reward.custom_reward_function.reward_kwargs.evidence_reference={override}")
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(presets), version_base=None):
+        config = compose("grace_dapo", overrides=overrides)
+    assert config.reward.custom_reward_function.reward_kwargs.evidence_reference == expected
+    score = get_custom_reward_fn(config)
+    one_hop = score(data_source="hotpotqa", solution_str=ONE_HOP, ground_truth=TRUTH, extra_info=SENTENCES)
+    assert (one_hop["evidence_rouge"] == pytest.approx(1.0)) is (expected == "per_sentence")
