@@ -95,6 +95,21 @@ def check_model_source(name: str | None, option: str) -> None:
             raise UserInputError(problem)
 
 
+def check_server_answers(url: str | None, option: str, path: str, fix: str) -> None:
+    """Raise :class:`UserInputError` unless a server answers at ``url`` (any HTTP status will do: a token or a path it
+    does not know is the requests' own error). Asked once before a command starts work that reaches it, where a
+    server that is not there costs a minute of retries per request, or a run of failed examples."""
+    if url is None:
+        return
+    import httpx
+
+    try:
+        httpx.get(f"{url.rstrip('/')}{path}", timeout=10.0)
+    except httpx.HTTPError as err:
+        reason = " ".join(f"{type(err).__name__}: {err}".split())
+        raise UserInputError(f"{option} {url} does not answer ({reason}): {fix}") from None
+
+
 def loaded_classes(names: Sequence[str]) -> tuple[type[BaseException], ...]:
     """The classes of ``names`` whose modules are imported (only those can have raised an exception)."""
     found = []

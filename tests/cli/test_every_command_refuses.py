@@ -176,10 +176,44 @@ CASES: dict[tuple[str, ...], list[Case]] = {
         case(
             "--model", "{missing}/policy", "--out", "{tmp}/ev", named=("--model {missing}/policy is not a directory",)
         ),
+        case(
+            "--retrieval-url",
+            "http://127.0.0.1:9",
+            "--out",
+            "{tmp}/ev",
+            named=("--retrieval-url http://127.0.0.1:9 does not answer", "verl-evidence serve"),
+        ),  # fmt: skip
+        case(
+            "--endpoint",
+            "http://127.0.0.1:9/v1",
+            "--served-model",
+            "m",
+            "--tokenizer",
+            "{minilm}",
+            "--out",
+            "{tmp}/ev",
+            named=("--endpoint http://127.0.0.1:9/v1 does not answer", "start the OpenAI-compatible server"),
+        ),  # fmt: skip
+        case(
+            "--endpoint",
+            "http://127.0.0.1:9/v1",
+            "--served-model",
+            "m",
+            "--tokenizer",
+            "{missing}/tok",
+            named=("--tokenizer {missing}/tok: no such directory",),
+        ),  # fmt: skip
     ],
     ("demo",): [
         case("--trajectories", "{missing}/t.jsonl", named=("--trajectories {missing}/t.jsonl is not a file",)),
         case("--nli-model", HUB_MODEL, "--out", "{tmp}/demo", named=(f"--nli-model {HUB_MODEL}", *OFFLINE_MODEL)),
+        case(
+            "--retrieval-url",
+            "http://127.0.0.1:9",
+            "--out",
+            "{tmp}/demo",
+            named=("--retrieval-url http://127.0.0.1:9 does not answer",),
+        ),  # fmt: skip
     ],
 }
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from retrieval_server.user_errors import check_model_source
+from retrieval_server.user_errors import check_model_source, check_server_answers
 from verl_evidence.eval import options
 from verl_evidence.eval.paper_scoring import DEFAULT_BERTSCORE_MODEL
 
@@ -186,6 +186,15 @@ def noisy_rows(rows: list[dict], levels: tuple, corpus: Path | None, session, qa
         raise typer.BadParameter(str(err)) from None
 
 
+def check_servers(retrieval_url: str | None, endpoint: str | None) -> None:
+    """The retrieval server and the policy's endpoint given answer, before anything starts: an absent one costs a
+    minute of retries per search, or fails every example."""
+    fix = "start it (verl-evidence serve), or leave --retrieval-url out to serve the bundled corpus here"
+    check_server_answers(retrieval_url, "--retrieval-url", "/health", fix)
+    fix = "start the OpenAI-compatible server (e.g. vllm serve <model>) or pass its URL"
+    check_server_answers(endpoint, "--endpoint", "/models", fix)
+
+
 def eval_command(
     data: list[Path] = typer.Option(
         None,
@@ -316,6 +325,8 @@ def eval_command(
     for path in data or []:  # read before anything starts: a file that is not rows ends here, in one line
         load_rows(path)
     check_model_source(nli_model, "--nli-model")
+    check_model_source(str(tokenizer) if tokenizer is not None else None, "--tokenizer")
+    check_servers(retrieval_url, endpoint)
     if paper is not None and paper not in PAPERS:
         raise typer.BadParameter(f"--paper must be one of {', '.join(PAPERS)}, got {paper!r}")
     paper_family, noise_levels = paper_and_noise_options(paper, table, noise_passages, data, corpus, trajectories)

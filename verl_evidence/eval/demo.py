@@ -77,7 +77,7 @@ def demo_command(
     """Serve the bundled corpus, roll out every method, score with every reward manager, write the report."""
     from verl_evidence.eval import replay
     from verl_evidence.eval.cache import ResultsCache
-    from verl_evidence.eval.cli import RESULTS_FILE
+    from verl_evidence.eval.cli import RESULTS_FILE, check_servers
     from verl_evidence.eval.datasets import ROLLOUTS, bundled_rows, examples_from_rows
     from verl_evidence.eval.progress import (
         metrics_rich_table,
@@ -92,6 +92,8 @@ def demo_command(
     quiet_library_logs()
     policy, tokenizer = options.policy_and_tokenizer(trajectories, model, endpoint, served_model, tokenizer)
     check_model_source(nli_model, "--nli-model")
+    check_model_source(str(tokenizer) if tokenizer is not None else None, "--tokenizer")
+    check_servers(retrieval_url, endpoint)
     console.print(
         Panel.fit(
             "verl-evidence demo: retrieval server (bundled corpus, packaged MiniLM) -> search / EviOmni / GRACE "
