@@ -220,7 +220,8 @@ def _ray_processes(owner, session_dir: str) -> list:
     found = []
     for child in owner.children():
         try:
-            if any(session_dir in arg for arg in child.cmdline()):
+            # the watcher itself is one of the children naming the directory
+            if child.pid != os.getpid() and any(session_dir in arg for arg in child.cmdline()):
                 found += [child, *child.children(recursive=True)]
         except psutil.Error:
             continue

@@ -7,6 +7,7 @@ import contextlib
 import json
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -196,3 +197,45 @@ def test_the_replica_cuts_a_body_that_stalls_past_the_fronts_buffer_with_a_json_
     response, took = asyncio.run(asyncio.wait_for(post(), 10))  # before the fix: held until the test gave up
     assert response.status_code == 408 and 0.9 < took < 5, (response.status_code, took)
     assert json.loads(response.body)["detail"].startswith("the request body did not arrive within 1 s (20014 bytes")
+
+
+# A stand-in for a process that started a local Ray instance: a "raylet" naming the session directory, with a child of
+# its own (as the agents are), a child that is not Ray's, then the watcher; it prints the bystander's pid when all run.
+RAY_OWNER = r"""
+import subprocess, sys, time
+from retrieval_server.haproxy_front import watch_ray_of_this_process
+nap = "import time; time.sleep(60)"
+sleeper = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {nap!r}]); time.sleep(60)"
+subprocess.Popen([sys.executable, "-c", sleeper, "--session-dir=" + sys.argv[1]])
+bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+watch_ray_of_this_process(sys.argv[1])
+time.sleep(2)
+print(bystander.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_what_a_killed_server_left_of_its_ray_instance_is_stopped_within_seconds(tmp_path):
+    """Issue 54: after kill -9 of `serve`, Ray's dashboard and runtime-env agents stayed (listening on every interface)
+    for minutes. The watcher stops every process of the instance, and only those, and says so in one line."""
+    session = str(tmp_path / "session_2026-12-07_00-00-00_000000_1")
+    owner = subprocess.Popen([sys.executable, "-c", RAY_OWNER, session], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    tree: list[psutil.Process] = []
+    try:
+        bystander = psutil.Process(int(owner.stdout.readline()))
+        tree = psutil.Process(owner.pid).children(recursive=True)
+        rays = [p for p in tree if p.pid != bystander.pid and "reap_ray_after" not in " ".join(p.cmdline())]
+        assert len(rays) == 2
+        owner.kill()
+        owner.wait(timeout=30)
+        _, alive = psutil.wait_procs(rays, timeout=5)
+        assert not alive, alive
+        assert bystander.is_running()  # not Ray's: left alone
+        bystander.kill()
+        said = owner.stdout.read()  # to its end: every writer has exited
+        assert f"retrieval server {owner.pid} is gone: stopped the 2 processes its Ray instance left running" in said
+    finally:
+        for proc in tree:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
