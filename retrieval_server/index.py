@@ -721,9 +721,13 @@ def _encoder_record(index_dir: Path, manifest: dict, model: str | None, strict: 
     }
 
 
-def record_export(index_dir: Path, export_dir: Path) -> bool:
+def record_export(index_dir: Path, export_dir: Path, made_now: bool = False) -> bool:
     """Add an ONNX export beside the index to its manifest (checked against the export's own record first); False
-    when the manifest cannot be written (a read-only index: every start then checks the export's own record)."""
+    when the manifest cannot be written (a read-only index: every start then checks the export's own record).
+
+    An export already recorded keeps its record, unless ``made_now``: made, linked in or given its int8 graph by
+    this start (the recorded one was removed, as a refusal advises, or lacked the int8 graph), so its record is new.
+    """
     from filelock import FileLock
 
     from retrieval_server.encoders.fingerprint import checksum_files, export_files, export_problems
@@ -735,7 +739,7 @@ def record_export(index_dir: Path, export_dir: Path) -> bool:
             record = manifest.get("encoder_files")
             if manifest["version"] < 3 or not isinstance(record, dict):
                 return False  # refused at start-up anyway, with the command that records everything
-            if export_dir.name in (record.get("exports") or {}):
+            if export_dir.name in (record.get("exports") or {}) and not made_now:
                 return True
             problems = export_problems(export_dir)
             if problems:

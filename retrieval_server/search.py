@@ -158,11 +158,12 @@ def check_server_config(config: ServerConfig, prepare: bool = True) -> tuple[dic
         from retrieval_server.encoders import prepare_query_encoder
 
         check_search_params(Path(config.index_dir), manifest, config.search_params)
-        export_dir = prepare_query_encoder(
+        prepared = prepare_query_encoder(
             encoder, config.encoder_backend, config.device, config.num_gpus_per_replica, Path(config.index_dir)
         )
-        if export_dir is not None and export_dir.parent == Path(config.index_dir) / ENCODERS_DIR:
-            record_export(Path(config.index_dir), export_dir)  # from now on its replicas check it against the manifest
+        if prepared is not None and prepared[0].parent == Path(config.index_dir) / ENCODERS_DIR:
+            # from now on its replicas check it against the manifest; one made just now replaces an older record
+            record_export(Path(config.index_dir), prepared[0], made_now=prepared[1])
     return manifest, encoder
 
 

@@ -133,9 +133,10 @@ def replica_backend(backend: str, device: str | None, num_gpus: float) -> str:
 
 def prepare_query_encoder(
     config: EncoderConfig, backend: str, device: str | None, num_gpus: float, index_dir: Path | None
-) -> Path | None:
+) -> tuple[Path, bool] | None:
     """Make the ONNX export the replicas will load, before any starts (``serve``'s own process, via a subprocess);
-    its directory, or None when the replicas run torch.
+    its directory and whether it was made (or linked, or given its int8 graph) just now, or None when the replicas
+    run torch.
 
     Replicas starting together would otherwise wait for one of them to export, inside Serve's start-up deadline.
     ``auto`` on a model that cannot be exported (or without onnxruntime) warns: its replicas use torch.
@@ -143,9 +144,12 @@ def prepare_query_encoder(
     backend_to_run = replica_backend(backend, device, num_gpus)
     if backend_to_run not in ("onnx", "onnx-int8"):
         return None
+    quantized = backend_to_run == "onnx-int8"
     try:
         _require_onnxruntime()
-        return ensure_onnx_export(config, index_dir, quantized=backend_to_run == "onnx-int8")
+        needed = onnx_export_dir(config, index_dir, quantized) / ("model.int8.onnx" if quantized else "export.json")
+        existed = needed.exists()
+        return ensure_onnx_export(config, index_dir, quantized=quantized), not existed
     except (ImportError, OnnxExportError) as err:
         if backend != "auto":
             raise

@@ -254,3 +254,17 @@ def test_verify_says_what_sampling_misses_and_full_hashes_every_byte(tmp_path):
     passed = verify_cli("--index-dir", str(index_dir), "--full")
     assert passed.exit_code == 0, passed.output
     assert "every byte of the" in passed.output and "hashed in" in passed.output, passed.output
+
+
+def test_a_removed_export_made_again_replaces_its_record(index_copy):
+    """What a refusal advises (remove the export): the next start's export, made or linked in, is recorded anew."""
+    export = export_of(index_copy)
+    path = index_copy / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["encoder_files"]["exports"][export.name]["export.json"] = {"size": 1, "xxh3_128": "another export's"}
+    path.write_text(json.dumps(manifest))
+    shutil.rmtree(export)
+    check_server_config(ServerConfig(index_dir=index_copy))
+    recorded = json.loads(path.read_text())["encoder_files"]["exports"][export.name]
+    assert recorded["export.json"]["size"] == (export / "export.json").stat().st_size
+    verify_index(index_copy)
