@@ -586,10 +586,19 @@ def test_a_hard_killed_server_leaves_its_port_to_the_next(bundled_index_dir):
         assert not alive, f"HAProxy {alive} outlived the server and holds port {port}"
 
         second, second_lines = _serve_cli(bundled_index_dir, port)
-        started += [psutil.Process(second.pid), *psutil.Process(second.pid).children(recursive=True)]
+        second_tree = psutil.Process(second.pid).children(recursive=True)
+        started += [psutil.Process(second.pid), *second_tree]
         assert _retrieve(port, second_lines)
         second.kill()  # the command alone, and start again at once
         second.wait(timeout=30)
+        # Issue 54: none of its Ray processes outlives it by more than a few seconds (Ray's dashboard and runtime-env
+        # agents stayed, listening on every interface, for minutes)
+        _, alive = psutil.wait_procs(second_tree, timeout=10)
+        assert not alive, f"outlived `serve` by 10 s: {[(p.pid, p.name()) for p in alive]}"
+        said = time.monotonic() + 10  # the watcher's line comes after its kills
+        while not any("processes its Ray instance left running" in line for line in second_lines):
+            assert time.monotonic() < said, second_lines[-5:]
+            time.sleep(0.2)
 
         # Its ready line means /health answered on the port. A script (or a user) stops it the moment it reads
         # that line: from a background shell job, whose SIGINT stays ignored until the command installs its handler.
