@@ -201,8 +201,15 @@ def serve(
     http_request_timeout_s: int = typer.Option(
         10, help="HAProxy: seconds a client has to send a whole request once begun (slow clients are cut off)"
     ),
-    max_connections_per_client: int = typer.Option(
-        1024, help="HAProxy: connections one source address may hold at once"
+    max_connections_per_client: int | None = typer.Option(
+        None,
+        help="HAProxy: connections one source address may hold at once (default: --max-unsent-answer-bytes / 256 KiB)",
+    ),
+    max_unsent_answer_bytes: int = typer.Option(
+        256 * 2**20, help="Bytes of answers a replica holds that clients have not read yet; past it: 503 + Retry-After"
+    ),
+    small_request_queries: int = typer.Option(
+        8, help="Requests of at most this many queries run in a lane of their own (a flood never holds them)"
     ),
     max_replica_restarts: int = typer.Option(
         5, min=0, help="Exit non-zero when replicas stopped more often than this within 10 minutes (each logged)"
@@ -257,7 +264,8 @@ def serve(
         "max_queued_queries": max_queued_queries, "request_timeout_s": request_timeout_s,
         "result_cache_size": result_cache_size, "client_timeout_s": client_timeout_s,
         "http_request_timeout_s": http_request_timeout_s, "max_connections_per_client": max_connections_per_client,
-        "max_replica_restarts": max_replica_restarts,
+        "max_replica_restarts": max_replica_restarts, "max_unsent_answer_bytes": max_unsent_answer_bytes,
+        "small_request_queries": small_request_queries,
     }  # fmt: skip
     with _settings_from_options():  # checked before an index is built for them
         ServerConfig(index_dir=index_dir or Path("."), **settings)
