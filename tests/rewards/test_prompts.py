@@ -241,6 +241,23 @@ EXPECTED: dict[str, tuple[list[str], set[str], list[list[str]]]] = {
             ]
         ],
     ),
+    # EviPath Table 8's knowledge-graph form: numbered candidate entities, Search([i], "sub-question")
+    "evipath_planner_kg_synth": (
+        ["user"],
+        set(),
+        [
+            [
+                "knowledge graph",
+                "(subject, relation, object)",
+                "sub-questions",
+                "<think> and </think>",
+                "candidates",
+                "Candidate: [2]",
+                'Search([0], "',
+                "<answer>",
+            ]
+        ],
+    ),
     "evipath_executor_synth": (
         ["user"],
         set(),
