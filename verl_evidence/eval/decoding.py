@@ -10,7 +10,7 @@ Where each paper's settings come from (read in each paper's experimental setup):
 
 - GRACE, Table 2, "Inference" column: temperature 0.6, top_p 0.9.
 - EviOmni and LEAR (A.2 / §4.1 "Implementation Details"): no decoding stated; greedy is ours.
-- EviNote-RAG (§4.4): "a sampling temperature of 1.0" among the training settings; nothing for evaluation,
+- EviNote-RAG (§4.4): temperature 1.0 among its training settings; nothing for evaluation,
   so greedy is ours.
 - EviPath (Appendix E): vLLM for synthesis, no decoding stated; greedy is ours.
 - The Search-R1 baseline: not one of the five papers; greedy is ours.

@@ -76,7 +76,7 @@ class GraceConfig:
     alpha = 2, beta = 3 (training) and alpha = beta = 1 (validation) are the
     authors' released code's settings, and so is ``joined`` (its HotpotQA
     reference is ``" ".join`` of the supporting sentences; the paper only says
-    "the maximum score across all candidates")."""
+    that the best score over several references counts)."""
 
     format_reward: float = 0.5
     path_reward: float = 1.0
