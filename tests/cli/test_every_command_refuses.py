@@ -138,11 +138,29 @@ CASES: dict[tuple[str, ...], list[Case]] = {
             named=("--tokenizer {tmp}: cannot load a tokenizer from it", "pass the policy's model directory"),
             slow=True,
         ),  # fmt: skip
+        case(
+            "bundled",
+            "-o",
+            "{tmp}/e.parquet",
+            "--tokenizer",
+            "{minilm}",
+            "--retrieval-url",
+            "http://127.0.0.1:9",
+            named=("--retrieval-url http://127.0.0.1:9 does not answer", "verl-evidence serve"),
+        ),  # fmt: skip
     ],
     ("data", "grace"): [
         case("{wrong_qa}", "-o", "{tmp}/g.parquet", named=("--corpus",)),
         case("{wrong_qa}", "-o", "{tmp}/g.parquet", "--style", "qa", named=("--data-source",)),
         case("bundled", "-o", "{tmp}/g.parquet", "--cross-encoder", HUB_MODEL, named=("--cross-encoder",)),
+        case(
+            "bundled",
+            "-o",
+            "{tmp}/g.parquet",
+            "--retriever",
+            "dense=http://127.0.0.1:9",
+            named=("--retriever dense: http://127.0.0.1:9 does not answer",),
+        ),  # fmt: skip
     ],
     ("data", "inspect"): [
         case("{text}", named=("{text}: not a parquet file",)),

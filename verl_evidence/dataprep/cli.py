@@ -62,6 +62,10 @@ GRACE_K = {GraceConstruction.balanced: 5, GraceConstruction.natural: 3}
 PAPER_TEST_SPLITS = "GRACE Table 1, Qwen3-Embedding-0.6B at k=3: HotpotQA 296 : 204, QASPER 1200 : 251"
 
 
+# A retrieval server given by URL that does not answer: its client would retry each request for a minute first.
+SERVER_FIX = "start it (verl-evidence serve --index-dir ...), or check the URL"
+
+
 def _progress():
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -275,7 +279,7 @@ def eviomni_command(
     new_data_source: bool = typer.Option(False, "--new-data-source"),
 ) -> None:
     """Rows for EviOmni / LEAR: top-k passages per question in the prompt, L_P recorded."""
-    from retrieval_server.user_errors import check_model_source
+    from retrieval_server.user_errors import check_model_source, check_server_answers
     from verl_evidence.dataprep import rows as rows_mod
     from verl_evidence.dataprep.records import DataPrepError, load_records
     from verl_evidence.dataprep.templates import load_template
@@ -284,6 +288,7 @@ def eviomni_command(
     if len(chosen) != 1:
         raise DataPrepError("give exactly one of --retrieval-url, --passages-file, --retriever")
     check_model_source(dense_model, "--dense-model")
+    check_server_answers(retrieval_url, "--retrieval-url", "/health", SERVER_FIX)
     records = load_records(source, data_source, new_data_source)
     count_tokens = token_counter(tokenizer)
     if passages_file:
@@ -433,7 +438,7 @@ def grace_command(
 
     Counts per retriever are printed and written to <output stem>.summary.json.
     """
-    from retrieval_server.user_errors import check_model_source
+    from retrieval_server.user_errors import check_model_source, check_server_answers
     from verl_evidence.dataprep import grace as grace_mod
     from verl_evidence.dataprep import mix
     from verl_evidence.dataprep import rows as rows_mod
@@ -450,6 +455,10 @@ def grace_command(
 
     check_model_source(dense_model, "--dense-model")
     check_model_source(cross_encoder, "--cross-encoder")
+    for spec in retrievers or []:  # NAME=URL: a retrieval server, asked once before any question is
+        name, _, url = spec.partition("=")
+        if url.startswith(("http://", "https://")):
+            check_server_answers(url, f"--retriever {name}:", "/health", SERVER_FIX)
     style = style or (GraceStyle.qa if source.endswith(".parquet") else GraceStyle.bundled)
     if construction is None:
         validating = split.lower() in rows_mod.VALIDATION_SPLITS
