@@ -414,3 +414,35 @@ def test_the_hub_check_passes_local_directories_and_cached_models(tmp_path: Path
     assert model_source_problem("org/name", "--model") is None
     assert "HF_HUB_OFFLINE is set" in model_source_problem("org/other", "--model")
     assert os.environ["HF_HUB_OFFLINE"] == "1"
+
+
+@pytest.mark.slow  # the installed console scripts, in processes of their own
+def test_the_installed_commands_print_the_refusal_alone(files) -> None:
+    """Where the process matters: the hub settings read at start-up (not offline, the hub unreachable), the logging
+    set up by the commands, typer's exception hook. stderr is the one line, exit code 2."""
+    import subprocess
+    import sys
+
+    env = {key: value for key, value in os.environ.items() if key not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env["HF_ENDPOINT"] = "http://127.0.0.1:9"
+    scripts = Path(sys.executable).parent
+    runs = {
+        "verl-evidence": [
+            "index",
+            "build",
+            "--corpus",
+            files["corpus"],
+            "-o",
+            f"{files['tmp']}/p1",
+            "--model",
+            HUB_MODEL,
+        ],
+        "retrieval-server": ["recall", "--qa", files["wrong_qa"], "--index-dir", files["missing"]],
+    }
+    for script, args in runs.items():
+        done = subprocess.run(
+            [str(scripts / script), *args], capture_output=True, text=True, timeout=300, check=False, env=env
+        )
+        assert done.returncode == 2 and done.stdout == "", (script, done.stdout, done.stderr)
+        assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: "), (script, done.stderr)
+        assert HUB_MODEL in done.stderr or "gold_passage_ids" in done.stderr, done.stderr
