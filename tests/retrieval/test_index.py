@@ -165,7 +165,8 @@ def test_untrainable_factory_fails_with_a_clear_error(tmp_path, small_index):
         index_factory="PQ8",
         bm25=False,
     )
-    with pytest.raises(ValueError, match="cannot train FAISS index 'PQ8' on 7 vectors"):
+    # refused before the passages are encoded (retrieval_server/factory_check.py), as faiss would refuse to train
+    with pytest.raises(ValueError, match=r"index factory 'PQ8' \(--factory\) trains 256 PQ centroids .* on 7 vectors"):
         build_index(config, encoder=CountingEncoder(), show_progress=False)
     assert not (tmp_path / "index" / "manifest.json").exists()
 
