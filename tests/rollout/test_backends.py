@@ -482,3 +482,41 @@ def test_hf_backend_keeps_the_token_that_completes_a_stop_string_with_what_it_ca
         update={"stop_reason": "stop"}
     )
     assert generate(sglang_like, prompt, temperature=0, max_tokens=5, ignore_eos=True).stop_reason == "length"
+
+
+@pytest.mark.parametrize(
+    "choice, ok",
+    [
+        # vLLM cut the reply at max_tokens inside the block: unfinished evidence must not pass as complete
+        ({"content": "<reason> r </reason><extract> The Nile is", "finish_reason": "length", "stop_reason": None}, 0),
+        # ended at EOS without closing the block (vLLM's stop_reason None): no evidence either
+        ({"content": "<reason> r </reason><extract> The Nile is", "finish_reason": "stop", "stop_reason": None}, 0),
+        # ended at the stop string, trimmed by the server: put back
+        ({"content": "<extract> The Nile is long.", "finish_reason": "stop", "stop_reason": "</extract>"}, 1),
+        # SGLang names it matched_stop
+        ({"content": "<extract> The Nile is long.", "finish_reason": "stop", "matched_stop": "</extract>"}, 1),
+        # a server that says nothing about the stop: the opened block decides, as before
+        ({"content": "<extract> The Nile is long.", "finish_reason": "stop"}, 1),
+    ],
+)
+def test_a_remote_extractor_reply_ends_at_its_stop_only_when_the_server_says_so(choice, ok):
+    from fastapi import FastAPI
+    from http_servers import ThreadedUvicorn
+
+    from verl_evidence.agent_loops.extractor import EvidenceExtractor
+    from verl_evidence.agent_loops.openai_endpoint import OpenAIEndpoint
+
+    app = FastAPI()
+    content = choice["content"]
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: dict):
+        reply = {k: v for k, v in choice.items() if k != "content"}
+        reply.update(index=0, message={"role": "assistant", "content": content})
+        return {"id": "c", "object": "chat.completion", "created": 0, "model": body["model"], "choices": [reply]}
+
+    with ThreadedUvicorn(app) as server:
+        extractor = EvidenceExtractor("openai", "evidence_extractor", 16, remote=OpenAIEndpoint(server.url, "m"))
+        extraction = asyncio.run(extractor.extract("Longest river?", "think", "longest river", "PASSAGES"))
+    assert extraction.ok == bool(ok)
+    assert extraction.evidence == ("The Nile is long." if ok else "PASSAGES")

@@ -87,11 +87,10 @@ class ObservationModel:
             )
             return self.tokenizer.decode(output.token_ids, skip_special_tokens=True)
         params = {**self.sampling_params, "stop": [stop], "max_tokens": self.max_tokens}
-        text = await self.remote.chat(messages, params)
-        opening = "<" + stop[2:]
-        if opening in text and stop not in text:
-            text += stop  # servers that trim the stop string
-        return text
+        reply = await self.remote.chat_reply(messages, params)
+        # servers that trim the stop string: put it back only when generation ended at it, never after a length
+        # cut (an unfinished block would pass as complete)
+        return reply.text + stop if stop not in reply.text and reply.ended_at(stop) else reply.text
 
 
 class EvidenceExtractor(ObservationModel):

@@ -11,6 +11,7 @@ which is what verl's agent loops send (see :func:`sampling_body`).
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 DEFAULT_MAX_TOKENS = 512
@@ -44,6 +45,32 @@ def sampling_body(sampling_params: dict[str, Any], default_max_tokens: int) -> t
     if sampling_params.get("stop_token_ids"):
         extra["stop_token_ids"] = list(sampling_params["stop_token_ids"])
     return args, extra
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    """A chat completion's text and why it ended, as the server said.
+
+    ``finish_reason``: ``"stop"`` (EOS, a stop token or a stop string) or ``"length"``. ``matched_stop``: the stop
+    string or token the server says ended it (vLLM's ``stop_reason``, SGLang's ``matched_stop``; None: EOS);
+    ``reports_match`` is False for servers that send neither field.
+    """
+
+    text: str
+    finish_reason: str | None
+    matched_stop: str | int | None = None
+    reports_match: bool = False
+
+    def ended_at(self, stop: str) -> bool:
+        """Whether generation ended at the stop string ``stop`` (which a server may have trimmed from ``text``).
+
+        A length cut never did. A server that does not say which stop ended it: only when ``text`` opened the
+        block that ``stop`` closes (EOS and the stop string look alike there)."""
+        if self.finish_reason != "stop":
+            return False
+        if self.reports_match:
+            return self.matched_stop == stop
+        return "<" + stop[2:] in self.text
 
 
 class OpenAIEndpoint:
@@ -81,8 +108,22 @@ class OpenAIEndpoint:
 
     async def chat(self, messages: list[dict[str, str]], sampling_params: dict[str, Any] | None = None) -> str:
         """One chat completion, text in and text out (the server applies its own template)."""
+        return (await self.chat_reply(messages, sampling_params)).text
+
+    async def chat_reply(
+        self, messages: list[dict[str, str]], sampling_params: dict[str, Any] | None = None
+    ) -> ChatReply:
+        """One chat completion: its text and why it ended (:class:`ChatReply`)."""
         args, extra = sampling_body(sampling_params or {}, self.default_max_tokens)
         response = await self._client().chat.completions.create(
             model=self.model, messages=messages, extra_body=extra, **args
         )
-        return response.choices[0].message.content or ""
+        choice = response.choices[0]
+        fields = choice.model_extra or {}
+        key = "stop_reason" if "stop_reason" in fields else "matched_stop" if "matched_stop" in fields else None
+        return ChatReply(
+            text=choice.message.content or "",
+            finish_reason=choice.finish_reason,
+            matched_stop=fields.get(key) if key else None,
+            reports_match=key is not None,
+        )
