@@ -17,12 +17,13 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
-from retrieval_server.haproxy_front import free_port, haproxy_binary, haproxy_workdir
+from retrieval_server.haproxy_front import bind_listeners, free_port, haproxy_binary, haproxy_workdir
 
 FRONT_HOST = "127.0.0.2"
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
@@ -99,3 +100,67 @@ def test_only_the_front_listens_beyond_loopback_and_no_port_serves_without_the_t
             with contextlib.suppress(psutil.Error):
                 proc.kill()
         shutil.rmtree(haproxy_workdir(port), ignore_errors=True)
+
+
+# ---------------------------------------------------------------- the parts, fast: what the slow test relies on
+RAY_HAPROXY_CONFIG = """global
+    stats timeout 30s
+frontend prometheus
+    bind :9101
+    http-request use-service prometheus-exporter if { path /metrics }
+frontend http_frontend
+    bind 127.0.0.1:8000
+    mode http
+listen stats
+  bind *:8404
+  stats enable
+"""
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3", "127.0.0.1"])
+def test_haproxy_binds_only_its_front_to_the_host(host):
+    bound = bind_listeners(RAY_HAPROXY_CONFIG, host)
+    assert f"frontend http_frontend\n    bind {host}:8000\n" in bound
+    assert "    bind 127.0.0.1:9101\n" in bound and "  bind 127.0.0.1:8404\n" in bound
+    assert bind_listeners(bound, host) == bound  # Ray rewrites and reloads: applied again, the same
+
+
+def test_replica_grpc_ports_go_to_loopback_on_a_loopback_node_only(monkeypatch):
+    import ray
+    from ray._common import tls_utils
+
+    from retrieval_server.loopback import keep_grpc_on_loopback
+
+    monkeypatch.setattr(tls_utils, "add_port_to_grpc_server", tls_utils.add_port_to_grpc_server)  # restored after
+
+    class Server:
+        def add_insecure_port(self, address):
+            self.address = address
+            return 1
+
+    keep_grpc_on_loopback()
+    keep_grpc_on_loopback()  # once per worker, however often it is called
+    server = Server()
+    for node, asked, bound in [
+        ("127.0.0.1", "[::]:0", "127.0.0.1:0"),
+        ("127.0.0.1", "0.0.0.0:5000", "127.0.0.1:5000"),
+        ("127.0.0.1", "10.0.0.1:0", "10.0.0.1:0"),
+        ("10.0.0.1", "[::]:0", "[::]:0"),  # a cluster of several nodes: Ray's choice stands
+    ]:
+        monkeypatch.setattr(ray.util, "get_node_ip_address", lambda node=node: node)
+        tls_utils.add_port_to_grpc_server(server, asked)
+        assert server.address == bound, (node, asked)
+
+
+def test_the_ray_internals_the_loopback_workarounds_rely_on_are_unchanged():
+    """Canary for a Ray upgrade: ray.init keeps a loopback node only through ray_constants.ENABLE_RAY_CLUSTER, and a
+    Serve replica takes add_port_to_grpc_server by name and binds its inter-deployment gRPC server to [::]:0."""
+    import inspect
+
+    import ray
+    from ray._private import services
+
+    assert "ray_constants.ENABLE_RAY_CLUSTER" in inspect.getsource(services.get_node_ip_address)
+    source = (Path(ray.__file__).parent / "serve" / "_private" / "replica.py").read_text()  # importing Serve: ~4 s
+    assert "from ray._common.tls_utils import add_port_to_grpc_server" in source
+    assert 'add_port_to_grpc_server(self._server, "[::]:0")' in source
