@@ -429,6 +429,9 @@ class RetrievalServer:
             raw = await receive_body(request, self.config.max_body_bytes, self.config.http_request_timeout_s)
         except BodyTooLarge as err:
             self.metrics.requests.labels("retrieve", "413").inc()
+            # what it had read (up to the cap, in small pieces) goes back to the system like an answer's bytes
+            self.answers.released_since_trim += self.config.max_body_bytes
+            self._trim_when_due()
             return too_large(err)
         except BodyTooSlow as err:
             self.metrics.requests.labels("retrieve", "408").inc()
