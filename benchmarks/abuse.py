@@ -1,20 +1,25 @@
-"""The retrieval server under abuse (issue 33): bounded scenarios against a real server on 127.0.0.1.
+"""The retrieval server under abuse (issues 33 and 54): bounded scenarios against a real server on 127.0.0.1.
 
 Starts ``retrieval-server serve`` (the bundled corpus's MiniLM index, HAProxy front, defaults) and runs, one after
-another, each for a bounded time and beside one small client (one query, topk 3, one request at a time):
+another, each for a bounded time and beside one honest client (one query, topk 3, one request at a time):
 
-  flood        16 clients sending 512 queries x topk 100 per request (distinct queries: no cache help)
-  slow         1,200 connections from 127.0.0.2 that send half a request line and then nothing (a slow-loris),
-               more than the per-source bound (1,024); the small client connects from 127.0.0.1
-  big bodies   rounds of 24 bodies of 60 MB at once: 12 declaring it in Content-Length, 12 chunked (no length)
-  crash loop   (a second server, on a copy of the index) its docstore truncated while it serves: the replica
-               dies, its replacements cannot start; requests keep coming
+  flood         16 clients sending 512 queries x topk 100 per request (distinct queries: no cache help)
+  slow clients  1,200 connections from 127.0.0.2 that send half a request line and then nothing (a slow-loris),
+                more than the per-source bound (1,024); the honest client connects from 127.0.0.1
+  slow readers  64 connections from 127.0.0.3, each a valid 512-query x topk-100 request (~25 MB answer; one query
+                repeated) whose client reads 12 bytes and stops (SO_RCVBUF 4096); closed at the scenario's end
+  slow bodies   200 connections from 127.0.0.4: full headers, Content-Length 64, 10 bytes, then nothing
+  big bodies    rounds of 24 bodies of 60 MB at once: 12 declaring it in Content-Length, 12 chunked (no length)
+  side door     every listening socket of the server's processes; any beyond loopback is printed
+  crash loop    (a second server, on a copy of the index) its docstore truncated while it serves: the replica
+                dies, its replacements cannot start; requests keep coming
 
-Per scenario it prints the small request's p50/p99, the replica's peak RSS against its idle RSS, the status
-codes seen (small client and abusers apart) and the slowest refusal; for the crash loop, every answer's code, its
-Retry-After and detail, and how long the slowest refusal took. Targets (issue 33): small-request p99 <= 1 s
-during the flood, RSS <= 2x idle, slow clients never starve real ones, every refusal a 4xx/503 in <= 1 s, and a
-crash-looping server answers fast and `serve` exits non-zero.
+Per scenario it prints the honest request's p50/p99, the replica's RSS before, at its peak during and 5 s after
+the scenario, the status codes seen (honest client and abusers apart) and the slowest refusal; for the crash loop,
+every answer's code, its Retry-After and detail, and how long the slowest refusal took. Targets (issues 33, 54):
+honest p99 <= 1 s during the flood, RSS <= 2x idle and back near idle after, slow clients never starve real ones,
+every refusal a 4xx/503 in <= 1 s (a stalled body: 408 at the front's 10 s), nothing but the front beyond
+loopback, and a crash-looping server answers fast and `serve` exits non-zero.
 
     python benchmarks/abuse.py [--seconds 15] [--skip-crash-loop | --crash-loop-only]
 
@@ -48,6 +53,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 SMALL = {"queries": ["Who discovered penicillin?"], "topk": 3}
 FLOOD_CLIENTS, FLOOD_QUERIES, FLOOD_TOPK = 16, 512, 100
 SLOW_CONNECTIONS, SLOW_SOURCE = 1200, "127.0.0.2"
+SLOW_READERS, SLOW_READER_SOURCE = 64, "127.0.0.3"
+SLOW_BODIES, SLOW_BODY_SOURCE = 200, "127.0.0.4"
 BIG_BODIES, BIG_BODY_BYTES = 24, 60 * 2**20
 CRASH_LOOP_LIMIT_S = 240  # the crash loop runs until `serve` gives up, or this long
 
@@ -156,7 +163,12 @@ class SmallClient:
         }
 
 
+def rss_mb(pid: int) -> float:
+    return psutil.Process(pid).memory_info().rss / 2**20
+
+
 def scenario(name: str, server_url: str, replica_pid: int, idle_mb: float, abuse, seconds: float) -> dict:
+    before = rss_mb(replica_pid)
     rss = RssPeak(replica_pid)
     small = SmallClient(server_url)
     try:
@@ -164,7 +176,11 @@ def scenario(name: str, server_url: str, replica_pid: int, idle_mb: float, abuse
     finally:
         row = small.stop()
         peak = rss.stop()
-    row.update(name=name, peak_rss_mb=peak, idle_rss_mb=idle_mb, rss_ratio=peak / idle_mb, **abusers)
+    time.sleep(5)  # what the replica gives back once the abusers have gone
+    row.update(
+        name=name, before_rss_mb=before, peak_rss_mb=peak, after_rss_mb=rss_mb(replica_pid), idle_rss_mb=idle_mb,
+        rss_ratio=peak / idle_mb, **abusers,
+    )  # fmt: skip
     print(json.dumps(row), flush=True)
     return row
 
@@ -237,6 +253,96 @@ def slow_clients(url: str, seconds: float) -> dict:
         "abuser_codes": dict(outcomes),
         "slow_refused_at_connect": refused,
         "slow_cut_after_s_max": max(cut_after, default=0.0),
+    }
+
+
+def slow_readers(url: str, seconds: float) -> dict:
+    """Valid large requests whose clients read the first 12 bytes of the answer and then nothing until the end."""
+    port = int(url.rsplit(":", 1)[1])
+    # One query 512 times: the answer's size is what matters here, not the encoder's time (encoded once, then cached)
+    queries = ["slow reader: rivers, deserts and empires of Africa"] * FLOOD_QUERIES
+    body = json.dumps({"queries": queries, "topk": FLOOD_TOPK}).encode()
+    head = b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+    sockets, outcomes = [], collections.Counter()
+    deadline = time.monotonic() + seconds
+    for _ in range(SLOW_READERS):
+        if time.monotonic() > deadline:
+            break
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.bind((SLOW_READER_SOURCE, 0))
+        sock.settimeout(max(1.0, deadline - time.monotonic()))
+        try:
+            sock.connect(("127.0.0.1", port))
+            sock.sendall(head % len(body) + body)
+            outcomes[sock.recv(12).decode(errors="replace").strip() or "closed"] += 1
+        except OSError as err:
+            outcomes[type(err).__name__] += 1
+        sockets.append(sock)
+    time.sleep(max(0.0, deadline - time.monotonic()))  # they hold their answers until the scenario ends
+    for sock in sockets:
+        sock.close()
+    return {"slow_readers": len(sockets), "abuser_codes": dict(outcomes)}
+
+
+def slow_bodies(url: str, seconds: float) -> dict:
+    """Full headers and 10 of the 64 bytes their Content-Length promises, then nothing: how long until the server
+    answers (408 at the front's http-request timeout, 10 s) and with what."""
+    import select
+
+    port = int(url.rsplit(":", 1)[1])
+    sockets, outcomes, answered_after = [], collections.Counter(), []
+    for _ in range(SLOW_BODIES):
+        sock = socket.socket()
+        sock.bind((SLOW_BODY_SOURCE, 0))
+        try:
+            sock.connect(("127.0.0.1", port))
+            sock.sendall(b'POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 64\r\n\r\n{"queries"')
+            sockets.append((sock, time.monotonic()))
+        except OSError as err:
+            outcomes[type(err).__name__] += 1
+            sock.close()
+    deadline = time.monotonic() + max(seconds, 15.0)  # long enough to see the 10 s timeout
+    waiting = dict(sockets)
+    while waiting and time.monotonic() < deadline:
+        ready, _, _ = select.select(list(waiting), [], [], 0.5)
+        for sock in ready:
+            try:
+                status = sock.recv(64).split(b"\r\n")[0].decode(errors="replace")
+            except OSError as err:
+                status = type(err).__name__
+            outcomes[status.split(" ", 2)[1] if status.startswith("HTTP/") else status or "closed"] += 1
+            answered_after.append(time.monotonic() - waiting.pop(sock))
+            sock.close()
+    outcomes["still open at the end"] += len(waiting)
+    for sock in waiting:
+        sock.close()
+    return {
+        "slow_bodies": len(sockets),
+        "abuser_codes": dict(outcomes),
+        "slow_body_answered_after_s_min": min(answered_after, default=0.0),
+        "slow_body_answered_after_s_max": max(answered_after, default=0.0),
+    }
+
+
+def side_doors(server_pid: int) -> dict:
+    """Every listening TCP socket of the server's processes; those not on loopback are its side doors."""
+    listening = collections.defaultdict(set)
+    root = psutil.Process(server_pid)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            name = proc.name()
+            for conn in proc.net_connections("tcp"):
+                if conn.status == psutil.CONN_LISTEN:
+                    listening[name].add(f"{conn.laddr.ip}:{conn.laddr.port}")
+        except psutil.Error:
+            continue
+    loopback = ("127.", "::1:", "::ffff:127.")  # the last: IPv4 loopback on a dual-stack socket
+    beyond = {name: sorted(a for a in addrs if not a.startswith(loopback)) for name, addrs in listening.items()}
+    return {
+        "name": "side door",
+        "listening": {name: sorted(addrs) for name, addrs in listening.items()},
+        "beyond_loopback": {name: addrs for name, addrs in beyond.items() if addrs},
     }
 
 
@@ -395,30 +501,44 @@ def serving_scenarios(index_dir: Path, workdir: Path, seconds: float) -> list[di
         rows.append(baseline)
         rows.append(scenario("flood", server.url, pid, idle_mb, lambda s: flood(server.url, s), seconds))
         rows.append(scenario("slow clients", server.url, pid, idle_mb, lambda s: slow_clients(server.url, s), seconds))
+        rows.append(scenario("slow readers", server.url, pid, idle_mb, lambda s: slow_readers(server.url, s), seconds))
+        rows.append(scenario("slow bodies", server.url, pid, idle_mb, lambda s: slow_bodies(server.url, s), seconds))
         rows.append(scenario("big bodies", server.url, pid, idle_mb, lambda s: big_bodies(server.url, s), seconds))
+        doors = side_doors(server.process.pid)
+        print(json.dumps(doors), flush=True)
+        rows.append(doors)
     finally:
         server.stop()
     return rows
 
 
 def print_scenarios(rows: list[dict], seconds: float) -> None:
-    print(f"\nabuse scenarios, {seconds:g} s each, beside one small client (1 query, topk 3, sequential)")
-    print("scenario     | small p50 s | small p99 s | small codes          | peak RSS MB (x idle) | abusers' codes")
-    print("(p50/p99 of the small client's answered requests; its refusals are in its codes)")
+    doors = next((r for r in rows if r["name"] == "side door"), None)
+    rows = [r for r in rows if r["name"] != "side door"]
+    print(f"\nabuse scenarios, {seconds:g} s each, beside one honest client (1 query, topk 3, sequential)")
+    print(
+        "scenario     | honest p50 s | honest p99 s | honest codes         | replica RSS MB before / peak / after "
+        "(peak x idle) | abusers' codes"
+    )
+    print("(p50/p99 of the honest client's answered requests; its refusals are in its codes; after: 5 s later)")
     for row in rows:
         print(
-            f"{row['name']:<12} | {row['small_p50_s']:11.3f} | {row['small_p99_s']:11.3f} | "
-            f"{json.dumps(row['small_codes']):<20} | {row['peak_rss_mb']:7.0f} ({row['rss_ratio']:.2f}x)"
-            f"{'':7} | {json.dumps(row.get('abuser_codes', {}))}"
+            f"{row['name']:<12} | {row['small_p50_s']:12.3f} | {row['small_p99_s']:12.3f} | "
+            f"{json.dumps(row['small_codes']):<20} | {row['before_rss_mb']:6.0f} / {row['peak_rss_mb']:6.0f} / "
+            f"{row['after_rss_mb']:6.0f} ({row['rss_ratio']:.2f}x){'':10} | {json.dumps(row.get('abuser_codes', {}))}"
         )
-    flood_row = next(r for r in rows if r["name"] == "flood")
+    by_name = {r["name"]: r for r in rows}
     refusals = [r.get("abuser_slowest_refusal_s", 0.0) for r in rows]
+    failed_beside_slow = sum(v for k, v in by_name["slow clients"]["small_codes"].items() if k != "200")
+    bodies = by_name["slow bodies"]
     print(
-        f"targets: small p99 during the flood {flood_row['small_p99_s']:.2f} s (<= 1 s); peak RSS "
-        f"{max(r['rss_ratio'] for r in rows):.2f}x idle (<= 2x); small requests failed during slow clients: "
-        f"{sum(v for k, v in rows[2]['small_codes'].items() if k != '200')} (0); slowest refusal "
-        f"{max(refusals):.2f} s (<= 1 s)"
+        f"targets: honest p99 during the flood {by_name['flood']['small_p99_s']:.2f} s (<= 1 s); peak RSS "
+        f"{max(r['rss_ratio'] for r in rows):.2f}x idle (<= 2x); honest requests failed during slow clients: "
+        f"{failed_beside_slow} (0); slowest refusal {max(refusals):.2f} s (<= 1 s); stalled bodies answered after "
+        f"{bodies['slow_body_answered_after_s_min']:.1f}-{bodies['slow_body_answered_after_s_max']:.1f} s (10 s)"
     )
+    if doors is not None:
+        print(f"side door: listening beyond loopback: {json.dumps(doors['beyond_loopback']) or 'none'}")
 
 
 if __name__ == "__main__":
