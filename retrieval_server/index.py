@@ -855,8 +855,7 @@ def _served_file_problems(index_dir: Path, manifest: dict, manifest_path: Path, 
             if "full_xxh3_128" not in recorded[name]:
                 problems.append(f"{manifest_path} records no hash of every byte of {path} (written before --full)")
                 continue
-            now = full_checksum(path)
-            now["xxh3_128"], recorded_hash = now["xxh3_128"], recorded[name]["full_xxh3_128"]
+            now, recorded_hash = full_checksum(path), recorded[name]["full_xxh3_128"]
         else:
             now = file_checksum(path)
             recorded_hash = recorded[name].get("xxh3_128")
