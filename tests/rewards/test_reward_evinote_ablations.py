@@ -34,6 +34,11 @@ RECIPE_PRESETS = {
 
 
 def composed(reward_preset: str, rollout_preset: str) -> dict:
+    return copy.deepcopy(_composed(reward_preset, rollout_preset))
+
+
+@functools.cache
+def _composed(reward_preset: str, rollout_preset: str) -> dict:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
@@ -201,6 +206,20 @@ def test_variant_rollout_presets_are_the_search_preset_with_their_prompt() -> No
         if rollout_preset != "search":
             assert loop.pop("prompt") == rollout_preset, ablation
         assert {**rollout, "custom": {"evidence_search": loop}} == search, ablation
+
+
+def test_variant_reward_presets_are_the_evinote_preset_with_their_ablation() -> None:
+    """Self-contained files (the pre-flight and its tests read each preset file on its own), kept equal to evinote's."""
+    import yaml
+
+    method = yaml.safe_load((PRESETS / "reward_preset" / "evinote.yaml").read_text())
+    for ablation, (reward_preset, _) in RECIPE_PRESETS.items():
+        preset = yaml.safe_load((PRESETS / "reward_preset" / f"{reward_preset}.yaml").read_text())
+        kwargs = dict(preset["reward_kwargs"])
+        assert kwargs.pop("ablation") == ablation
+        assert kwargs.pop("note_reward") == ABLATIONS[ablation].get("note_reward", 0.1)
+        expected = {k: v for k, v in method["reward_kwargs"].items() if k != "note_reward"}
+        assert {**preset, "reward_kwargs": kwargs} == {**method, "reward_kwargs": expected}, ablation
 
 
 def test_every_variant_prompt_is_packaged() -> None:
