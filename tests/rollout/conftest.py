@@ -87,6 +87,9 @@ class Vocab(NamedTuple):
     tokenizer: object
     config: object
 
+    def __repr__(self) -> str:  # hypothesis prints the fixtures of a failing example: the name says it
+        return f"Vocab({self.name!r})"
+
 
 @pytest.fixture(scope="session")
 def qwen_model_dir(model_dir, tmp_path_factory) -> Path:
