@@ -18,6 +18,7 @@ from retrieval_server.user_errors import (
     SERVER_USER_ERRORS,
     UserInputError,
     boundary_group,
+    check_device,
     check_model_source,
     debug_option,
 )
@@ -353,6 +354,7 @@ def build(
     _quiet_faiss_loader()
     corpus = corpus or _default_corpus(ctx, "--corpus", "pass the corpus to index")
     check_model_source(model, "--model")  # before the corpus is read: offline, the hub's retries take 30 s
+    check_device(device, "--device")
     with _settings_from_options():
         if model is None:
             encoder = packaged_minilm_encoder()
@@ -491,6 +493,7 @@ def adopt(
 
     _quiet_faiss_loader()
     check_model_source(model, "--model")
+    check_device(device, "--device")
     if index.is_file():  # a file faiss cannot read: one line now, not faiss's C++ error after the corpus is read
         read_faiss_header(index)
     with _settings_from_options():

@@ -95,6 +95,27 @@ def check_model_source(name: str | None, option: str) -> None:
             raise UserInputError(problem)
 
 
+def check_device(device: str | None, option: str) -> None:
+    """Raise :class:`UserInputError` unless torch can place a model on ``device`` here (None: the command chooses).
+    Asked before the command reads its inputs: torch says so only when the model moves, with a traceback."""
+    if device is None or device == "cpu":
+        return
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise UserInputError(f"{option} {device}: not a torch device (cpu, cuda, cuda:1, mps, ...)") from None
+    available = {
+        "cuda": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "mps": 1 if torch.backends.mps.is_available() else 0,
+    }
+    count = available.get(parsed.type)
+    if count is not None and (parsed.index or 0) >= count:
+        seen = f"{count} {parsed.type} device(s)" if count else f"no {parsed.type} device torch can use"
+        raise UserInputError(f"{option} {device}: this machine has {seen}; pass --device cpu or leave it out")
+
+
 def check_server_answers(url: str | None, option: str, path: str, fix: str) -> None:
     """Raise :class:`UserInputError` unless a server answers at ``url`` (any HTTP status will do: a token or a path it
     does not know is the requests' own error). Asked once before a command starts work that reaches it, where a

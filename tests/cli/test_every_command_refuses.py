@@ -78,6 +78,26 @@ CASES: dict[tuple[str, ...], list[Case]] = {
         case("--corpus", "{bad_json}", "-o", "{tmp}/b1", named=("{bad_json}:1",)),
         case("--corpus", "{missing}/c.jsonl", "-o", "{tmp}/b2", named=("{missing}/c.jsonl",)),
         case("--corpus", "{corpus}", "-o", "{tmp}/b3", "--model", HUB_MODEL, named=("--model", *OFFLINE_MODEL)),
+        case(
+            "--corpus",
+            "{corpus}",
+            "-o",
+            "{tmp}/b4",
+            "--device",
+            "gpu0",
+            named=("--device gpu0: not a torch device",),
+            slow=True,
+        ),  # fmt: skip
+        case(
+            "--corpus",
+            "{corpus}",
+            "-o",
+            "{tmp}/b5",
+            "--device",
+            "cuda:3",
+            named=("--device cuda:3: this machine has", "pass --device cpu"),
+            slow=True,
+        ),  # fmt: skip
     ],
     ("index", "recall"): [  # the QA file is read before the index is looked at
         case("--qa", "{wrong_qa}", "--index-dir", "{missing}", named=("gold_passage_ids", "'gold_ids'", "rename")),
@@ -179,6 +199,14 @@ CASES: dict[tuple[str, ...], list[Case]] = {
             "--limit",
             "1",
             named=("--base-url http://127.0.0.1:9/v1 does not answer", "start the OpenAI-compatible server"),
+        ),  # fmt: skip
+        case(
+            "--model",
+            "m",
+            "--encoder-device",
+            "cuda:3",
+            named=("--encoder-device cuda:3: this machine has",),
+            slow=True,
         ),  # fmt: skip
     ],
     ("smoke", "prepare"): [

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from retrieval_server.user_errors import check_model_source
+from retrieval_server.user_errors import check_device, check_model_source
 from verl_evidence.agent_loops.protocol import PLANNER_LAYOUTS as PLANNER_FORMATS
 from verl_evidence.evipath.demonstrations import DEFAULT_DEMONSTRATIONS
 from verl_evidence.evipath.evidence import DEFAULT_TAU, EvidenceSelector
@@ -194,6 +194,7 @@ def synthesize(
     if planner_format not in PLANNER_FORMATS:
         raise typer.BadParameter(f"choose one of {', '.join(PLANNER_FORMATS)}", param_hint="--planner-format")
     check_model_source(encoder, "--encoder")
+    check_device(encoder_device, "--encoder-device")
     read_report = ReadReport()
     try:
         records = load_records(input_path, fmt, corpus_path=corpus, limit=limit, report=read_report)
