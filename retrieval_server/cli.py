@@ -355,6 +355,14 @@ def build(
     corpus = corpus or _default_corpus(ctx, "--corpus", "pass the corpus to index")
     check_model_source(model, "--model")  # before the corpus is read: offline, the hub's retries take 30 s
     check_device(device, "--device")
+    given = {"--pooling": pooling, "--query-prefix": query_prefix, "--passage-prefix": passage_prefix}
+    given["--max-length"] = max_length if max_length != 256 else None
+    if model is None and any(value is not None for value in given.values()):  # else silently not applied
+        raise UserInputError(
+            f"{', '.join(name for name, value in given.items() if value is not None)}: these set the encoder given "
+            "with --model; the default (the packaged MiniLM) encodes as it was trained (mean pooling, no prefixes, "
+            "256 tokens): pass --model with them (the packaged model's directory works too)"
+        )
     with _settings_from_options():
         if model is None:
             encoder = packaged_minilm_encoder()

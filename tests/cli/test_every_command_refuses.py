@@ -98,6 +98,18 @@ CASES: dict[tuple[str, ...], list[Case]] = {
             named=("--device cuda:3: this machine has", "pass --device cpu"),
             slow=True,
         ),  # fmt: skip
+        # encoder settings without --model were silently not applied (the index built with the packaged defaults)
+        case(
+            "--corpus",
+            "{corpus}",
+            "-o",
+            "{tmp}/b6",
+            "--pooling",
+            "cls",
+            "--max-length",
+            "64",
+            named=("--pooling, --max-length: these set the encoder given with --model",),
+        ),  # fmt: skip
     ],
     ("index", "recall"): [  # the QA file is read before the index is looked at
         case("--qa", "{wrong_qa}", "--index-dir", "{missing}", named=("gold_passage_ids", "'gold_ids'", "rename")),
@@ -168,6 +180,18 @@ CASES: dict[tuple[str, ...], list[Case]] = {
             "http://127.0.0.1:9",
             named=("--retrieval-url http://127.0.0.1:9 does not answer", "verl-evidence serve"),
         ),  # fmt: skip
+        case(
+            "bundled",
+            "-o",
+            "{tmp}/e.parquet",
+            "--tokenizer",
+            "{minilm}",
+            "--passages-file",
+            "{corpus}",
+            "--topk",
+            "0",
+            named=("--topk", "must be 1 or more"),
+        ),  # fmt: skip
     ],
     ("data", "grace"): [
         case("{wrong_qa}", "-o", "{tmp}/g.parquet", named=("--corpus",)),
@@ -181,6 +205,9 @@ CASES: dict[tuple[str, ...], list[Case]] = {
             "dense=http://127.0.0.1:9",
             named=("--retriever dense: http://127.0.0.1:9 does not answer",),
         ),  # fmt: skip
+        case(
+            "bundled", "-o", "{tmp}/g.parquet", "--k", "0", named=("--k", "must be 1 or more, got 0")
+        ),  # was after encoding
     ],
     ("data", "inspect"): [
         case("{text}", named=("{text}: not a parquet file",)),

@@ -66,6 +66,13 @@ PAPER_TEST_SPLITS = "GRACE Table 1, Qwen3-Embedding-0.6B at k=3: HotpotQA 296 : 
 SERVER_FIX = "start it (verl-evidence serve --index-dir ...), or check the URL"
 
 
+def at_least_one(**counts: int | None) -> None:
+    """Counts given as options (``search_depth`` is ``--search-depth``) are 1 or more: checked before any work."""
+    for name, value in counts.items():
+        if value is not None and value < 1:
+            raise typer.BadParameter(f"must be 1 or more, got {value}", param_hint=f"--{name.replace('_', '-')}")
+
+
 def _progress():
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -289,6 +296,7 @@ def eviomni_command(
         raise DataPrepError("give exactly one of --retrieval-url, --passages-file, --retriever")
     check_model_source(dense_model, "--dense-model")
     check_server_answers(retrieval_url, "--retrieval-url", "/health", SERVER_FIX)
+    at_least_one(topk=topk)
     records = load_records(source, data_source, new_data_source)
     count_tokens = token_counter(tokenizer)
     if passages_file:
@@ -455,6 +463,7 @@ def grace_command(
 
     check_model_source(dense_model, "--dense-model")
     check_model_source(cross_encoder, "--cross-encoder")
+    at_least_one(k=k, sample=sample, search_depth=search_depth, rerank_depth=rerank_depth)
     for spec in retrievers or []:  # NAME=URL: a retrieval server, asked once before any question is
         name, _, url = spec.partition("=")
         if url.startswith(("http://", "https://")):
