@@ -276,6 +276,7 @@ CASES: dict[tuple[str, ...], list[Case]] = {
             "{missing}/tok",
             named=("--tokenizer {missing}/tok: no such directory",),
         ),  # fmt: skip
+        case("--nli-device", "cuda:3", "--out", "{tmp}/ev", named=("--nli-device cuda:3: this machine has",)),
     ],
     ("demo",): [
         case("--trajectories", "{missing}/t.jsonl", named=("--trajectories {missing}/t.jsonl is not a file",)),

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from retrieval_server.user_errors import check_model_source, check_server_answers
+from retrieval_server.user_errors import check_device, check_model_source, check_server_answers
 from verl_evidence.eval import options
 from verl_evidence.eval.paper_scoring import DEFAULT_BERTSCORE_MODEL
 
@@ -327,6 +327,7 @@ def eval_command(
     check_model_source(nli_model, "--nli-model")
     check_model_source(str(tokenizer) if tokenizer is not None else None, "--tokenizer")
     check_servers(retrieval_url, endpoint)
+    check_device(None if nli_device == "auto" else nli_device, "--nli-device")
     if paper is not None and paper not in PAPERS:
         raise typer.BadParameter(f"--paper must be one of {', '.join(PAPERS)}, got {paper!r}")
     paper_family, noise_levels = paper_and_noise_options(paper, table, noise_passages, data, corpus, trajectories)
