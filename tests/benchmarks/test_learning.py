@@ -243,36 +243,79 @@ def test_a_trend_is_last_third_minus_first_third_against_the_step_to_step_spread
     assert "spread 0.980" in noisy.describe()
 
 
-def test_sign_check_needs_a_rise_in_every_seed_and_a_fall_in_every_negated_seed() -> None:
+def test_sign_check_needs_a_rise_beyond_the_spread_in_enough_seeds_and_a_fall_in_every_negated_seed() -> None:
     rising, falling = [0.1, 0.1, 0.2, 0.2, 0.3, 0.3], [0.3, 0.3, 0.2, 0.2, 0.1, 0.1]
     points = _reward_curve("eviomni", 1, rising) + _reward_curve("eviomni", 2, rising)
     only_plain = learning.sign_checks(points, ["eviomni"])[0]
-    assert only_plain.rises and not only_plain.falls and only_plain.verdict == "rises (no sign control run)"
+    assert only_plain.rises and not only_plain.falls
+    assert only_plain.verdict == "rises: 2 of 2 seeds rise beyond their spread (2 needed) (no sign control run)"
     negated = "eviomni" + learning.NEGATED_SUFFIX
     shown = points + _reward_curve(negated, 1, falling) + _reward_curve(negated, 2, falling)
     check = learning.sign_checks(shown, ["eviomni"])[0]
-    assert check.rises and check.falls and check.clear and check.verdict.startswith("SHOWN")
+    assert check.rises and check.falls
+    assert check.verdict == "SHOWN: 2 of 2 seeds rise beyond their spread (2 needed), and falls in every negated seed"
     # one negated seed rises: the reward did not move the policy in both directions
     not_shown = points + _reward_curve(negated, 1, falling) + _reward_curve(negated, 2, rising)
     assert "not shown" in learning.sign_checks(not_shown, ["eviomni"])[0].verdict
-    # one plain seed falls
+    # one plain seed of two falls: 1 of 2 is short of the 2 needed
     mixed = _reward_curve("eviomni", 1, rising) + _reward_curve("eviomni", 2, falling)
-    assert learning.sign_checks(mixed, ["eviomni"])[0].verdict == "DOES NOT RISE in every seed"
-    # a rise smaller than the step-to-step spread is shown but flagged
+    assert learning.sign_checks(mixed, ["eviomni"])[0].verdict == (
+        "DOES NOT RISE: 1 of 2 seeds rise beyond their spread (2 needed)"
+    )
+    # a rise smaller than the step-to-step spread is no rise, whatever the negated run does
     jumpy = [0.0, 1.0, 0.0, 1.0, 0.1, 1.1]
     flagged = _reward_curve("grace", 1, jumpy) + _reward_curve("grace" + learning.NEGATED_SUFFIX, 1, jumpy[::-1])
-    assert learning.sign_checks(flagged, ["grace"])[0].verdict.endswith("(within the step-to-step spread)")
-    assert "negated  seed 1" in learning.format_sign_checks(learning.sign_checks(flagged, ["grace"]))
-    # six steps and two seeds: the verdict is printed with what the runs lack of the protocol (15 steps, 3 seeds)
-    assert check.short_of == "6 steps of the 15 asked; 2 plain and 2 negated seed(s) of the 3 asked"
-    assert only_plain.short_of.endswith("2 plain and 0 negated seed(s) of the 3 asked")  # the comparison's runs
+    within = learning.sign_checks(flagged, ["grace"])[0]
+    assert within.plain[1].margin > 0 and within.rising_seeds == [] and not within.rises
+    assert within.verdict.startswith("DOES NOT RISE: 0 of 1 seeds")
+    assert "negated  seed 1" in learning.format_sign_checks([within])
+    # six steps and two seeds: the verdict is printed with what the runs lack of the protocol (15 steps, 5 seeds)
+    assert check.short_of == "6 steps of the 15 asked; 2 plain and 2 negated seed(s) of the 5 asked"
+    assert only_plain.short_of.endswith("2 plain and 0 negated seed(s) of the 5 asked")  # the comparison's runs
     assert "[short of the protocol: 6 steps" in learning.format_sign_checks([check])
     long = [0.1 * i for i in range(15)]
     full = [
         _reward_curve("grace", seed, long) + _reward_curve("grace" + learning.NEGATED_SUFFIX, seed, long[::-1])
-        for seed in (1, 2, 3)
+        for seed in (4, 5, 6, 7, 8)
     ]
     assert learning.sign_checks([p for curve in full for p in curve], ["grace"])[0].short_of == ""
+
+
+def test_the_seeds_a_verdict_needs_are_the_stated_share_of_any_seed_list_rounded_up() -> None:
+    assert learning.RISE_SHARE == 0.8
+    assert [learning.seeds_needed(n) for n in (1, 2, 3, 4, 5, 6, 10)] == [1, 2, 3, 4, 4, 5, 8]
+
+
+def _five_seeds(plain: dict[int, list[float]], negated: dict[int, list[float]]) -> list:
+    points = []
+    for seed, values in plain.items():
+        points += _reward_curve("grace", seed, values)
+    for seed, values in negated.items():
+        points += _reward_curve("grace" + learning.NEGATED_SUFFIX, seed, values)
+    return points
+
+
+def test_four_of_five_seeds_rising_beyond_their_spread_is_shown_three_is_not() -> None:
+    """Made-up runs on seeds chosen at run time (4-8): 15 steps, a steady climb (spread ~0), a flat noisy run
+    (rises, but within its spread) and a fall."""
+    climb = [1.0 + 0.1 * i for i in range(15)]
+    noisy = [2.0, 2.6, 1.9, 2.5, 2.0, 2.4, 1.9, 2.6, 2.0, 2.5, 2.1, 2.5, 2.0, 2.6, 2.2]  # +0.14, spread ~0.6
+    drop = climb[::-1]
+    down = dict.fromkeys((4, 5, 6, 7, 8), drop)
+    four = learning.sign_checks(_five_seeds({4: noisy, 5: climb, 6: climb, 7: climb, 8: climb}, down), ["grace"])[0]
+    assert learning.trend(dict(enumerate(noisy, start=1))).margin > 0  # the noisy seed rises, within its spread
+    assert four.rising_seeds == [5, 6, 7, 8] and four.needed == 4 and four.rises and four.falls
+    assert four.verdict.startswith("SHOWN: 4 of 5 seeds rise beyond their spread (4 needed)")
+    assert four.short_of == ""
+    # a fifth seed that falls outright is allowed as well: the share, not every seed
+    fall = learning.sign_checks(_five_seeds({4: drop, 5: climb, 6: climb, 7: climb, 8: climb}, down), ["grace"])[0]
+    assert fall.verdict.startswith("SHOWN: 4 of 5")
+    three = learning.sign_checks(_five_seeds({4: noisy, 5: drop, 6: climb, 7: climb, 8: climb}, down), ["grace"])[0]
+    assert not three.rises and three.verdict.startswith("DOES NOT RISE: 3 of 5 seeds rise beyond their spread")
+    # every plain seed rises, but one negated seed of five does not fall: not shown
+    up = dict.fromkeys((4, 5, 6, 7, 8), climb)
+    one_up = learning.sign_checks(_five_seeds(up, {**down, 8: climb}), ["grace"])[0]
+    assert one_up.rises and not one_up.falls and one_up.verdict.endswith("not shown")
 
 
 def _headroom_points(label: str, seed: int, rewards: list[float], step_1_ceiling: float) -> list:
@@ -286,20 +329,23 @@ def test_a_run_that_starts_at_its_ceiling_has_no_headroom_and_one_below_it_does_
     points = _headroom_points("grace", 1, flat_high, 4.0) + _reward_curve(negated, 1, falling)
     check = learning.sign_checks(points, ["grace"])[0]
     assert check.start_share == {1: pytest.approx(0.95)} and not check.rises
-    assert check.verdict == "no headroom: starts at 95% of the batch's ceiling (seed 1 does not rise); negated, falls"
+    assert check.verdict == (
+        "no headroom: starts at 95% of the batch's ceiling (seed 1 does not rise); negated, falls in every seed"
+    )
     assert "step 1 at 95% of the batch's ceiling" in learning.format_sign_checks([check])
     # the same curve with room above it (step 1 at 3.8 of 6.5: 58 %): its failure to rise stands
     roomy = learning.sign_checks(_headroom_points("grace", 1, flat_high, 6.5), ["grace"])[0]
-    assert roomy.verdict == "DOES NOT RISE in every seed"
+    assert roomy.verdict == "DOES NOT RISE: 0 of 1 seeds rise beyond their spread (1 needed)"
     # one seed without headroom never hides another that falls with room to rise
     mixed = _headroom_points("grace", 1, flat_high, 4.0) + _headroom_points("grace", 2, flat_high, 6.5)
-    assert learning.sign_checks(mixed, ["grace"])[0].verdict == "DOES NOT RISE in every seed"
+    assert learning.sign_checks(mixed, ["grace"])[0].verdict.startswith("DOES NOT RISE: 0 of 2 seeds")
     # an arm without a known ceiling keeps the plain verdict
     unknown = learning.sign_checks(_reward_curve("eviomni", 1, flat_high), ["eviomni"])[0]
-    assert unknown.start_share == {} and unknown.verdict == "DOES NOT RISE in every seed"
+    assert unknown.start_share == {} and unknown.verdict.startswith("DOES NOT RISE: 0 of 1 seeds")
     # a rising run is judged as before, with its start printed
-    rising = learning.sign_checks(_headroom_points("grace", 1, flat_high[::-1], 4.0), ["grace"])[0]
-    assert rising.rises and rising.verdict == "rises (no sign control run)"
+    climb = [3.0, 3.1, 3.2, 3.3, 3.4, 3.5]
+    rising = learning.sign_checks(_headroom_points("grace", 1, climb, 4.0), ["grace"])[0]
+    assert rising.rises and rising.verdict.startswith("rises: 1 of 1 seeds") and rising.verdict.endswith("run)")
 
 
 def test_graces_ceiling_is_its_rows_most_and_a_steps_ceiling_is_its_samples_mean() -> None:
@@ -964,3 +1010,11 @@ def test_an_arm_left_out_as_another_arms_twin_trains_exactly_what_that_arm_train
         return [_without(row, "extra_info.method") for row in written]
 
     assert method_rows(name) == method_rows(twin_name)
+
+
+def test_recipe_variables_are_name_value_pairs_and_a_malformed_one_is_refused() -> None:
+    assert learning.recipe_variables(["CLIP_HIGH=0.2", "OVERLONG_LEN=0"]) == {"CLIP_HIGH": "0.2", "OVERLONG_LEN": "0"}
+    assert learning.recipe_variables([]) == {}
+    for bad in ("CLIP_HIGH", "clip_high=0.2", "=1", "A-B=1"):
+        with pytest.raises(ValueError, match="expected NAME=VALUE"):
+            learning.recipe_variables([bad])
