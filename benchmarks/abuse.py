@@ -78,7 +78,10 @@ class Server:
 
     def wait_ready(self, timeout_s: float = 300.0) -> dict:
         """/health answers and `serve` said so (its replica watch starts only then)."""
-        health = wait_healthy(self.url, self.process, timeout_s)
+        try:
+            health = wait_healthy(self.url, self.process, timeout_s)
+        except RuntimeError as err:
+            raise RuntimeError(f"{err}; its output ends: {self.log.read_text()[-1500:]}") from err
         deadline = time.monotonic() + timeout_s
         while "retrieval server ready at" not in self.log.read_text():
             if self.process.poll() is not None or time.monotonic() > deadline:
