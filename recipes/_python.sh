@@ -17,13 +17,14 @@ ve_find_python() {
     return 0
   fi
   found="$(command -v python3 2>/dev/null || true)"
-  # from / : the check must not import the project from the current directory
-  if [ -n "$found" ] && (cd / && "$found" -c "import verl_evidence" >/dev/null 2>&1); then
+  # the project and what it trains with, found (not imported: verl takes seconds), from / (not the current directory)
+  local check='import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, ("verl_evidence", "verl", "ray"))))'
+  if [ -n "$found" ] && (cd / && "$found" -c "$check" >/dev/null 2>&1); then
     VE_PYTHON="$found"
     return 0
   fi
   VE_PYTHON_PROBLEM="no Python with verl-evidence installed: no $repo/.venv (make install creates it) and"
-  VE_PYTHON_PROBLEM="$VE_PYTHON_PROBLEM ${found:-no python3 on PATH}${found:+ cannot import verl_evidence}; activate"
+  VE_PYTHON_PROBLEM="$VE_PYTHON_PROBLEM ${found:-no python3 on PATH}${found:+ cannot import verl_evidence, verl and ray}; activate"
   VE_PYTHON_PROBLEM="$VE_PYTHON_PROBLEM the environment you installed it in, or set PYTHON=/path/to/its/python"
 }
 

@@ -23,9 +23,10 @@ def server_ray_address() -> str | None:
     ports = sorted(Path(temp_dir, "ray", "session_latest").glob("gcs_server_port_*"))
     if not ports:
         return None
-    import ray
-
-    return f"{ray.util.get_node_ip_address()}:{ports[0].read_text().strip()}"
+    # The server's Ray listens on loopback only (retrieval_server/launch.py); a driver joins it there only when Ray
+    # is told the cluster stays on this machine (else it swaps 127.0.0.1 for the machine's outward address).
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    return f"127.0.0.1:{ports[0].read_text().strip()}"
 
 
 def main() -> int:

@@ -110,6 +110,12 @@ esac
 # for its first FAIL_STARTS starts (then trains); `long` trains step 1 and then runs as a recipe does, its trainer a
 # foreground child of its shell (which holds a TERM until the child ends).
 FAKE_RECIPE = """#!/usr/bin/env bash
+case " $* " in
+  *" --cfg job --resolve "*)  # Hydra's config print, after the recipe's lines and its trainer command
+    printf '%s\\n' "# retrieval server: x" "# trainer:" "python -m verl.trainer.main_ppo \\\\" "    --cfg job" \\
+      "actor_rollout_ref:" "  model:" "    path: /smoke/policy"
+    exit 0 ;;
+esac
 echo "trainer ran: RAY_ADDRESS=$RAY_ADDRESS RETRIEVAL_URL=$RETRIEVAL_URL NNODES=$NNODES args=$*"
 echo "trainer token: $(printf '%s' "${VERL_EVIDENCE_RETRIEVAL_TOKEN:-none}" | sha256sum | cut -c1-12)"
 echo "PYTHON=${PYTHON:-unset} SAVE_FREQ=${SAVE_FREQ:-unset} RESUME_MODE=${RESUME_MODE:-unset} GPUS=$GPUS_PER_NODE"
@@ -334,14 +340,12 @@ def test_job_whose_steps_come_up_runs_the_trainer_and_stops_the_steps(tmp_path):
     assert re.search(r"\] ray: 2 Ray node\(s\) joined \(took \d+ s\)$", out, re.M), out
     assert re.search(r"\] server: the retrieval server answers at http://127.0.0.1:\d+ \(took \d+ s\)$", out, re.M)
     assert f"trainer: the trainer's output: {logs}/trainer.log" in out and "trainer: retrieval server: http://" in out
-    config = logs / "trainer-config.txt"
+    config = logs / "trainer-config.yaml"
     assert f"trainer: its resolved config: {config}" in out and "actor_rollout_ref" not in out
-    assert config.read_text() == (
-        "{'actor_rollout_ref': {'actor': {'strategy': 'fsdp2'},\n"
-        "                       'model': {'path': '/smoke/policy'}}}\n"
-    )
+    assert config.read_text() == "actor_rollout_ref:\n  model:\n    path: /smoke/policy\n"
     assert (
-        "] training: step 1 done, mean score 0.25 (took 5 s)" in out and "step 2 done, mean score 0.5 (took 4 s)" in out
+        "] training: step 1 done, mean score 0.250 (took 5 s)" in out
+        and "step 2 done, mean score 0.500 (took 4 s)" in out
     )
     assert "] training: 3 warning lines in its log; the most frequent (3x): UserWarning: target_num_threads" in out
     assert "should not exceed" not in out.replace(
@@ -504,7 +508,18 @@ def test_rays_authentication_is_set_for_every_step(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "variable",
-    ["RAY_START_TIMEOUT", "RETRIEVAL_START_TIMEOUT", "CHECK_INTERVAL", "CHECK_TIMEOUT", "STOP_TIMEOUT", "LOG_DIR"],
+    [
+        "RAY_START_TIMEOUT",
+        "RETRIEVAL_START_TIMEOUT",
+        "CHECK_INTERVAL",
+        "CHECK_TIMEOUT",
+        "STOP_TIMEOUT",
+        "LOG_DIR",
+        "SERVE_STATUS_AFTER",
+        "SERVE_STATUS_INTERVAL",
+        "TRAINER_START_ATTEMPTS",
+        "PYTHON",
+    ],  # fmt: skip
 )
 def test_wait_settings_are_documented(variable):
     assert f"`{variable}`" in (REPO / "recipes" / "slurm" / "README.md").read_text()

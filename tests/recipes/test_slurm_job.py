@@ -43,6 +43,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from smoke_runs import SmokeRun, smoke_paths
 
 from retrieval_server.config import cache_dir
@@ -134,7 +135,10 @@ class SlurmJob:
         self.tmp_path, self.nodes = tmp_path, nodes
         self.bin, self.home = tmp_path / "bin", tmp_path / "home"
         self.run_dir = tmp_path / "run"
-        self.metrics_file, self.dump, self.checkpoints = smoke_paths(self.run_dir)
+        _, self.dump, _ = smoke_paths(self.run_dir)
+        # where the job's --smoke keeps its checkpoints (under the submit directory) and verl's metrics file
+        self.checkpoints = tmp_path / "checkpoints" / "verl-evidence" / "smoke-evinote_grpo"
+        self.metrics_file = self.checkpoints / "metrics.jsonl"
         self.first_run_metrics = self.run_dir / "metrics-run1.jsonl"
         self.logs = tmp_path / "logs"
         for directory in (self.bin, self.home / ".ray", self.run_dir, *(nodes / f"node{n}" for n in (1, 2, 3))):
@@ -166,43 +170,38 @@ class SlurmJob:
             "SLURM_JOB_ID": "4242",
             "NODES": "node1 node2",  # SLURM_JOB_NODELIST through `scontrol show hostnames`
             "SLURM_CPUS_PER_TASK": "8",  # sbatch --cpus-per-task, read by the job script
+            "SLURM_GPUS_PER_NODE": "8",  # the #SBATCH line's GPUs, which --smoke does not ask Ray to advertise
             "PYTHONUNBUFFERED": "1",
             "RECIPE": "evinote_grpo.sh",
             "SERVER_ARGS": f"--index-dir {index_dir}",
             "RETRIEVAL_HOST": "127.0.0.1",
             "RETRIEVAL_CPUS": "1",
             "RETRIEVAL_PORT": str(free_port()),
-            "GPUS_PER_NODE": "1",  # the CPU mode's one "GPU" a node, as `ray start --num-gpus` offers it
             "HEAD_START_S": "2",
             "CHECK_INTERVAL": "2",  # each Ray probe is a Python start: ~2 CPU-s
             # Ray's dashboard and usage reports: nothing of the job uses them, and on 2 cores they cost CPU
             "RAY_HEAD_ARGS": "--include-dashboard=false",
             "RAY_START_ARGS": "--disable-usage-stats",
             "LOG_DIR": str(self.logs),
-            # the smoke run, saving every step and resuming as every recipe outside --smoke does
-            "CHECKPOINT_DIR": str(self.checkpoints),
-            "VERL_FILE_LOGGER_PATH": str(self.metrics_file),
-            "SAVE_FREQ": "1",
-            "RESUME_MODE": "auto",
-            "SMOKE_STEPS": "2",
-            # the recipe's smoke batch (two groups): the run is also EviNote's smoke run, whose gated reward must
-            # differ within a group
+            # no GPUS_PER_NODE, SAVE_FREQ, RESUME_MODE, CHECKPOINT_DIR, trainer.nnodes: the job's --smoke sizes itself
+            # for CPU nodes, saves every step and resumes (recipes/slurm/README.md); the recipe's smoke batch (two
+            # groups) makes it EviNote's smoke run too, whose gated reward must differ within a group
         }
 
     def both_runs(self) -> SmokeRun:
         """The two runs as one smoke run: step 1's metrics from the first, step 2's from the requeued one."""
         both = self.run_dir / "metrics-both-runs.jsonl"
         both.write_text(self.first_run_metrics.read_text() + self.metrics_file.read_text())
-        output = "".join((self.tmp_path / f"run{n}.out").read_text() for n in (1, 2))
+        output = "".join((self.tmp_path / f"trainer-run{n}.log").read_text() for n in (1, 2))
         return SmokeRun(0, output, both, self.dump, self.checkpoints)
 
     def start(self, output: Path, **env: str) -> tuple[subprocess.Popen, str]:
         mark = uuid.uuid4().hex
         with output.open("w") as out:
             job = subprocess.Popen(
-                # One trainer rank (trainer.nnodes=1 of the job's NNODES=2): a second FSDP rank on the other Ray node
-                # doubles the trainer's start-up on this 2-core machine and tests verl's placement, not the job's.
-                ["bash", str(SBATCH), "--smoke", "trainer.nnodes=1", f"trainer.rollout_data_dir={self.dump}"],
+                # recipes/slurm/README.md's command (`bash` for `sbatch`; the stand-ins give Slurm's environment), and
+                # where to dump the rollouts the checks read
+                ["bash", str(SBATCH), *documented_smoke_args(), f"trainer.rollout_data_dir={self.dump}"],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env={**self.env, "RAY_PORT": str(free_port()), MARK: mark, **env},
@@ -210,6 +209,36 @@ class SlurmJob:
                 start_new_session=True,
             )
         return job, mark
+
+
+def documented_smoke_args() -> list[str]:
+    """The arguments of the job's smoke command as recipes/slurm/README.md shows it (`sbatch ... --smoke`)."""
+    readme = (SBATCH.parent / "README.md").read_text()
+    found = re.search(r"^sbatch recipes/slurm/train\.sbatch (--smoke)\s*(#.*)?$", readme, re.M)
+    assert found, "recipes/slurm/README.md no longer shows `sbatch recipes/slurm/train.sbatch --smoke`"
+    return [found[1]]
+
+
+OWN_LINE = re.compile(r"\[\d\d:\d\d:\d\d\] [a-z]+: ")
+
+
+def check_the_out_reads(text: str, last: str, logs: Path) -> None:
+    """The .out a person reads: under 200 lines, each the job's own (`[HH:MM:SS] stage: ...`) or a command it runs
+    (`+ ...`), no trainer config or warnings, ending with how the job ended; verl's resolved config in its file."""
+    lines = text.splitlines()
+    assert len(lines) < 200, f"{len(lines)} lines in the .out:\n{text[-4000:]}"
+    assert all(OWN_LINE.match(line) or line.startswith("+ ") for line in lines), text[-4000:]
+    assert "actor_rollout_ref" not in text and "target_num_threads" not in text
+    config = yaml.safe_load((logs / "trainer-config.yaml").read_text())
+    assert f"its resolved config: {logs / 'trainer-config.yaml'}" in text
+    trainer = config["trainer"]  # the job's --smoke sizing, as the trainer got it
+    assert (trainer["nnodes"], trainer["n_gpus_per_node"], trainer["save_freq"], trainer["resume_mode"]) == (
+        1,
+        1,
+        1,
+        "auto",
+    ), trainer
+    assert re.fullmatch(r"\[\d\d:\d\d:\d\d\] job: " + last, lines[-1]), lines[-1]
 
 
 def wait_for(what: str, check, job: subprocess.Popen, output: Path, timeout_s: float = 900) -> None:
@@ -227,9 +256,40 @@ def test_the_slurm_job_trains_on_two_ray_nodes_stops_when_cancelled_and_resumes_
     # Ray's socket paths must stay under 108 bytes: the nodes' temporary directories are short ones
     with tempfile.TemporaryDirectory(prefix="sbatch-", dir="/tmp") as nodes:
         job = SlurmJob(tmp_path, bundled_index_dir, Path(nodes))
+        unplaceable_replica_run(job)
         first_run(job)
         requeued_run(job)
     check_evinote_run(job.both_runs())
+
+
+def unplaceable_replica_run(job: SlurmJob) -> None:
+    """A server node whose replicas ask for more CPUs (16) than srun gave its step (8): the job ends within a minute of
+    Serve's first word on it, with Serve's reason and the setting to change, not after RETRIEVAL_START_TIMEOUT."""
+    output = job.tmp_path / "run0.out"
+    process, mark = job.start(output, NODES="node1 node3", RETRIEVAL_NODE="last", RETRIEVAL_CPUS="16")
+    started = time.monotonic()
+    try:
+        process.wait(timeout=600)
+    finally:
+        left = wait_until_gone(mark) if process.poll() is not None else scancel(mark)
+    took = time.monotonic() - started
+    text = output.read_text()
+    assert process.returncode == 1, text[-6000:]
+    assert not left, f"processes of the job outlived its end: {left}"
+    ending = text.splitlines()[-1]
+    assert "job: failed at stage server: Serve cannot place a replica of retrieval/" in ending, text[-6000:]
+    assert 'Resources required for each replica: {"CPU": 16' in ending and "RETRIEVAL_CPUS=16" in ending, ending
+    assert "(8 CPUs: sbatch --cpus-per-task" in ending and "lower RETRIEVAL_CPUS" in ending, ending
+    # from the server step's start (its index loads, its Ray starts, Serve waits 20 s before it says so) to the end
+    server_started = clock(re.search(r"^\[(\S+)\] setup: retrieval token of the server", text, re.M)[1])
+    assert clock(ending[1:9]) - server_started < 150 and took < 300, f"{took:.0f} s:\n{text[-4000:]}"
+    assert not (job.logs / "trainer.log").exists()
+    (job.tmp_path / "srun.log").unlink()  # the next run's steps are checked on their own
+
+
+def clock(hh_mm_ss: str) -> int:
+    hours, minutes, seconds = map(int, hh_mm_ss.split(":"))
+    return (hours * 60 + minutes) * 60 + seconds
 
 
 def first_run(job: SlurmJob) -> None:
@@ -263,9 +323,9 @@ def first_run(job: SlurmJob) -> None:
         assert sum("retrieval_host" in n for n in nodes) == 1 and head["left"] == 999, nodes  # the replica: the head
         latest = job.checkpoints / "latest_checkpointed_iteration.txt"
 
-        def step_1_saved() -> bool:  # verl writes the checkpoint, then logs the step
+        def step_1_saved() -> bool:  # verl writes the checkpoint, then logs the step (the .out: its one line)
             saved = latest.is_file() and latest.read_text().strip() == "1"
-            return saved and "1" in STEP_LINE.findall(output.read_text())
+            return saved and "] training: step 1 done" in output.read_text()
 
         wait_for("checkpoint of step 1", step_1_saved, process, output)
         metrics = httpx.get(f"{url}/metrics", headers=auth, timeout=10).text
@@ -277,7 +337,13 @@ def first_run(job: SlurmJob) -> None:
     assert process.returncode == 143, text[-4000:]
     assert not address_files(job.nodes), "Ray's address file outlived the job"
     assert latest.read_text().strip() == "1", text[-4000:]  # step 2 never completed
-    assert "# Ray: RAY_AUTH_MODE=token" in text and ray_token not in text and server_token not in text
+    assert "setup: Ray: RAY_AUTH_MODE=token" in text and ray_token not in text and server_token not in text
+    check_the_out_reads(
+        text, re.escape("cancelled at step 2 (TERM to the job; step 1 was the last one done)"), job.logs
+    )
+    trainer = job.logs / "trainer.log"
+    assert {int(s) for s in STEP_LINE.findall(trainer.read_text())} == {1}
+    shutil.copyfile(trainer, job.tmp_path / "trainer-run1.log")  # the requeued run's starts anew
     served = re.search(r'^retrieval_requests_total\{endpoint="retrieve",status="200"\} (\S+)', metrics, re.M)
     assert served and float(served[1]) > 1, metrics[-3000:]  # the rollouts' searches besides this test's one
     rows = dumped(job.dump, 1)
@@ -297,7 +363,8 @@ def _ray_port(output: Path) -> str:
 def requeued_run(job: SlurmJob) -> None:
     output = job.tmp_path / "run2.out"
     # node1 trains (its Ray the whole training cluster: run 1 tested two Ray nodes), node3 only serves
-    process, mark = job.start(output, NODES="node1 node3", RETRIEVAL_NODE="last")
+    # RETRIEVAL_CPUS=4 on this 2-core machine: placed only because the server node's Ray advertises the step's 8
+    process, mark = job.start(output, NODES="node1 node3", RETRIEVAL_NODE="last", RETRIEVAL_CPUS="4")
     try:
         process.wait(timeout=1200)
     finally:
@@ -306,15 +373,18 @@ def requeued_run(job: SlurmJob) -> None:
     assert process.returncode == 0, text[-6000:]
     assert not left, f"processes of the job outlived its end: {left}"
     assert not address_files(job.nodes), "Ray's address file outlived the job"
-    steps = {int(s) for s in STEP_LINE.findall(text)}  # (Ray's log forwarding may show a line twice)
+    check_the_out_reads(text, r"trained to step 2 in \d+ s", job.logs)
+    trainer = (job.logs / "trainer.log").read_text()
+    shutil.copyfile(job.logs / "trainer.log", job.tmp_path / "trainer-run2.log")
+    steps = {int(s) for s in STEP_LINE.findall(trainer)}  # (Ray's log forwarding may show a line twice)
     assert steps == {2}, f"the requeued run trained steps {steps}, not only step 2:\n{text[-4000:]}"
-    assert "global_step_1" in text  # verl names the checkpoint it loads
+    assert re.search(r"\] trainer: resumed from \S+/global_step_1$", text, re.M), text  # the checkpoint verl loads
     assert (job.checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     # the step the first run was cancelled after is as whole as the one this run wrote
     assert checkpoint_files(job.checkpoints / "global_step_1") == checkpoint_files(job.checkpoints / "global_step_2")
     # the server on node3, on a Ray instance of its own (node3's temporary directory), searched by step 2's rollouts
-    assert "# retrieval server on its own node: node3" in text and "# 1 node(s)" in text
+    assert "setup: retrieval server on its own node: node3" in text and "setup: 1 node(s)" in text
     assert list((job.nodes / "node3" / "ray").glob("session_*")), "the server did not start a Ray of its own"
     assert sum(row["rollout"]["num_searches"] for row in dumped(job.dump, 2)) > 0
-    assert "# Ray: token authentication, a token made for this job: sha256 " in text
+    assert "setup: Ray: token authentication, a token made for this job: sha256 " in text
     assert (job.home / ".ray" / "auth_token").read_text() == job.users_ray_token  # the user's file, untouched
