@@ -21,8 +21,10 @@ Packaged prompts:
 ====================== ==========================================================
 ``search_r1``          Search-R1 style search agent: {question}
 ``evinote_sen``        EviNote-RAG search agent with supportive-evidence notes: {question}
+``evinote_naive_*``, ``evinote_force_summary``  EviNote's ablation instructions (Tables 2-5): {question}
 ``eviomni_reason_extract``  EviOmni policy prompt: {question} {passages}
 ``eviomni_answer``     EviOmni masked-answer prompt for o_r / o_e: {question} {passages} {rationale} {evidence}
+``eviomni_reader``, ``eviomni_closed_book``, ``eviomni_cot``  QA generator, Zero, CoT: {question} [{document}]
 ``evidence_extractor`` agentic evidence extraction: {question} {thought} {query} {passages}
 ``grace``              GRACE evidence-validation prompt, system + user: {question} {context}
 ``grace_three_shot``   GRACE Table 4's three-shot baseline prompt (plain answers): {question} {context}
