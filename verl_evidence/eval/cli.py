@@ -420,7 +420,9 @@ def eval_command(
             layout = build_paper_layout_table(
                 records, paper, lambda p: labels.get(p, p), policy_order=list(labels), table=table
             )
-            stem = f"paper_{paper}" + (f"_table{table}" if table else "")
+            stem = f"paper_{paper}" + (
+                "" if not table else f"_{table}" if table.startswith("fig") else f"_table{table}"
+            )
             paper_files = write_paper_table(layout, out, row_header=row_header, stem=stem)
             extra_sections.append((f"As in the {paper} paper", paper_table_markdown(layout, row_header)))
         report = write_report(
