@@ -165,6 +165,10 @@ def test_the_fronts_own_refusals_are_json_with_their_status(tmp_path):
         assert status == 408 and headers["content-type"] == "application/json", body
         big = httpx.post(f"http://127.0.0.1:{front}/retrieve", content=b"x" * 2000, timeout=10)
         assert big.status_code == 413 and "cap of 1024 bytes" in big.json()["detail"]
+        # a body of unknown length (chunked): refused before it is sent, as Serve's replica would read all of it
+        unknown = httpx.post(f"http://127.0.0.1:{front}/retrieve", content=iter([b'{"queries": ["Nile"]}']), timeout=10)
+        assert unknown.status_code == 411 and "needs a Content-Length" in unknown.json()["detail"]
+        assert httpx.post(f"http://127.0.0.1:{front}/retrieve", json={"queries": ["Nile"]}).status_code == 200
 
 
 def test_the_replica_cuts_a_body_that_stalls_past_the_fronts_buffer_with_a_json_408(bundled_index_dir):
