@@ -10,7 +10,7 @@ from pathlib import Path
 from filelock import FileLock
 
 # Bump when the policy, the warm-up data or the method data change shape: caches keyed by it are rebuilt.
-FORMAT_VERSION = 6
+FORMAT_VERSION = 7  # 7: GRACE rows carry their evidence sentences (one joined reference, as the released code scores)
 POLICY_HIDDEN = 128
 POLICY_LAYERS = 2
 WARMUP_ROWS_PER_FORMAT = 8
