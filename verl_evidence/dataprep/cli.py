@@ -219,12 +219,13 @@ def _print_source_counts(available: Counter, written: Counter, sample: int | Non
 def token_counter(tokenizer_path: str) -> Callable[[str], int]:
     """Counts text tokens with ``tokenizer_path``'s tokenizer; a Qwen2.5/Qwen3 family name (``qwen2.5``, ``qwen3``) or a
     model of theirs whose tokenizer is not on this machine counts with Qwen's vocabulary built offline. Says which."""
-    from verl_evidence.local.qwen_tokenizer import describe_stand_in, qwen_tokenizer_dir, stand_in_family
+    from verl_evidence.local.qwen_tokenizer import describe_stand_in, qwen_tokenizer, stand_in_family
 
-    asked = tokenizer_path
-    family = stand_in_family(asked)
+    family = stand_in_family(tokenizer_path)
     if family is not None:
-        tokenizer_path = str(qwen_tokenizer_dir(family))
+        stand_in = qwen_tokenizer(family)  # built once per machine, loaded once per process
+        console.print(describe_stand_in(family, tokenizer_path), soft_wrap=True, markup=False)
+        return lambda text: len(stand_in(text, add_special_tokens=False)["input_ids"])
     from retrieval_server.user_errors import check_model_source
 
     check_model_source(tokenizer_path, "--tokenizer")  # one line now, not the hub's retries and message
@@ -240,8 +241,7 @@ def token_counter(tokenizer_path: str) -> Callable[[str], int]:
             f"--tokenizer {tokenizer_path}: cannot load a tokenizer from it ({reason}); pass the policy's model "
             "directory (with its tokenizer.json) or its hub name"
         ) from err
-    said = describe_stand_in(family, asked) if family else f"tokens counted with the tokenizer of {asked}"
-    console.print(said, soft_wrap=True, markup=False)
+    console.print(f"tokens counted with the tokenizer of {tokenizer_path}", soft_wrap=True, markup=False)
     return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 

@@ -152,8 +152,10 @@ def build_backend(family: str = "qwen2.5"):
     )
     backend.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
     for token_id, name in enumerate(added_tokens(family), start=FIRST_ADDED_ID):
-        token = AddedToken(name, special=name not in NON_SPECIAL_ADDED, normalized=False)
-        backend.add_tokens([token]) if name in NON_SPECIAL_ADDED else backend.add_special_tokens([token])
+        if name in NON_SPECIAL_ADDED:
+            backend.add_tokens([AddedToken(name, special=False, normalized=False)])
+        else:
+            backend.add_special_tokens([AddedToken(name, special=True, normalized=False)])
         if backend.token_to_id(name) != token_id:
             raise RuntimeError(f"{name} got id {backend.token_to_id(name)}, expected {token_id}")
     return backend
