@@ -143,6 +143,7 @@ def test_no_extract_block_means_no_continuation_and_zero_lengths(vocab):
 # --- failure paths (issue 12, item 4) ---
 
 
+@pytest.mark.parametrize("vocab", ["test"], indirect=True)  # nothing here depends on the vocabulary
 def test_no_passages_and_no_server_is_kept_out_of_the_loss(vocab):
     from retrieval_server.haproxy_front import free_port
 
@@ -230,6 +231,7 @@ def test_response_running_out_of_budget_is_cut_with_matching_logprobs(vocab):
     assert continuation == pytest.approx([continuation[0] - i / 1000 for i in range(len(continuation))])
 
 
+@pytest.mark.parametrize("vocab", ["test"], indirect=True)  # nothing here depends on the vocabulary
 def test_requests_are_named_by_the_samples_place_under_full_determinism(vocab):
     """verl's rollout.full_determinism names a sample's requests by its place in the batch (a deterministic engine
     seeds by the name); each of this loop's concurrent requests gets a name of its own. Otherwise: fresh uuids."""
@@ -268,6 +270,7 @@ class SeedReplyBackend(ScriptedBackend):
         return self.firsts.pop(0)
 
 
+@pytest.mark.parametrize("vocab", ["test"], indirect=True)  # nothing here depends on the vocabulary
 def test_a_masked_answer_stays_with_its_sample_whatever_order_the_samples_arrive_in(vocab):
     """Two samples with one rationale and different evidence ask the same answer-without-evidence prompt. Under
     full determinism each gets the draw of its own trajectory, in every run and whichever sample's request comes

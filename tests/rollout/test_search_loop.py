@@ -94,8 +94,15 @@ def test_observation_truncated_to_token_budget(base_config, search_url, tokenize
     assert out["extra"]["raw_context_tokens"] > 12
 
 
-@pytest.mark.parametrize("after", ["\n\nI will read the results.", "\nThe results:", "The results follow."])
-@pytest.mark.parametrize("action_format", ["search", "paper"])
+@pytest.mark.parametrize(
+    "action_format, after",
+    [
+        ("search", "\n\nI will read the results."),
+        ("search", "\nThe results:"),
+        ("search", "The results follow."),
+        ("paper", "\n\nI will read the results."),
+    ],
+)
 def test_the_observation_opens_with_the_newlines_the_turn_has_not_written(vocab, search_url, after, action_format):
     """The token that completes the stop string stays the policy's whole (mask 1), with what it carries past it
     (Qwen's ``'>\\n\\n'``, ``'>\\n'``, ``'>The'``); the inline observation then opens with only the newlines still
@@ -324,11 +331,11 @@ def test_packaged_agent_loop_config_variants_reach_the_loop(base_config, search_
     finally:
         from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
 
-        import verl_evidence.agent_loops as loops
+        from verl_evidence.registration import AGENT_LOOPS, register_all
 
         for name in ("evidence_search", "evidence_search_extract", "eviomni"):
             _agent_loop_registry.pop(name, None)
-        loops.register_all()
+        register_all(AGENT_LOOPS)
     # extractor: policy (from the YAML) ran, topk: 5 (from the YAML) reached the search
     assert len(out["extra"]["retrieved_ids"][0]) == 5
     assert "<evidence>The Nile is the longest river.</evidence>" in tokenizer.decode(out["response_ids"])
