@@ -159,11 +159,11 @@ def main() -> int:
     import logging
 
     logging.disable(logging.WARNING)
-    import verl_evidence.agent_loops as loops
     from verl_evidence.local.tiny_models import tiny_tokenizer
+    from verl_evidence.registration import AGENT_LOOPS, register_all
     from verl_evidence.tools.search_tool import SearchTool
 
-    loops.register_all()
+    register_all(AGENT_LOOPS)
     tokenizer = tiny_tokenizer()
     config = trainer_config()
     retriever = InstantRetriever(bundled_documents())

@@ -228,9 +228,10 @@ from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
 import verl_evidence.agent_loops as loops
+from verl_evidence.registration import AGENT_LOOPS, register_all
 managers = {name: get_reward_manager_cls(name).__module__ for name in ("eviomni", "evinote", "grace", "composite")}
 loop_registry = dict(_agent_loop_registry)
-loops.register_all()
+register_all(AGENT_LOOPS)
 print("REGISTRIES" + json.dumps({
     "managers": managers,
     "estimator": get_adv_estimator_fn("grpo_clipstd").__module__,

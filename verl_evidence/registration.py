@@ -15,16 +15,28 @@ no verl internals: a registry that is already imported is filled at once.
 Hand-written rather than ``wrapt.register_post_import_hook``: wrapt fires a hook
 at once for a module that is in ``sys.modules`` but still executing, which would
 register into a half-built registry; this one waits for the module to finish.
+
+Every adapter is registered here and only here (:data:`ADAPTERS`), through verl's public
+registration functions, once both sides exist: verl's registry module and ours. Importing
+verl's registry imports our adapter module; our module's import finishing registers it.
+The second half is what lets one of our modules be imported first: it imports verl's
+registry at its top, so at that moment its own class does not exist yet.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import importlib.machinery
+import logging
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from types import ModuleType
+
+logger = logging.getLogger(__name__)
 
 _lock = threading.RLock()
 _pending: dict[str, list[Callable[[], None]]] = {}
@@ -89,3 +101,90 @@ class _AfterImportFinder(importlib.abc.MetaPathFinder):
 
 
 _FINDER = _AfterImportFinder()
+
+
+AGENT_LOOPS = "verl.experimental.agent_loop"
+REWARD_MANAGERS = "verl.experimental.reward_loop.reward_manager"
+ADVANTAGE_ESTIMATORS = "verl.trainer.ppo.core_algos"
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """One of our classes or functions, under ``name`` in the verl registry that ``registry`` (its module) holds."""
+
+    registry: str
+    name: str
+    target: str  # "package.module.attribute"
+
+    @property
+    def module(self) -> str:
+        return self.target.rsplit(".", 1)[0]
+
+
+ADAPTERS = (
+    Adapter(AGENT_LOOPS, "evidence_search", "verl_evidence.agent_loops.search_loop.EvidenceSearchAgentLoop"),
+    Adapter(AGENT_LOOPS, "eviomni", "verl_evidence.agent_loops.eviomni_loop.EviOmniAgentLoop"),
+    Adapter(REWARD_MANAGERS, "eviomni", "verl_evidence.reward_managers.managers.EviOmniRewardManager"),
+    Adapter(REWARD_MANAGERS, "evinote", "verl_evidence.reward_managers.managers.EviNoteRewardManager"),
+    Adapter(REWARD_MANAGERS, "grace", "verl_evidence.reward_managers.managers.GraceRewardManager"),
+    Adapter(REWARD_MANAGERS, "composite", "verl_evidence.reward_managers.managers.CompositeRewardManager"),
+    Adapter(ADVANTAGE_ESTIMATORS, "grpo_clipstd", "verl_evidence.trainer.advantage.compute_grpo_clipstd_advantage"),
+)
+
+
+def names(registry: str) -> dict[str, str]:
+    """Our names in one of verl's registries, each with its target."""
+    return {adapter.name: adapter.target for adapter in ADAPTERS if adapter.registry == registry}
+
+
+def register(adapter: Adapter) -> None:
+    """Put ``adapter`` in its verl registry with verl's public function; doing it again changes nothing."""
+    module_name, attribute = adapter.target.rsplit(".", 1)
+    target = getattr(importlib.import_module(module_name), attribute)
+    if adapter.registry == AGENT_LOOPS:
+        from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+        from verl.experimental.agent_loop.agent_loop import register as register_loop
+
+        # verl has no public reader. An entry already under our name that is not plainly ours is a user's
+        # (agent_loop_config_path, maybe with kwargs, when our plugin was not loaded before it): keep it.
+        existing = _agent_loop_registry.get(adapter.name)
+        if existing is not None and existing != {"_target_": adapter.target}:
+            logger.info("agent loop %r already registered as %s; leaving it", adapter.name, existing)
+            return
+        register_loop(adapter.name)(target)
+    elif adapter.registry == REWARD_MANAGERS:
+        from verl.experimental.reward_loop.reward_manager import register as register_manager
+
+        register_manager(adapter.name)(target)
+    elif adapter.registry == ADVANTAGE_ESTIMATORS:
+        from verl.trainer.ppo.core_algos import register_adv_est
+
+        register_adv_est(adapter.name)(target)
+    else:
+        raise ValueError(f"{adapter.target}: no verl registry {adapter.registry!r} (see ADAPTERS)")
+
+
+def register_all(registry: str | None = None) -> None:
+    """Register every adapter (of one ``registry``) now, importing them: for a test that cleared a registry."""
+    for adapter in ADAPTERS:
+        if registry in (None, adapter.registry):
+            register(adapter)
+
+
+_installed = False
+
+
+def install() -> None:
+    """Register each adapter as soon as both its verl registry and its module exist, in this process.
+
+    Called by ``import verl_evidence``, before any of our adapter modules can be found, so that each of
+    their imports is watched. Nothing is imported now: a process that never imports a registry pays nothing.
+    """
+    global _installed
+    with _lock:
+        if _installed:
+            return
+        _installed = True
+    for adapter in ADAPTERS:
+        when_imported(adapter.registry, partial(importlib.import_module, adapter.module))
+        when_imported(adapter.module, partial(register, adapter))

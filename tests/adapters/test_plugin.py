@@ -62,3 +62,39 @@ def test_plain_import_verl_registers_managers_and_estimator(verl_import_probe):
         ("eviomni", "evinote", "grace", "composite"), "verl_evidence.reward_managers.managers"
     )
     assert registries["estimator"] == "verl_evidence.trainer.advantage"
+
+
+# verl's public registration functions: (module they are imported from, name)
+VERL_REGISTER_FUNCTIONS = {
+    ("verl.experimental.agent_loop", "register"),
+    ("verl.experimental.agent_loop.agent_loop", "register"),
+    ("verl.experimental.reward_loop.reward_manager", "register"),
+    ("verl.experimental.reward_loop.reward_manager.registry", "register"),
+    ("verl.trainer.ppo.core_algos", "register_adv_est"),
+}
+
+
+def test_one_module_registers_every_adapter():
+    # One registration path: only verl_evidence/registration.py reaches verl's registration functions (no
+    # decorators on the classes, no self-registration at the end of a loop module), and its table names them all.
+    import ast
+
+    from verl_evidence.registration import ADAPTERS
+
+    registering = set()
+    for path in sorted((REPO / "verl_evidence").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and any(
+                (node.module, alias.name) in VERL_REGISTER_FUNCTIONS for alias in node.names
+            ):
+                registering.add(str(path.relative_to(REPO)))
+    assert registering == {"verl_evidence/registration.py"}
+    assert {(adapter.registry.rsplit(".", 1)[-1], adapter.name) for adapter in ADAPTERS} == {
+        ("agent_loop", "evidence_search"),
+        ("agent_loop", "eviomni"),
+        ("reward_manager", "eviomni"),
+        ("reward_manager", "evinote"),
+        ("reward_manager", "grace"),
+        ("reward_manager", "composite"),
+        ("core_algos", "grpo_clipstd"),
+    }

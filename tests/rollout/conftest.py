@@ -39,9 +39,9 @@ def base_config(model_dir):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    import verl_evidence.agent_loops as loops
+    from verl_evidence.registration import AGENT_LOOPS, register_all
 
-    loops.register_all()  # what the verl plugin entry point does in every worker
+    register_all(AGENT_LOOPS)  # what importing verl's agent-loop package does in every worker
     config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=config_dir, version_base=None):

@@ -22,14 +22,14 @@ def test_import_verl_registers_the_loops(verl_import_probe):
         "_target_": "verl_evidence.agent_loops.search_loop.EvidenceSearchAgentLoop"
     }
     assert report["loop_registry"]["eviomni"] == {"_target_": "verl_evidence.agent_loops.eviomni_loop.EviOmniAgentLoop"}
-    assert report["loops_registered_once"]  # a second register_all() changes nothing
+    assert report["loops_registered_once"]  # a second register_all(AGENT_LOOPS) changes nothing
     assert report["loops_file"] == str(REPO / "verl_evidence" / "agent_loops" / "__init__.py")
 
 
-def test_register_all_keeps_a_users_entry():
+def test_registering_again_keeps_a_users_entry():
     from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
 
-    import verl_evidence.agent_loops as loops
+    from verl_evidence.registration import AGENT_LOOPS, names, register_all
 
     saved = dict(_agent_loop_registry)
     try:
@@ -37,12 +37,12 @@ def test_register_all_keeps_a_users_entry():
         other = {"_target_": "my_pkg.MyLoop"}
         _agent_loop_registry["evidence_search"] = user_entry
         _agent_loop_registry["eviomni"] = other
-        loops.register_all()
+        register_all(AGENT_LOOPS)
         assert _agent_loop_registry["evidence_search"] == user_entry
         assert _agent_loop_registry["eviomni"] == other
         del _agent_loop_registry["eviomni"]
-        loops.register_all()
-        assert _agent_loop_registry["eviomni"] == {"_target_": loops.LOOPS["eviomni"]}
+        register_all(AGENT_LOOPS)
+        assert _agent_loop_registry["eviomni"] == {"_target_": names(AGENT_LOOPS)["eviomni"]}
     finally:
         _agent_loop_registry.clear()
         _agent_loop_registry.update(saved)

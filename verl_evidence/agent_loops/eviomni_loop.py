@@ -344,9 +344,3 @@ class EviOmniAgentLoop(SettingsAgentLoop):
             },
             extra_fields=extra_fields,
         )
-
-
-# Last, so the class exists: the plugin's registration skips this module while it is still importing.
-from verl_evidence.agent_loops import register_loop  # noqa: E402 (at the end on purpose: see the comment above)
-
-register_loop("eviomni")

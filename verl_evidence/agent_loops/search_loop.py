@@ -432,9 +432,3 @@ __all__ = [
     "first_action",
     "planner_action",
 ]
-
-
-# Last, so the class exists: the plugin's registration skips this module while it is still importing.
-from verl_evidence.agent_loops import register_loop  # noqa: E402 (at the end on purpose: see the comment above)
-
-register_loop("evidence_search")

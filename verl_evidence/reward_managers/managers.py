@@ -1,6 +1,6 @@
 """verl 0.9 reward-loop managers: ``eviomni``, ``evinote``, ``grace``, ``composite``.
 
-Selected with ``reward.reward_manager.name=<name>`` (source ``register``);
+Selected with ``reward.reward_manager.name=<name>`` (registered by :mod:`verl_evidence.registration`);
 options come from ``reward.reward_kwargs`` (``+reward.reward_kwargs.key=value``
 on the command line). See docs/reward-managers.md.
 """
@@ -12,7 +12,6 @@ from typing import Any, ClassVar
 
 from omegaconf import DictConfig, OmegaConf
 from verl import DataProto
-from verl.experimental.reward_loop.reward_manager import register
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 
 from verl_evidence.reward_managers.sample import decode_sample
@@ -131,7 +130,6 @@ class EvidenceRewardManager(RewardManagerBase):
         return {"reward_score": result["score"], "reward_extra_info": result}
 
 
-@register("eviomni")
 class EviOmniRewardManager(EvidenceRewardManager):
     """EviOmni/LEAR reward (``variant``, ``l1``..``l3``, ``tau``, ``gamma``, ``omega`` in reward_kwargs)."""
 
@@ -139,7 +137,6 @@ class EviOmniRewardManager(EvidenceRewardManager):
     logs_rollout_stats = True
 
 
-@register("evinote")
 class EviNoteRewardManager(EvidenceRewardManager):
     """EviNote reward with EQR from the shared NLI judge (``nli_model`` is required)."""
 
@@ -147,14 +144,12 @@ class EviNoteRewardManager(EvidenceRewardManager):
     logs_rollout_stats = True
 
 
-@register("grace")
 class GraceRewardManager(EvidenceRewardManager):
     """GRACE gated reward (``mode``, ``alpha``, ``beta``, ``format_reward``, ``path_reward``, ``validation_splits``)."""
 
     reward_name = "grace"
 
 
-@register("composite")
 class CompositeRewardManager(EvidenceRewardManager):
     """Weighted sum of rewards listed in ``reward_kwargs.components``."""
 

@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from verl.trainer.ppo.core_algos import register_adv_est
 
 ESTIMATOR_NAME = "grpo_clipstd"
 DEFAULT_EPS_STD = 0.1
@@ -36,7 +35,6 @@ def _eps_std_from(config: Any) -> float:
     return value
 
 
-@register_adv_est(ESTIMATOR_NAME)
 def compute_grpo_clipstd_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
