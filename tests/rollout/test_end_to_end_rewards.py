@@ -9,7 +9,7 @@ through the ``verl.plugins`` entry point) scores it.
 from __future__ import annotations
 
 import pytest
-from rollout_helpers import make_row, unpad, with_settings
+from rollout_helpers import continues_a_reply, make_row, unpad, with_settings
 
 from verl_evidence.local.backends import ScriptedBackend
 from verl_evidence.local.tiny_models import expected_overlap_entailment
@@ -103,8 +103,11 @@ def test_evidence_search_scored_by_evinote(base_config, search_url, tokenizer, n
     assert info["reward_error"] == 0.0
 
 
-def test_eviomni_loop_scored_by_eviomni(base_config, tokenizer, ray_session):
-    config = with_settings(base_config, {"reward.reward_manager.name": "eviomni"})
+def test_eviomni_loop_scored_by_eviomni(vocab, ray_session):
+    """On both vocabularies: in Qwen's, the token closing </extract> is '>\\n\\n' (it carries the model's next
+    characters), and the answer o_f still follows, and is scored."""
+    tokenizer = vocab.tokenizer
+    config = with_settings(vocab.config, {"reward.reward_manager.name": "eviomni"})
     passages = [
         "Nile\nThe Nile flows north into the Mediterranean Sea.",
         "Amazon\nThe Amazon drains into the Atlantic.",
@@ -113,11 +116,11 @@ def test_eviomni_loop_scored_by_eviomni(base_config, tokenizer, ray_session):
     def respond(prompt: str) -> str:
         if "Some parts may be hidden" in prompt:
             return "<answer> Nile </answer>"
-        if prompt.endswith("</extract>"):
-            return " <answer> Nile </answer>"
+        if continues_a_reply(prompt):
+            return "<answer> Nile </answer>"
         return (
             "<reason> The first passage names the river. </reason>"
-            "<extract> The Nile flows north into the Mediterranean Sea. </extract>"
+            "<extract> The Nile flows north into the Mediterranean Sea. </extract>\n\n<answer>"
         )
 
     backend = ScriptedBackend(tokenizer, responder=respond)
@@ -134,6 +137,7 @@ def test_eviomni_loop_scored_by_eviomni(base_config, tokenizer, ray_session):
     assert info["ans_r"] == info["ans_e"] == info["ans_f"] == 1.0
     assert info["format"] == 1.0
     assert info["len_e"] == out["extra"]["eviomni_len_e"] > 0
+    assert out["extra"]["termination"] == "answer"
 
 
 def test_grace_single_turn_strips_thinking(base_config, tokenizer, ray_session):
