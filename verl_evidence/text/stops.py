@@ -27,7 +27,9 @@ def cut_at_stop(token_ids: list[int], tokenizer, stops: Sequence[str], stop_ids:
     """Cut ``token_ids`` after the first token that ends a stop string or is a stop token (:func:`ends_at_stop`).
 
     Returns the kept ids and why generation ended: ``"stop"`` (stop string or
-    stop token) or ``"length"`` (no stop seen).
+    stop token) or ``"length"`` (no stop seen). The kept ids end with the token that completes the stop string, as
+    vLLM and SGLang return it, even when that token carries characters past it (Qwen's ``'>\\n\\n'``): decide
+    whether a stop was reached from this reason, never from the decoded text's last characters.
     """
     window = max((len(s) for s in stops), default=0) + 1  # what ends_at_stop reads: no longer slices, a linear scan
     for index in range(len(token_ids)):
