@@ -39,7 +39,9 @@ def replica(bundled_index_dir):
 
     threads = torch.get_num_threads()
     deployment_class = RetrievalServer.func_or_class.__bases__[0]  # the class under Serve's ASGI wrapper
-    server = deployment_class(ServerConfig(index_dir=bundled_index_dir, method="hybrid").model_dump(mode="json"))
+    # No small requests' lane: these tests queue small requests behind a batch that is held
+    config = ServerConfig(index_dir=bundled_index_dir, method="hybrid", small_request_queries=0)
+    server = deployment_class(config.model_dump(mode="json"))
     torch.set_num_threads(threads)  # the replica sets its own; leave this process's as it was
     return server
 
@@ -160,6 +162,7 @@ def hybrid_rerank_app(retrieval_server, bundled_index_dir, tiny_cross_encoder):
         rerank_model=tiny_cross_encoder, rerank_top_n=8, max_batch_size=16, batch_wait_timeout_s=0.2,
         result_cache_size=0,  # the leaver scene repeats its slow queries: each attempt must search them
         max_batch_queries=512, max_batch_hits=51_200,  # ... in one batch: its slow request (<= 512 x 100) unsplit
+        small_request_queries=0,  # and its leaver (7 queries) queued behind that batch, not in the small lane
     )  # fmt: skip
     handle = start_server(config)
     assert not handle.owns_serve
