@@ -498,7 +498,7 @@ def _file_search_setting(index) -> str:
     """The speed/recall setting an adopted IVF or HNSW file carries (faiss writes it into the file), "" for none."""
     import faiss
 
-    from retrieval_server.recall import speed_knob
+    from retrieval_server.search_params import speed_knob
 
     knob = speed_knob(index)
     if knob is None:

@@ -34,7 +34,7 @@ from retrieval_server.index import (
     record_checksums,
     verify_index,
 )
-from retrieval_server.recall import DEFAULT_TARGET_RECALL, choose_search_params
+from retrieval_server.search_params import DEFAULT_TARGET_RECALL, choose_search_params
 
 logger = logging.getLogger(__name__)
 
@@ -86,8 +86,8 @@ def measure_recall(
     source, target, rows: np.ndarray, k: int, params: list[str] | None, target_recall: float = DEFAULT_TARGET_RECALL
 ) -> dict:
     """recall@k of ``target`` against exact search of ``source``, with stored passages as the queries, at the
-    settings ``params`` (None: the :func:`~retrieval_server.recall.speed_knob` sweep), and the setting chosen to
-    serve at (``target`` is left set to it): see :func:`~retrieval_server.recall.choose_search_params`.
+    settings ``params`` (None: the :func:`~retrieval_server.search_params.speed_knob` sweep), and the setting chosen to
+    serve at (``target`` is left set to it): see :func:`~retrieval_server.search_params.choose_search_params`.
 
     A query's own passage is dropped from both rankings: otherwise every index
     would score an easy hit at rank 1.

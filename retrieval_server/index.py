@@ -30,7 +30,9 @@ from pydantic import BaseModel
 
 from retrieval_server.config import BuildConfig, EncoderConfig
 from retrieval_server.docstore import CorpusFormatError, file_sha256, iter_corpus, write_docstore
+from retrieval_server.errors import IndexMismatchError, SearchParamsError
 from retrieval_server.factory_check import check_factory
+from retrieval_server.search_params import choose_search_params, speed_knob
 
 logger = logging.getLogger(__name__)
 
@@ -47,14 +49,6 @@ BM25_TOKENIZER_VOCAB = "vocab.tokenizer.json"
 MANIFEST_VERSION = 3
 READABLE_MANIFEST_VERSIONS = (1, 2, 3)
 ENCODERS_DIR = "encoders"  # ONNX exports beside the index (retrieval_server.encoders.onnx_export)
-
-
-class IndexMismatchError(RuntimeError):
-    """The index on disk does not belong to the corpus/model it is asked to serve."""
-
-
-class SearchParamsError(IndexMismatchError):
-    """``search_params`` that the index's type does not take (``nprobe`` on a Flat index)."""
 
 
 class DiskFullError(OSError):
@@ -456,17 +450,13 @@ def _build_files(config, encoder, show_progress, target_recall, corpus_sha256, s
 
 
 def _has_speed_knob(index) -> bool:
-    from retrieval_server.recall import speed_knob
-
     return speed_knob(index) is not None
 
 
 def tune_on_shards(index, shard_paths: list[Path], target_recall: float, k: int = 10, queries: int = 256) -> dict:
     """Choose ``index``'s search setting by recall@k against exact search of the shards (sampled passages as queries,
-    each one's own passage dropped); see :func:`retrieval_server.recall.choose_search_params`."""
+    each one's own passage dropped); see :func:`retrieval_server.search_params.choose_search_params`."""
     import faiss
-
-    from retrieval_server.recall import choose_search_params
 
     shards = [np.load(p, mmap_mode="r") for p in shard_paths]
     total = sum(len(s) for s in shards)

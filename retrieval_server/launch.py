@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from retrieval_server.config import BuildConfig, ServerConfig, cache_dir, packaged_minilm_encoder
+from retrieval_server.deployment import REPLICA_HEALTH_CHECK_PERIOD_S, RETRIEVAL_DEPLOYMENT, deployment_cause
 from retrieval_server.haproxy_front import (
     FrontLimits,
     PortClaim,
@@ -31,8 +32,6 @@ from retrieval_server.haproxy_front import (
 
 logger = logging.getLogger(__name__)
 
-RETRIEVAL_DEPLOYMENT = "RetrievalServer"  # the deployment's name in app.py; its replicas' actors carry it
-
 # A port chosen here can still be taken by another program before the server binds it; such a
 # start is retried with fresh ports, this many times in all.
 START_ATTEMPTS = 3
@@ -42,8 +41,6 @@ INDEX_BUILD_LOCK_TIMEOUT_S = 900.0
 # `serve.start` then fails: seen on a node busy with rollouts or a test suite. Clusters started here give it this
 # long; a value in the environment wins.
 PROXY_READY_TIMEOUT_S = 60.0
-# Seconds between Serve's health checks of a replica (Serve's default: 10).
-REPLICA_HEALTH_CHECK_PERIOD_S = 2.0
 
 
 def serve_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -502,15 +499,6 @@ def _wait_healthy(url: str, timeout_s: float = 120.0, token: str | None = None) 
         polls(healthy)
     except RetryError:
         raise TimeoutError(f"retrieval server at {url} not healthy after {timeout_s:.0f}s ({last})") from None
-
-
-def deployment_cause(message: str, status: str) -> str:
-    """Serve's message about a deployment on one line: its first sentence and the exception (the traceback's last
-    line), or the status when Serve recorded no message."""
-    lines = [line.strip() for line in (message or "").splitlines() if line.strip()]
-    if not lines:
-        return f"status {status}"
-    return lines[0] if len(lines) < 2 else f"{lines[0]} {lines[-1]}"
 
 
 class ReplicasKeepDying(RuntimeError):

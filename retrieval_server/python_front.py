@@ -24,7 +24,7 @@ from starlette.responses import Response
 
 from retrieval_server.app import BodyTooLarge, problem, receive_body, too_large
 from retrieval_server.config import ServerConfig
-from retrieval_server.launch import REPLICA_HEALTH_CHECK_PERIOD_S, RETRIEVAL_DEPLOYMENT, deployment_cause
+from retrieval_server.deployment import REPLICA_HEALTH_CHECK_PERIOD_S, RETRIEVAL_DEPLOYMENT, deployment_cause
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from typer.core import TyperGroup
 # "module:Class"; subclasses count (AdoptionError and SearchParamsError are IndexMismatchErrors; DiskFullError is an
 # OSError).
 SERVER_USER_ERRORS = (
-    "retrieval_server.index:IndexMismatchError",
+    "retrieval_server.errors:IndexMismatchError",
     "retrieval_server.docstore:CorpusFormatError",
     "retrieval_server.haproxy_front:PortInUseError",
     "retrieval_server.client:RetrievalError",  # the server is not there, or refuses the token

@@ -30,6 +30,7 @@ from retrieval_server.encoders.fingerprint import (
 )
 from retrieval_server.encoders.onnx_runtime import ONNX_OUTPUT, OnnxEncoder, OnnxExportError
 from retrieval_server.encoders.torch_encoder import SentenceEncoder
+from retrieval_server.errors import IndexMismatchError
 
 logger = logging.getLogger(__name__)
 
@@ -128,8 +129,6 @@ def _refuse_altered(export_dir: Path) -> None:
     are hard-linked between the user cache and every index given them, so one changed file reaches all of those."""
     problems = export_problems(export_dir)
     if problems:
-        from retrieval_server.index import IndexMismatchError
-
         raise IndexMismatchError(f"refusing the ONNX export {export_dir}: " + "; ".join(problems))
 
 

@@ -508,7 +508,7 @@ def test_convert_serves_ivf_at_the_smallest_nprobe_reaching_the_target_and_summa
 def test_a_search_setting_list_is_measured_as_given_and_the_first_reaching_the_target_served():
     import faiss
 
-    from retrieval_server.recall import choose_search_params
+    from retrieval_server.search_params import choose_search_params
 
     vectors = _clustered(2000, 16, seed=1)
     index = faiss.index_factory(16, "IVF16,Flat", faiss.METRIC_INNER_PRODUCT)
