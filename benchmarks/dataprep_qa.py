@@ -2,7 +2,7 @@
 
 Search-R1's merged NQ + HotpotQA train file (``qa_search_train_merge.py --data_sources nq,hotpotqa``)
 has 79,168 + 90,447 = 169,615 rows; its HotpotQA rows carry FlashRAG's ``metadata`` with the question's
-ten context paragraphs. This writes a file of that schema and size (``tests/dataprep/search_r1_files``,
+ten context paragraphs. This writes a file of that schema and size (``benchmarks/search_r1_files.py``,
 context paragraphs of generated sentences, ~4 sentences of ~25 words each) and runs, each in a fresh
 process:
 
@@ -36,11 +36,10 @@ import pyarrow.parquet as pq
 from rich.console import Console
 from rich.table import Table
 
-REPO = Path(__file__).resolve().parents[1]
-# By directory, not as ``tests.dataprep``: a site-packages ``tests`` package would shadow the repo's.
-sys.path.insert(0, str(REPO / "tests" / "dataprep"))
+# Beside this script (benchmarks/ is on sys.path when it runs); the dataprep tests load it too.
+from search_r1_files import HOTPOTQA_METADATA, search_r1_row, search_r1_schema
 
-from search_r1_files import HOTPOTQA_METADATA, search_r1_row, search_r1_schema  # noqa: E402 (needs the sys.path line above)
+REPO = Path(__file__).resolve().parents[1]
 
 NQ_TRAIN_ROWS = 79_168
 HOTPOTQA_TRAIN_ROWS = 90_447

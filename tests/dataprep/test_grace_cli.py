@@ -6,13 +6,15 @@ import json
 from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_benchmark
 
 from verl_evidence.dataprep.grace import contains_answer
 from verl_evidence.dataprep.mix import summary_path
 from verl_evidence.dataprep.rows import read_parquet
 
 from .conftest import PASSAGES, QUESTIONS, flat, invoke
-from .search_r1_files import write_search_r1_parquet
+
+write_search_r1_parquet = load_benchmark("search_r1_files").write_search_r1_parquet  # benchmarks/ owns the layout
 
 
 def search_r1_file(path: Path) -> Path:

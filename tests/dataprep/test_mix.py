@@ -5,11 +5,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from benchmark_scripts import load_benchmark
+
 from verl_evidence.dataprep.mix import choose_rows, parse_input, summary_path
 from verl_evidence.dataprep.rows import read_parquet
 
 from .conftest import flat, invoke, write_jsonl
-from .search_r1_files import HOTPOTQA_METADATA, flashrag_examples, merged_train_file, write_search_r1_parquet
+
+search_r1 = load_benchmark("search_r1_files")  # Search-R1's parquet layout (benchmarks/ owns it)
+HOTPOTQA_METADATA = search_r1.HOTPOTQA_METADATA
+flashrag_examples = search_r1.flashrag_examples
+merged_train_file = search_r1.merged_train_file
+write_search_r1_parquet = search_r1.write_search_r1_parquet
 
 
 def test_flashrag_files_mix_with_their_data_sources_named(tmp_path: Path) -> None:

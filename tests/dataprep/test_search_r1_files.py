@@ -1,4 +1,4 @@
-"""``data qa`` on Search-R1's parquet files as its merge scripts write them (layout: ``search_r1_files``).
+"""``data qa`` on Search-R1's parquet files as its merge scripts write them (layout: ``benchmarks/search_r1_files.py``).
 
 FlashRAG's ids restart per dataset, so the merged NQ + HotpotQA train file and the 7-dataset test file
 repeat ``train_0`` / ``test_0``: rows are recorded as ``<data_source>/<id>``, their verl columns pass
@@ -12,22 +12,23 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from benchmark_scripts import load_benchmark
 
 from verl_evidence.dataprep import records as records_mod
 from verl_evidence.dataprep.records import DataPrepError, ParquetInput
 from verl_evidence.dataprep.rows import read_parquet
 from verl_evidence.dataprep.templates import load_template, render
 
-from .search_r1_files import (
-    HOTPOTQA_METADATA,
-    INSTRUCTION,
-    TEST_MERGE_SPLITS,
-    flashrag_examples,
-    merged_test_file,
-    merged_train_file,
-    write_search_r1_parquet,
-)
 from .test_cli import invoke, verl_dataset
+
+search_r1 = load_benchmark("search_r1_files")  # Search-R1's parquet layout (benchmarks/ owns it)
+HOTPOTQA_METADATA = search_r1.HOTPOTQA_METADATA
+INSTRUCTION = search_r1.INSTRUCTION
+TEST_MERGE_SPLITS = search_r1.TEST_MERGE_SPLITS
+flashrag_examples = search_r1.flashrag_examples
+merged_test_file = search_r1.merged_test_file
+merged_train_file = search_r1.merged_train_file
+write_search_r1_parquet = search_r1.write_search_r1_parquet
 
 
 def test_the_builder_writes_the_scripts_layout(tmp_path: Path) -> None:

@@ -84,12 +84,14 @@ def test_eviomni_and_grace_from_the_retrieval_server(server_url: str, tokenizer_
 def test_grace_from_a_search_r1_parquet_against_the_served_index(server_url: str, tiny_set, tmp_path: Path) -> None:
     """Search-R1's files (answers only) -> GRACE rows, the served index as the dense retriever; and a server
     holding another corpus than the QA file's refused in one line (it used to be ``KeyError: '0'``)."""
+    from benchmark_scripts import load_benchmark
+
     from retrieval_server.client import RetrievalClient
     from verl_evidence import bundled
     from verl_evidence.dataprep.grace import contains_answer
     from verl_evidence.dataprep.mix import summary_path
 
-    from .search_r1_files import write_search_r1_parquet
+    write_search_r1_parquet = load_benchmark("search_r1_files").write_search_r1_parquet
 
     questions = [json.loads(line) for line in Path(bundled.qa_path()).read_text().splitlines() if line.strip()]
     examples = [{"id": q["id"], "question": q["question"], "golden_answers": q["golden_answers"]} for q in questions]

@@ -8,7 +8,7 @@ that names no command any more). The stand-ins have the formats users have:
 - ``/data/e5_Flat.index``: a Search-R1-style ``faiss.IndexFlatIP`` of those passages' normalised mean-pooled vectors
   (the bundled index's own file), with the packaged MiniLM standing for ``intfloat/e5-base-v2`` (no hub here);
 - ``nq_train.jsonl`` …: FlashRAG QA JSONL (the bundled questions); ``nq_hotpotqa_train/*.parquet``: Search-R1's
-  merged parquet schema (tests/dataprep/search_r1_files.py); HotpotQA and QASPER files of their original layout;
+  merged parquet schema (benchmarks/search_r1_files.py); HotpotQA and QASPER files of their original layout;
 - hub models by name: the offline tiny tokenizer, the overlap NLI judge, a one-label tiny cross-encoder.
 
 Only the placeholders of ``STAND_INS`` are rewritten (paths, hub names, the port 8000 a shared machine may not
@@ -283,7 +283,10 @@ def stand_ins(tmp_path_factory, bundled_index_dir: Path) -> dict:
             for q in questions[12:16]
         )
     )
-    from dataprep.search_r1_files import HOTPOTQA_METADATA, write_search_r1_parquet
+    from benchmark_scripts import load_benchmark
+
+    search_r1 = load_benchmark("search_r1_files")
+    HOTPOTQA_METADATA, write_search_r1_parquet = search_r1.HOTPOTQA_METADATA, search_r1.write_search_r1_parquet
 
     (root / "nq_hotpotqa_train").mkdir()  # Search-R1's merged files, of bundled questions (their answers are served)
     for split, first in (("train", 0), ("test", 40)):
