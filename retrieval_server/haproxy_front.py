@@ -240,7 +240,14 @@ def reap_ray_after(owner_pid: int, session_dir: str, period_s: float = 0.5, snap
         return
     known: dict[int, tuple[psutil.Process, str]] = {}
     last_snapshot, none_since = 0.0, None
-    while owner.is_running() and owner.status() != psutil.STATUS_ZOMBIE:
+
+    def owner_alive() -> bool:
+        try:
+            return owner.is_running() and owner.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:  # gone between the two looks
+            return False
+
+    while owner_alive():
         now = time.monotonic()
         if now - last_snapshot >= snapshot_every_s:
             last_snapshot = now
