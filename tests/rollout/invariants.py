@@ -98,11 +98,47 @@ def check_lengths(loop_output) -> None:
         assert len(loop_output.response_logprobs) == n
 
 
+def observation_cut(tokenizer, observation: str, max_obs_tokens: int) -> list[int]:
+    """The ids of an observation's body: its tokens, at most ``max_obs_tokens``; a cut never splits a character (the
+    kept ids decode to a prefix of the text), so it keeps the most ids, up to 3 fewer, that decode to one."""
+    ids = tokenizer.encode(observation, add_special_tokens=False)
+    if len(ids) <= max_obs_tokens:
+        return ids
+    end = max(
+        n
+        for n in range(max(0, max_obs_tokens - 3), max_obs_tokens + 1)
+        if observation.startswith(tokenizer.decode(ids[:n]))
+    )
+    return ids[:end]
+
+
+def user_turn_ids(tokenizer, policy_ids: Sequence[int], content: str) -> list[int]:
+    """What follows a policy turn with ``observation_role: user``: the chat template's end of the assistant message
+    (less what the policy generated of it), ``content`` as a user message and the next assistant header."""
+    probe = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "ZQXJ"}]
+    before = tokenizer.apply_chat_template(probe, tokenize=False)
+    after = tokenizer.apply_chat_template(
+        [*probe, {"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+    )
+    assert after.startswith(before)
+    end_of_message = before[before.rindex("ZQXJ") + 4 :]
+    close = tokenizer.encode(end_of_message, add_special_tokens=False)
+    done = max(k for k in range(len(close) + 1) if k == 0 or list(policy_ids[-k:]) == close[:k])
+    return close[done:] + tokenizer.encode(after[len(before) :], add_special_tokens=False)
+
+
 def check_search_rollout(
-    tokenizer, out: dict, backend: RecordingBackend, observations: dict[str, str], response_length: int
+    tokenizer,
+    out: dict,
+    backend: RecordingBackend,
+    observations: dict[str, str],
+    response_length: int,
+    observation_role: str = "inline",
+    max_obs_tokens: int = 100_000,
 ) -> None:
-    """``evidence_search`` (inline ``search`` layout): every policy run is the engine's reply, every context run
-    the observation of the query just searched or the correction; spans = observation runs."""
+    """``evidence_search`` (``search`` layout): every policy run is the engine's reply, every context run the
+    observation of the query just searched (cut to ``max_obs_tokens`` between characters) or the correction, inline
+    or as a user chat turn; spans = observation runs."""
     from verl_evidence.agent_loops.search_loop_settings import (
         ACTION_STOPS,
         INFORMATION_CLOSE,
@@ -125,20 +161,34 @@ def check_search_rollout(
         following = next((r for r in runs if r[1] == end), None)
         if following is None:
             continue
-        turn_text, context = tokenizer.decode(expected), tokenizer.decode(ids[following[1] : following[2]])
+        context_ids = ids[following[1] : following[2]]
+        turn_text, context = tokenizer.decode(expected), tokenizer.decode(context_ids)
         complete = following[2] < response_length
         if "</search>" in turn_text:
             query = turn_text.split("<search>")[-1].split("</search>")[0].strip()
-            carried = turn_text.split("</search>", 1)[1]
-            newlines = min(2, len(carried) - len(carried.rstrip("\n")))
-            full = "\n\n"[newlines:] + "<information>" + observations[query] + INFORMATION_CLOSE
-            assert context == full if complete else full.startswith(context), (turn_text, context)
-            assert "\n\n\n" not in turn_text[-2:] + context[:3]
+            body = observation_cut(tokenizer, observations[query], max_obs_tokens)
+            text = tokenizer.decode(body)
+            assert observations[query].startswith(text), "the cut observation is not whole characters of the text"
+            if observation_role == "user":
+                full_ids = user_turn_ids(tokenizer, expected, f"<information> {text} </information>")
+            else:
+                carried = turn_text.split("</search>", 1)[1]
+                newlines = min(2, len(carried) - len(carried.rstrip("\n")))
+                opening = tokenizer.encode("\n\n"[newlines:] + "<information>", add_special_tokens=False)
+                full_ids = opening + body + tokenizer.encode(INFORMATION_CLOSE, add_special_tokens=False)
+                full = "\n\n"[newlines:] + "<information>" + text + INFORMATION_CLOSE
+                assert context == full if complete else full.startswith(context), (turn_text, context)
+                assert "\n\n\n" not in turn_text[-2:] + context[:3]
+            assert context_ids == (full_ids if complete else full_ids[: len(context_ids)]), (turn_text, context)
             spans.append([following[1], following[2]])
         else:
             assert "</answer>" not in turn_text
             feedback = SEARCH_INVALID_ACTION_FEEDBACK
-            assert context == feedback if complete else feedback.startswith(context)
+            if observation_role == "user":
+                full_ids = user_turn_ids(tokenizer, expected, feedback.strip())
+                assert context_ids == (full_ids if complete else full_ids[: len(context_ids)]), (turn_text, context)
+            else:
+                assert context == feedback if complete else feedback.startswith(context)
     assert [list(span) for span in out["extra"]["retrieved_spans"]] == spans
 
 

@@ -39,15 +39,16 @@ _WORKERS: OrderedDict[str, Any] = OrderedDict()  # config (as YAML) -> verl's Ag
 def loop_worker(config, backend):
     """verl's ``AgentLoopWorker`` for ``config``, generating with ``backend``.
 
-    Built once per config, as in the trainer (one worker, many batches): building one loads the policy's tokenizer
-    twice (tokenizer and processor), ~5 s for Qwen's 151k-token vocabulary. Each trajectory's loop gets the worker's
-    ``llm_client`` as its server manager, so a new backend is swapped in there."""
+    Built once per config (the loops' own settings aside), as in the trainer (one worker, many batches): building
+    one loads the policy's tokenizer twice (tokenizer and processor), ~5 s for Qwen's 151k-token vocabulary. Each
+    trajectory's loop gets the worker's ``llm_client`` as its server manager, so a new backend is swapped in there."""
     from omegaconf import OmegaConf
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
     if config.actor_rollout_ref.rollout.agent.get("agent_loop_config_path"):
         return AgentLoopWorker(config, backend)  # building it registers the file's loops: every run must
-    key = OmegaConf.to_yaml(config)
+    # the loops read their settings (rollout.custom) from the worker's config at each run: those need no new worker
+    key = OmegaConf.to_yaml(with_settings(config, {"actor_rollout_ref.rollout.custom": None}))
     worker = _WORKERS.pop(key, None)
     if worker is None:
         worker = AgentLoopWorker(config, backend)

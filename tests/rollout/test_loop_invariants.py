@@ -114,7 +114,7 @@ def test_eviomni_invariants(vocab, first, answer, budget):
 
 # --- evidence_search: searches the session's retrieval server ---
 
-QUERIES = ["longest river in Africa", "Nile delta", "Amazon river"]
+QUERIES = ["longest river in Africa", "Nile delta", "Amazon river", "capital of Hungary"]
 search_turn = st.builds(
     lambda before, pad, query, pad2, rest: f"{before}<search>{pad}{query}{pad2}</search>{rest}",
     words,
@@ -124,26 +124,84 @@ search_turn = st.builds(
     after,
 )
 other_turn = st.one_of(search_turn, words)  # a search, or no action (a correction follows)
+NO_CUT = 100_000
+INSIDE_A_CHARACTER = "inside a character"  # the first cut of the first search's documents that splits a character
 
 
 @pytest.fixture(scope="module")
-def observations(search_url) -> dict[str, str]:
-    """Each query's documents as the loop shows them (its default top-k, our layout)."""
+def observations(search_url) -> dict[str, dict[str, str]]:
+    """Each layout's documents for each query, as the loop shows them (its default top-k)."""
     from retrieval_server.client import RetrievalClient
     from verl_evidence.agent_loops.search_loop_settings import SearchLoopSettings
 
     results = RetrievalClient(search_url).retrieve(QUERIES, topk=SearchLoopSettings().topk)
-    return {query: format_documents(found) for query, found in zip(QUERIES, results)}
+    return {
+        layout: {query: format_documents(found, layout) for query, found in zip(QUERIES, results)}
+        for layout in ("ours", "search_r1")
+    }
+
+
+def max_obs_tokens_for(tokenizer, cut, turns: list[str], observations: dict[str, str]) -> int:
+    """``cut`` as a number of tokens: ``INSIDE_A_CHARACTER`` is the first length at which the first searched
+    query's documents' ids end inside a character (Budapest's 'Ó' in Qwen's vocabulary), else 20."""
+    if cut != INSIDE_A_CHARACTER:
+        return cut
+    query = next((q for t in turns for q in QUERIES if f"{q}" in t.split("</search>")[0]), None)
+    if query is not None:
+        ids = tokenizer.encode(observations[query], add_special_tokens=False)
+        for n in range(1, len(ids)):
+            if not observations[query].startswith(tokenizer.decode(ids[:n])):
+                return n
+    return 20
 
 
 @pytest.mark.slow
 @settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-@given(turns=st.lists(other_turn, min_size=1, max_size=3), answer=block("answer"), budget=st.sampled_from(BUDGETS))
+@given(
+    turns=st.lists(other_turn, min_size=1, max_size=3),
+    answer=block("answer"),
+    budget=st.sampled_from(BUDGETS),
+    role=st.sampled_from(["inline", "user"]),
+    layout=st.sampled_from(["ours", "search_r1"]),
+    cut=st.sampled_from([NO_CUT, INSIDE_A_CHARACTER, 7]),
+)
 # the issue's case, always run: Qwen's '>\n\n' closes </search>
-@example(turns=["<search> Nile delta </search>\n\nThe"], answer="<answer> Nile </answer>", budget=8192)
-def test_search_loop_invariants(vocab, search_url, observations, turns, answer, budget):
+@example(
+    turns=["<search> Nile delta </search>\n\nThe"],
+    answer="<answer> Nile </answer>",
+    budget=8192,
+    role="inline",
+    layout="ours",
+    cut=NO_CUT,
+)
+# an observation cut inside a character, inline and as a user turn, in Search-R1's layout and ours
+@example(
+    turns=["<search> capital of Hungary </search>\n\n", "x <search>capital of Hungary</search>"],
+    answer="<answer> Budapest </answer>",
+    budget=8192,
+    role="inline",
+    layout="search_r1",
+    cut=INSIDE_A_CHARACTER,
+)
+@example(
+    turns=["<search> capital of Hungary </search>"],
+    answer="<answer> Budapest </answer>",
+    budget=8192,
+    role="user",
+    layout="ours",
+    cut=INSIDE_A_CHARACTER,
+)
+def test_search_loop_invariants(vocab, search_url, observations, turns, answer, budget, role, layout, cut):
     tokenizer = vocab.tokenizer
-    custom = {"retrieval_url": search_url, "max_turns": 8, "max_obs_tokens": 100_000}
+    shown = observations[layout]
+    max_obs_tokens = max_obs_tokens_for(tokenizer, cut, turns, shown)
+    custom = {
+        "retrieval_url": search_url,
+        "max_turns": 8,
+        "max_obs_tokens": max_obs_tokens,
+        "observation_role": role,
+        "document_format": layout,
+    }
     config = with_settings(
         vocab.config,
         {
@@ -155,4 +213,4 @@ def test_search_loop_invariants(vocab, search_url, observations, turns, answer, 
     backend = RecordingBackend(tokenizer, turns=[*turns, answer])
     output, loops = run_and_keep_loop_outputs(config, backend, [make_row(QUESTION, "evidence_search")])
     check_lengths(loops[0])
-    check_search_rollout(tokenizer, unpad(output), backend, observations, budget)
+    check_search_rollout(tokenizer, unpad(output), backend, shown, budget, role, max_obs_tokens)

@@ -102,6 +102,20 @@ def carried_newlines(turn_text: str) -> int:
     return min(tail, len(OBSERVATION_SEPARATOR))
 
 
+def cut_between_characters(tokenizer, ids: list[int], text: str, limit: int) -> list[int]:
+    """The first ``limit`` of ``text``'s ``ids``, or up to 3 fewer: as many as decode to a prefix of ``text``.
+
+    In a byte-level vocabulary one character may span several tokens (Qwen's 'Ó' is two); a cut between them would
+    end the observation in half a character, decoded as U+FFFD, which the documents do not contain. A UTF-8
+    character has at most 4 bytes, so at most 3 tokens go. A tokenizer whose decoding does not give back the text
+    (a normalizer) is cut at ``limit`` as before.
+    """
+    for end in range(limit, max(0, limit - 3) - 1, -1):
+        if text.startswith(tokenizer.decode(ids[:end])):
+            return ids[:end]
+    return ids[:limit]
+
+
 class TurnState(Enum):
     """Where a trajectory is: the states of :meth:`EvidenceSearchAgentLoop.run`."""
 
@@ -308,7 +322,7 @@ class EvidenceSearchAgentLoop(SettingsAgentLoop):
             data.retrieved_ids.append(ids)
             body = encode(self.tokenizer, text)
             if len(body) > s.max_obs_tokens:
-                body = body[: s.max_obs_tokens]
+                body = cut_between_characters(self.tokenizer, body, text, s.max_obs_tokens)
                 text = self.tokenizer.decode(body)
             texts.append(text)
             data.context_tokens += len(body)
