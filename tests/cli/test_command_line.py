@@ -118,7 +118,7 @@ def test_a_server_setting_pydantic_refuses_is_a_usage_error_naming_it(tmp_path: 
     """Checked before any index is looked at or built: the option's value and what it may be."""
     result = run(cli_app, "serve", "--index-dir", str(tmp_path / "no-index"), "--method", "foo")
     assert result.exit_code == 2, result.output
-    assert "Invalid value: method='foo': Input should be 'dense', 'bm25' or 'hybrid'" in result.output
+    assert "Invalid value: --method='foo': Input should be 'dense', 'bm25' or 'hybrid'" in result.output
     assert "Traceback" not in result.output and "manifest" not in result.output
 
 
