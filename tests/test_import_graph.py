@@ -124,3 +124,21 @@ def test_no_import_circles():
         edges = sorted(f"{a} -> {b}" for a in component for b in sorted(graph[a] & members))
         circles.append("{" + ", ".join(component) + "}: " + ", ".join(edges))
     assert circles == [], "import circles (break each by moving the shared piece):\n" + "\n".join(circles)
+
+
+def test_no_benchmark_imports_from_tests():
+    # The tests may load a benchmark script (tests/benchmark_scripts.py); a benchmark never reaches into tests/.
+    benchmark_modules = {path.stem for path in (REPO / "benchmarks").rglob("*.py")}
+    test_modules = ({path.stem for path in (REPO / "tests").rglob("*.py")} - benchmark_modules) | {"tests"}
+    reaching = []
+    for path in sorted((REPO / "benchmarks").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Constant) and node.value == "tests":  # a path into tests/ put on sys.path
+                reaching.append(f"{path.name}: the path component 'tests'")
+            reaching += [f"{path.name}: import {name}" for name in names if name.split(".")[0] in test_modules]
+    assert reaching == [], "benchmarks reaching into tests/: " + "; ".join(reaching)
