@@ -10,6 +10,7 @@ component of more than one module is a circle, named in the failure with its edg
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,7 +48,8 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def import_graph() -> dict[str, set[str]]:
+@functools.cache  # parsed once per session (~1 s)
+def import_graph() -> dict[str, frozenset[str]]:
     modules = module_files()
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
@@ -62,10 +64,10 @@ def import_graph() -> dict[str, set[str]]:
                     base = ".".join(anchor + ([base] if base else []))
                 targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
             graph[name].update(target for target in targets if target in modules and target != name)
-    return graph
+    return {name: frozenset(targets) for name, targets in graph.items()}  # cached: read-only
 
 
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+def cycles(graph: dict[str, frozenset[str]] | dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan), each sorted."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
