@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-# ~19 s of fake job steps' sleeps and deadlines for ~4 CPU-s (tests/scheduling.py)
+# fake job steps' sleeps and deadlines for ~15 CPU-s in all (82 s wall on a loaded 2-core machine; tests/scheduling.py)
 pytestmark = pytest.mark.mostly_waits
 
 REPO = Path(__file__).resolve().parents[2]
