@@ -6,13 +6,18 @@ default SETUP (the venv's activate), a real `ray start --head` and `ray start --
 "node"), its readiness probe, `verl-evidence serve --address auto` placed on the head by its Ray resource, and
 EviNote's recipe's `--smoke` training attached to that cluster, searching that server, its NLI judge a Ray actor there.
 
-1. The job trains step 1 and writes its checkpoint; during step 2 it is cancelled as `scancel` and preemption do it
+0. A short run first: the server node's replica asks for 16 CPUs where srun gave its step 8; the job ends with
+   Serve's own reason and the setting to change, not after RETRIEVAL_START_TIMEOUT.
+1. The job (README's `sbatch recipes/slurm/train.sbatch --smoke`) trains step 1 and writes its checkpoint; during
+   step 2 it is cancelled as `scancel` and preemption do it
    (SIGTERM to every process of the job, the steps included): every process stops within the grace Slurm gives
    before SIGKILL, and no node keeps Ray's address file (a later plain `ray.init()` there would join a dead cluster).
 2. Requeued (the same job id and checkpoint directory; `--requeue`), it resumes from that checkpoint: verl loads
    global_step_1 and reports step 2 first. This run is also the RETRIEVAL_NODE variant (one training for both):
    two nodes, the server on the last one, on a Ray instance of its own outside the training cluster (the first, the
    whole training cluster: run 1 has tested a cluster of two Ray nodes; a third would only cost a Ray start).
+
+Each run's .out is under 200 lines, every one the job's own, its last one saying how the job ended.
 
 3. The two runs together are EviNote's smoke run (steps 1 and 2, the recipe's smoke batch), checked as
    tests/recipes/test_smoke_training.py::check_evinote_run checks a run: rewards that differ within a group, every
