@@ -155,6 +155,23 @@ def max_obs_tokens_for(tokenizer, cut, turns: list[str], observations: dict[str,
     return 20
 
 
+def test_an_observation_cut_keeps_whole_characters(vocab):
+    """``max_obs_tokens`` at every length of a text whose characters span several tokens (CJK, emoji, accents): the
+    kept ids are the text's first ids, at most 3 fewer than asked, and decode to a prefix of the text."""
+    from verl_evidence.agent_loops.search_loop import cut_between_characters
+
+    tokenizer = vocab.tokenizer
+    text = "Óbuda, 長江 and 東京 🙂🌊 naïve Kraków"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    shortened = 0
+    for limit in range(1, len(ids) + 1):
+        kept = cut_between_characters(tokenizer, ids, text, limit)
+        assert kept == ids[: len(kept)] and limit - 3 <= len(kept) <= limit
+        assert text.startswith(tokenizer.decode(kept)), limit
+        shortened += len(kept) < limit
+    assert shortened  # some lengths would have split a character
+
+
 @pytest.mark.slow
 @settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(
