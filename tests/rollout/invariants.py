@@ -6,9 +6,12 @@ Each holds for any model output, in any vocabulary:
 - the response's ids, loss mask and log-probs have one length;
 - the mask-1 runs are, in order, exactly what the engine returned for each policy turn: the scripted text's tokens up
   to and including the one that completes the stop string (or EOS), within the turn's ``max_tokens``;
-- the mask-0 runs are exactly the loop's context: a search's observation (one blank line after the action, counting
-  the newlines the turn's last token already wrote, then ``<information>`` + the documents + ``</information>``) or
-  the correction; ``retrieved_spans`` are the observations' runs;
+- the mask-0 runs are exactly the loop's context, token by token: a search's observation (one blank line after the
+  action, counting the newlines the turn's last token already wrote, then ``<information>`` + the documents'
+  ids + ``</information>``; with ``observation_role: user`` the chat template's end of the assistant message, the
+  user message and the next assistant header) or the correction; the documents in the row's layout (ours or
+  Search-R1's), their ids cut to ``max_obs_tokens`` between characters (decoding to a prefix of the documents);
+  ``retrieved_spans`` are the observations' runs;
 - EviOmni's masked-answer prompts are the ids of the answer template rendered with the hidden parts replaced by the
   placeholder (their text decodes to exactly that message and nothing of the hidden parts), and ``len_r`` / ``len_e``
   / ``len_p`` count r, e and the passages block in the policy's tokenizer.

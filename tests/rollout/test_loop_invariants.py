@@ -2,7 +2,9 @@
 ours and both vocabularies (the test tokenizer and Qwen2.5's), through verl's AgentLoopWorker and the scripted engine.
 
 Model outputs: tags glued to words, whitespace runs, CJK and emoji, text after a stop string (inside the token that
-completes it, in Qwen's vocabulary), missing closing tags, response budgets that cut a turn or an observation.
+completes it, in Qwen's vocabulary), missing closing tags, response budgets that cut a turn or an observation; for
+the search loop also its settings: observations inline or as user turns, our passage layout or Search-R1's,
+``max_obs_tokens`` cuts (none, mid-word, inside a character).
 Examples are few and derandomized: the suite's time budget, and a CI run repeats.
 """
 
