@@ -286,6 +286,22 @@ EXPECTED: dict[str, tuple[list[str], set[str], list[list[str]]]] = {
             ]
         ],
     ),
+    # the fine-tuned planner of the KG form (Table 8's layout without the answer and the evidence)
+    "evipath_planner_kg": (
+        ["user"],
+        set(),
+        [
+            [
+                "knowledge graph",
+                "sub-questions",
+                "<think> and </think>",
+                "numbered candidates",
+                'Search([i], "a complete question")',
+                "no pronouns",
+                "<answer> and </answer>",
+            ]
+        ],
+    ),
     "evipath_executor": (
         ["user"],
         set(),

@@ -43,8 +43,12 @@ async def run_synthesis(
     console: Console | None = None,
     read_report: ReadReport | None = None,
     val_fraction: float = 0.0,
+    graph=None,
 ) -> RunSummary:
-    """Synthesize, filter and write; the cache makes a re-run after an interruption cheap."""
+    """Synthesize, filter and write; the cache makes a re-run after an interruption cheap.
+
+    With ``graph`` (a :class:`~verl_evidence.evipath.kg.KnowledgeGraph`) the records are KG records and the planner
+    takes the knowledge-graph form (Table 8); its planner rows are written in the ``kg`` layout."""
     config = config or SynthesisConfig()
     cache = ReplyCache(cache_path)
     teacher = Teacher(teacher_config, cache)
@@ -71,7 +75,13 @@ async def run_synthesis(
                     f"requests {teacher.usage.requests} cached {teacher.usage.cache_hits}",
                 )
 
-            synthesizer = Synthesizer(teacher, selector, config)
+            if graph is not None:
+                from verl_evidence.evipath.kg_synthesis import KGSynthesizer
+
+                synthesizer = KGSynthesizer(teacher, selector, graph, config)
+                planner_format = "kg"
+            else:
+                synthesizer = Synthesizer(teacher, selector, config)
             results = await synthesizer.synthesize(
                 records, max_in_flight=max(1, teacher_config.concurrency * 2), on_result=on_result
             )
@@ -170,6 +180,17 @@ def synthesize(
     max_steps: int = typer.Option(6, help="Planner turns per trajectory."),
     max_searches: int = typer.Option(12, help="Sub-questions per trajectory."),
     planner_format: str = typer.Option("paper", help=f"Planner dialogue layout: {', '.join(PLANNER_FORMATS)}."),
+    planner_form: str = typer.Option(
+        "text",
+        help='text: Search("q") over passages; kg: the knowledge-graph form (Table 8), Search([i], "q") over '
+        "numbered candidate entities, the executor reading the entity's facts from --graph; --input is then 2Wiki "
+        "rows with 'evidences' or JSONL {id, question, answer, evidence: [[s, r, o], ...], entities?}.",
+    ),
+    graph: Path | None = typer.Option(
+        None,
+        help="--planner-form kg: the graph, JSONL of [subject, relation, object] (default: the records' own evidence "
+        "triples). Wikidata: fill verl_evidence.evipath.kg.WikidataGraph and call run_synthesis with it.",
+    ),
     planner_synth_prompt: str = typer.Option("evipath_planner_synth", help="Prompt name or file."),
     executor_answer_prompt: str = typer.Option("evipath_executor_answer", help="Prompt name or file."),
     executor_synth_prompt: str = typer.Option("evipath_executor_synth", help="Prompt name or file."),
@@ -193,11 +214,27 @@ def synthesize(
         raise typer.BadParameter("must be in [0, 1)", param_hint="--val-fraction")
     if planner_format not in PLANNER_FORMATS:
         raise typer.BadParameter(f"choose one of {', '.join(PLANNER_FORMATS)}", param_hint="--planner-format")
+    if planner_form not in ("text", "kg"):
+        raise typer.BadParameter("choose text or kg", param_hint="--planner-form")
+    if planner_form == "kg" and (input_path is None or planner_format != "paper"):
+        raise typer.BadParameter(
+            "the kg form needs --input (KG records) and writes its own layout (leave --planner-format)",
+            param_hint="--planner-form",
+        )
+    if graph is not None and planner_form != "kg":
+        raise typer.BadParameter("a graph is read only with --planner-form kg", param_hint="--graph")
     check_model_source(encoder, "--encoder")
     check_device(encoder_device, "--encoder-device")
     read_report = ReadReport()
+    kg_graph = None
     try:
-        records = load_records(input_path, fmt, corpus_path=corpus, limit=limit, report=read_report)
+        if planner_form == "kg":
+            from verl_evidence.evipath.kg_synthesis import graph_of_records, load_graph, load_kg_records
+
+            records = load_kg_records(input_path, limit=limit, report=read_report)
+            kg_graph = load_graph(graph) if graph is not None else graph_of_records(records)
+        else:
+            records = load_records(input_path, fmt, corpus_path=corpus, limit=limit, report=read_report)
     except (FileNotFoundError, ValueError) as err:
         typer.echo(f"error: cannot read the input: {err}", err=True)  # one line, like every user error
         raise typer.Exit(2) from err
@@ -205,6 +242,11 @@ def synthesize(
         where = input_path or "the bundled set"
         typer.echo(f"error: no usable records in {where} (skipped: {dict(read_report.skipped)})", err=True)
         raise typer.Exit(2)
+    if planner_form == "kg":  # the KG teacher prompt and demonstrations unless others were named
+        if planner_synth_prompt == "evipath_planner_synth":
+            planner_synth_prompt = "evipath_planner_kg_synth"
+        if planner_demos == "evipath_planner_synth_demos":
+            planner_demos = "evipath_planner_kg_synth_demos"
     prompts = Prompts(
         planner_synth_prompt, executor_answer_prompt, executor_synth_prompt, planner_demos, executor_demos
     )
@@ -255,6 +297,7 @@ def synthesize(
             console=console,
             read_report=read_report,
             val_fraction=val_fraction,
+            graph=kg_graph,
         )
     )
     print_summary(summary, console)

@@ -73,6 +73,15 @@ def planner_messages(trajectory: Trajectory, fmt: str = "paper", prompt: str | N
                 observations = [s.observation for s in trajectory.subquestions[i]]
                 messages.append({"role": "user", "content": observation_text(observations)})
         return messages
+    if fmt == "kg":
+        # the KG form's dialogue as synthesised: the question with its candidates, then the observations
+        users = getattr(trajectory, "planner_users", None)
+        if users is None:
+            raise ValueError("the kg planner layout needs a trajectory of the KG form (--planner-form kg)")
+        messages = [{"role": "system", "content": load_prompt(prompt or "evipath_planner_kg").strip()}]
+        for user, turn in zip(users, trajectory.turns):
+            messages += [{"role": "user", "content": user}, {"role": "assistant", "content": turn["text"]}]
+        return messages
     if fmt == "search":
         messages = [{"role": "user", "content": user_prompt(prompt or "evipath_planner_search", record.question)}]
         for i, turn in enumerate(trajectory.turns):
@@ -86,7 +95,7 @@ def planner_messages(trajectory: Trajectory, fmt: str = "paper", prompt: str | N
                 messages.append({"role": "assistant", "content": f"{head}<search> {sub.question} </search>"})
                 messages.append({"role": "user", "content": information_text(sub.observation)})
         return messages
-    raise ValueError(f"unknown planner format {fmt!r}; choose one of {', '.join(PLANNER_FORMATS)}")
+    raise ValueError(f"unknown planner format {fmt!r}; choose one of {', '.join(PLANNER_FORMATS)}, kg")
 
 
 def executor_examples(trajectory: Trajectory, prompt: str | None = None) -> list[list[dict[str, str]]]:
@@ -188,6 +197,7 @@ def _trajectory_json(trajectory: Trajectory) -> dict:
         "em": trajectory.em,
         "f1": trajectory.f1,
         "turns": trajectory.turns,
+        **({"planner_users": trajectory.planner_users} if getattr(trajectory, "planner_users", None) else {}),
         "subquestions": [
             [
                 {
