@@ -195,6 +195,45 @@ def check_servers(retrieval_url: str | None, endpoint: str | None) -> None:
     check_server_answers(endpoint, "--endpoint", "/models", fix)
 
 
+def run_baseline_command(kind, reader, data, qa, corpus, retrieval_url, limit, out, paper, table) -> None:
+    """``eval --baseline zero|cot|full``: the QA generator's answers, reported and tabled like a policy's."""
+    from verl_evidence.eval.paper_baselines import BASELINES, baseline_rows, run_baseline
+    from verl_evidence.eval.paper_scoring import PaperScoringError
+    from verl_evidence.eval.paper_table import build_paper_layout_table, paper_table_markdown, write_paper_table
+    from verl_evidence.eval.progress import metrics_rich_table, print_paper_table
+    from verl_evidence.eval.report import write_report
+
+    if kind not in BASELINES:
+        raise typer.BadParameter(f"choose one of {', '.join(BASELINES)}", param_hint="--baseline")
+    try:
+        rows, note = baseline_rows(data, retrieval_url, qa, corpus, limit)
+        records, label = run_baseline(kind, *reader, rows, concurrency=4)
+    except (PaperScoringError, ValueError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from err
+    labels = {records[0].policy: label} if records else {}
+    sections, layout = [], None
+    if paper is not None:
+        try:
+            layout = build_paper_layout_table(records, paper, lambda p: labels.get(p, p), table=table)
+        except ValueError as err:
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(2) from err
+        write_paper_table(layout, out, row_header="baseline", stem=f"paper_{paper}_baseline_{kind}")
+        sections.append((f"As in the {paper} paper", paper_table_markdown(layout, "baseline")))
+    notes = [f"EviOmni's {label} baseline: no policy; the reader answers with its prompt.", note]
+    report = write_report(
+        records, out, title=f"Baseline {label}", notes=notes, extra_sections=sections, policy_labels=labels
+    )
+    console.print(metrics_rich_table(records, title=label))
+    if layout is not None:
+        print_paper_table(console, layout, "baseline", title=f"as in the {paper} paper")
+    failed = [r for r in records if r.error]
+    if failed:
+        console.print(f"[red]{len(failed)} example(s) failed[/]; first: {failed[0].error}")
+    console.print(f"report: {report.markdown}")
+
+
 def eval_command(
     data: list[Path] = typer.Option(
         None,
@@ -289,6 +328,12 @@ def eval_command(
         help="the judge's prompt file (default: the packaged grace_judge; {question} {gold_answers} "
         "{evidence_status} {response})",
     ),
+    baseline: str = typer.Option(
+        None,
+        help="EviOmni's baselines, no policy: the --reader answers each EviOmni row from the question alone (zero, "
+        "Table 12), from its 5 retrieved passages (full) or from them step by step (cot, Table 13); --reader-prompt "
+        "replaces the prompt; with --paper eviomni the paper's rows beside yours",
+    ),
 ) -> None:
     """Evaluate a policy (replayed trajectories, HF model dir or endpoint) and write a Markdown report.
 
@@ -330,6 +375,11 @@ def eval_command(
     check_device(None if nli_device == "auto" else nli_device, "--nli-device")
     if paper is not None and paper not in PAPERS:
         raise typer.BadParameter(f"--paper must be one of {', '.join(PAPERS)}, got {paper!r}")
+    if baseline is not None:
+        run_baseline_command(
+            baseline, (reader, reader_model, reader_prompt), data, qa, corpus, retrieval_url, limit, out, paper, table
+        )
+        return
     paper_family, noise_levels = paper_and_noise_options(paper, table, noise_passages, data, corpus, trajectories)
     scorers = paper_scorers(
         (reader, reader_model, reader_prompt),
