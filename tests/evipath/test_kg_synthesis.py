@@ -157,3 +157,15 @@ def test_kg_faults_reject_the_record_by_name(chat_server, kg_teacher, selector, 
 
         (result,) = asyncio.run(go())
         assert isinstance(result, Rejection) and result.reason == reason, result
+
+
+def test_kg_options_that_do_not_fit_fail_in_one_line(tmp_path) -> None:
+    qa, graph = _write(tmp_path)
+    runner = CliRunner()
+    base = ["evipath", "synthesize", "--model", "m", "--input", str(qa)]
+    result = runner.invoke(app, [*base, "--graph", str(graph)])
+    assert result.exit_code == 2 and "--planner-form kg" in result.output
+    result = runner.invoke(app, [*base, "--planner-form", "kg", "--format", "hotpotqa"])
+    assert result.exit_code == 2 and "give no --format" in result.output
+    result = runner.invoke(app, [*base, "--planner-form", "kg", "--graph", str(tmp_path / "none.jsonl")])
+    assert result.exit_code == 2 and "none.jsonl" in result.output

@@ -221,6 +221,11 @@ def synthesize(
             "the kg form needs --input (KG records) and writes its own layout (leave --planner-format)",
             param_hint="--planner-form",
         )
+    if planner_form == "kg" and (fmt != "bundled" or corpus is not None):
+        raise typer.BadParameter(
+            "the kg form reads 2Wiki rows ('evidences') or KG JSONL itself: give no --format or --corpus",
+            param_hint="--planner-form",
+        )
     if graph is not None and planner_form != "kg":
         raise typer.BadParameter("a graph is read only with --planner-form kg", param_hint="--graph")
     check_model_source(encoder, "--encoder")

@@ -15,6 +15,7 @@ the selected facts that the answer names. Kept and rejected as the text form is 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import random
@@ -151,8 +152,8 @@ def named_entities(sentence: str, facts: Sequence[Triple], entity: str) -> list[
 
 @dataclass
 class KGTrajectory(Trajectory):
-    planner_users: list[str] = None  # the fine-tuned planner's user turns: question with candidates, observations
-    searched_entities: list[list[str]] = None  # per non-final turn, the entity each search started from
+    planner_users: list[str] | None = None  # the fine-tuned planner's user turns: question, then observations
+    searched_entities: list[list[str]] | None = None  # per non-final turn, the entity each search started from
 
 
 class KGSynthesizer(Synthesizer):
@@ -210,8 +211,6 @@ class KGSynthesizer(Synthesizer):
         return sub, named_entities(step.answer, selected, entity)
 
     async def _run(self, record: KGRecord) -> KGTrajectory:
-        import asyncio
-
         candidates = Candidates()
         teacher_question = question_message(
             record.question, candidates, record.entities, record.answer, record.evidence
