@@ -139,11 +139,11 @@ def test_kg_faults_reject_the_record_by_name(chat_server, kg_teacher, selector, 
     records = load_kg_records(_write(tmp_path)[0])
     scripts = {
         # candidate [5] was never listed
-        "unknown_candidate": ['<think>x</think>\n<action>\nSearch([5], "Who directed Ek Paheli?")\n</action>'],
+        "planner_unknown_candidate": ['<think>x</think>\n<action>\nSearch([5], "Who directed Ek Paheli?")\n</action>'],
         # a graph without Ek Paheli's facts
         "entity_without_facts": KG_PLANNER,
     }
-    graphs = {"unknown_candidate": TripleStore(GRAPH), "entity_without_facts": TripleStore(GRAPH[2:])}
+    graphs = {"planner_unknown_candidate": TripleStore(GRAPH), "entity_without_facts": TripleStore(GRAPH[2:])}
     config = TeacherConfig(model="scripted", base_url=chat_server.base_url, api_key="t", max_retries=0)
     for reason, script in scripts.items():
         chat_server.reset(kg_teacher(script))
@@ -169,3 +169,39 @@ def test_kg_options_that_do_not_fit_fail_in_one_line(tmp_path) -> None:
     assert result.exit_code == 2 and "give no --format" in result.output
     result = runner.invoke(app, [*base, "--planner-form", "kg", "--graph", str(tmp_path / "none.jsonl")])
     assert result.exit_code == 2 and "none.jsonl" in result.output
+
+
+class TinyRandomTeacher:
+    """A real tiny random Qwen2 (chat template, greedy) behind the chat endpoint: garbage in every reply."""
+
+    def __init__(self) -> None:
+        from verl_evidence.local.tiny_models import tiny_causal_lm, tiny_tokenizer
+
+        self.model, self.tokenizer, self.replies = tiny_causal_lm(seed=0), tiny_tokenizer(), []
+
+    def __call__(self, messages: list[dict]) -> str:
+        import torch
+
+        ids = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
+        with torch.no_grad():
+            out = self.model.generate(
+                **ids, max_new_tokens=32, do_sample=False, pad_token_id=self.tokenizer.pad_token_id
+            )
+        self.replies.append(self.tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True))
+        return self.replies[-1]
+
+
+def test_a_garbage_kg_planner_costs_its_records_by_name(chat_server, selector, tmp_path) -> None:
+    from verl_evidence.evipath.cli import run_synthesis
+
+    teacher = TinyRandomTeacher()
+    chat_server.reset(teacher)
+    records = load_kg_records(_write(tmp_path)[0])
+    config = TeacherConfig(model="tiny", base_url=chat_server.base_url, api_key="t", max_retries=0)
+    summary = asyncio.run(run_synthesis(records, config, tmp_path / "out", None, selector, graph=TripleStore(GRAPH)))
+    assert len(teacher.replies) == 1 and summary.stats.kept == 0  # one planner turn, then rejected
+    (reason,) = summary.stats.rejected
+    assert reason.startswith("planner_"), reason
+    assert json.loads(summary.outputs["rejections"].read_text())["reason"] == reason

@@ -221,8 +221,8 @@ class KGSynthesizer(Synthesizer):
         searches_made = 0
         for _ in range(self.config.max_steps):
             turn = parse_kg_planner_turn(await self._ask("planner_synth", dialogue), candidates)
-            if isinstance(turn, Malformed):
-                raise _Reject(turn.reason, turn.detail)
+            if isinstance(turn, Malformed):  # named as the text form's planner faults are, planner_*
+                raise _Reject(f"planner_{turn.reason}", turn.detail)
             text = render_kg_turn(turn)
             turns.append(
                 {
