@@ -81,3 +81,5 @@ def test_a_baseline_without_a_reader_fails_in_one_line(tmp_path) -> None:
     assert result.exit_code == 2 and "give --reader" in result.output
     result = CliRunner().invoke(app, ["eval", "--baseline", "sft", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "zero, full, cot" in result.output
+    result = CliRunner().invoke(app, ["eval", "--baseline", "zero", "--model", "/m", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "drop --model" in result.output

@@ -376,6 +376,18 @@ def eval_command(
     if paper is not None and paper not in PAPERS:
         raise typer.BadParameter(f"--paper must be one of {', '.join(PAPERS)}, got {paper!r}")
     if baseline is not None:
+        ignored = {
+            "--trajectories": trajectories,
+            "--model": model,
+            "--endpoint": endpoint,
+            "--checkpoint": checkpoint,
+            "--noise-passages": noise_passages,
+            "--judge": judge,
+            "--bertscore": bertscore or None,
+        }
+        given = [name for name, value in ignored.items() if value]
+        if given:
+            raise typer.BadParameter(f"--baseline runs no policy and no other scoring: drop {', '.join(given)}")
         run_baseline_command(
             baseline, (reader, reader_model, reader_prompt), data, qa, corpus, retrieval_url, limit, out, paper, table
         )
