@@ -82,6 +82,19 @@ def _ray_keeps_a_loopback_node() -> Iterator[None]:
         ray_constants.ENABLE_RAY_CLUSTER = kept
 
 
+def join_local_ray(address: str, **init_args) -> None:
+    """``ray.init(address=...)`` of a cluster this module started on this machine (its nodes on loopback only).
+
+    Ray would replace a loopback address by the machine's outward one before connecting (see
+    :func:`_ray_keeps_a_loopback_node`), where nothing of such a cluster listens: the driver then waits for a GCS it
+    never reaches. A process joining it from outside Python sets RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 instead.
+    """
+    import ray
+
+    with _ray_keeps_a_loopback_node():
+        ray.init(address=address, **init_args)
+
+
 def init_local_ray(attempts: int = 2, **init_args) -> None:
     """``ray.init`` of a new local cluster, tried again when Ray's node start times out.
 

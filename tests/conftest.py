@@ -111,7 +111,7 @@ def retrieval_server(bundled_index_dir: Path, tmp_path_factory) -> Iterator[obje
     from filelock import FileLock
 
     from retrieval_server.config import ServerConfig
-    from retrieval_server.launch import ServerHandle, start_server
+    from retrieval_server.launch import ServerHandle, join_local_ray, start_server
 
     shared = shared_tmp_dir(tmp_path_factory) / "session-cluster"
     shared.mkdir(exist_ok=True)
@@ -120,7 +120,7 @@ def retrieval_server(bundled_index_dir: Path, tmp_path_factory) -> Iterator[obje
     with lock:
         if record.is_file():  # another worker's: join it
             joined = json.loads(record.read_text())
-            ray.init(address=joined["address"], log_to_driver=False)
+            join_local_ray(joined["address"], log_to_driver=False)  # its nodes are on loopback only
             lease.touch()
             config = ServerConfig.model_validate(joined["config"])
             workdir = joined["workdir"] and Path(joined["workdir"])

@@ -97,7 +97,9 @@ def test_rays_workers_start_through_the_hook(ray_cluster) -> None:
             capture_output=True,
             text=True,
             timeout=300,
-            env={key: value for key, value in os.environ.items() if key != GC_THRESHOLD_ENV},
+            # the session's cluster is on loopback only: Ray must not swap 127.0.0.1 for the machine's address
+            env={key: value for key, value in os.environ.items() if key != GC_THRESHOLD_ENV}
+            | {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},
         )
         assert run.returncode == 0, run.stderr[-3000:]
         return json.loads(run.stdout.strip().splitlines()[-1])
