@@ -144,7 +144,14 @@ def export_problems(
     from its own record; an export without a record of its own is a problem too (removing it makes a new one)."""
     export_dir = Path(export_dir)
     if recorded is not None:
-        return file_problems(export_dir, recorded, export_files(export_dir), recorded_in)
+        present = export_files(export_dir)
+        # An int8 graph quantised after the index recorded its export (another index or a test asked for it) is
+        # vouched for by the export's own record, checked byte for byte like the rest; its record file is not a model.
+        own = export_own_record(export_dir) or {}
+        later = {n: own[n] for n in present if n not in recorded and n in own}
+        if "model.int8.onnx" in later and INT8_RECORD not in recorded:
+            present = [n for n in present if n != INT8_RECORD]
+        return file_problems(export_dir, {**recorded, **later}, present, recorded_in)
     own = export_own_record(export_dir)
     if own is None:
         return [f"{export_dir / EXPORT_META} records no checksums of the export's files"]

@@ -448,7 +448,8 @@ def test_a_run_joining_a_cluster_where_a_trainer_runs_is_refused(search_r1_rows:
     probe += f"print(preflight.running_trainer_problem({address!r}))"
     refused = subprocess.run(
         [sys.executable, "-c", probe],
-        env={**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN_PATH": "/nonexistent"},
+        env={**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN_PATH": "/nonexistent"}
+        | {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},  # the session's cluster is on loopback only (join_local_ray)
         capture_output=True,
         text=True,
         timeout=120,

@@ -264,9 +264,10 @@ def test_smoke_runs_may_use_the_demo_corpus() -> None:
 
 @pytest.mark.slow  # runs the serve CLI (builds the bundled index on first use)
 def test_serve_without_an_index_says_it_serves_the_demo_corpus_first() -> None:
-    # --replicas 0 fails the server's own settings check after the notice and before Ray starts: nothing to stop.
+    # a topk over max-topk fails the server's own settings check after the notice and before Ray starts (each value
+    # alone is in its option's range): nothing to stop.
     result = subprocess.run(
-        [str(Path(sys.executable).with_name("verl-evidence")), "serve", "--replicas", "0"],
+        [str(Path(sys.executable).with_name("verl-evidence")), "serve", "--topk", "5", "--max-topk", "2"],
         capture_output=True,
         text=True,
         timeout=300,
